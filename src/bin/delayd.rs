@@ -1,0 +1,139 @@
+//! The delayd server: configuration, logging, the broker, and the HTTP API with a graceful stop.
+
+use std::future::IntoFuture;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use delayd::config::{Cli, Config, LogFormat};
+use delayd::http::{router, AppState, Limits};
+use delayd::{Broker, Error};
+use tokio::sync::Notify;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match Config::load(&cli, |key| std::env::var(key).ok()) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("delayd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&cfg);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("delayd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("delayd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(cfg: &Config) {
+    // `validate` already checked the filter; the fallback only guards against a future mismatch.
+    let filter = EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cfg.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Errors of the program are reported as one sentence on stderr.
+type Result<T> = std::result::Result<T, String>;
+
+async fn run(cfg: Config) -> Result<()> {
+    let dir = cfg.data_dir.display();
+    let broker = Broker::open(cfg.broker_config()).map_err(|e| match e {
+        Error::Config(_) | Error::Unavailable(_) => {
+            format!("cannot open data directory {dir}: {e} (is another delayd running on it?)")
+        }
+        other => format!("cannot open data directory {dir}: {other}"),
+    })?;
+    let served = serve(&cfg, broker.clone()).await;
+    let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
+    served?;
+    stopped?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+async fn serve(cfg: &Config, broker: Broker) -> Result<()> {
+    let addr = cfg.listen_addr().map_err(|e| e.to_string())?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
+    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
+    println!("delayd listening on http://{local}");
+    tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
+
+    let state = AppState::new(broker, Limits::from_config(cfg));
+    let signalled = Arc::new(Notify::new());
+    let on_signal = {
+        let state = state.clone();
+        let signalled = signalled.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested: no new connections, finishing in-flight requests");
+            state.begin_shutdown();
+            signalled.notify_one();
+        }
+    };
+    let mut server =
+        tokio::spawn(axum::serve(listener, router(state)).with_graceful_shutdown(on_signal).into_future());
+    tokio::select! {
+        res = &mut server => return joined(res),
+        _ = signalled.notified() => {}
+    }
+    let grace = Duration::from_millis(cfg.shutdown_grace);
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(res) => joined(res),
+        Err(_) => {
+            tracing::warn!(?grace, "in-flight requests still running after the grace period; closing them");
+            server.abort();
+            Ok(())
+        }
+    }
+}
+
+fn joined(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<()> {
+    match res {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("server failed: {e}")),
+        Err(e) => Err(format!("server task failed: {e}")),
+    }
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

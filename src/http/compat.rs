@@ -1,0 +1,237 @@
+//! A drop-in for the HTTP API of ouqiang/delay-queue: `/push`, `/pop`, `/finish`, `/delete`, `/get`.
+//!
+//! Every reply is HTTP 200 with `{"code": 0|1, "message", "data"}` as that API does. Bodies are read as
+//! JSON whatever the Content-Type says (its clients, and curl, often send a form type with a JSON body);
+//! a body that is not JSON is read as `application/x-www-form-urlencoded`. Unlike that API, delays
+//! count from the push to the millisecond, so a job never fires early.
+
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use super::extract::RawBody;
+use super::native::pop_or_shutdown;
+use super::{validate, AppState};
+use crate::broker::{MessageState, PopRequest, ProduceRequest, When};
+use crate::error::Error;
+
+/// Longest time-to-run the original API accepts, in seconds.
+const MAX_TTR_S: u64 = 86_400;
+
+fn reply(code: u8, message: &str, data: Value) -> Json<Value> {
+    Json(json!({"code": code, "message": message, "data": data}))
+}
+
+fn ok(data: Value) -> Json<Value> {
+    reply(0, "ok", data)
+}
+
+fn fail(message: impl Into<String>) -> Json<Value> {
+    reply(1, &message.into(), Value::Null)
+}
+
+/// Reads the fields of a compat request from a JSON object or a form body.
+fn fields(body: &[u8]) -> Result<Map<String, Value>, String> {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        return match v {
+            Value::Object(m) => Ok(m),
+            _ => Err("request body must be a JSON object".into()),
+        };
+    }
+    let text =
+        std::str::from_utf8(body).map_err(|_| "request body is neither JSON nor a form".to_string())?;
+    if !text.contains('=') {
+        return Err("cannot parse request body as JSON or as a form".into());
+    }
+    Ok(form_urlencoded::parse(text.as_bytes())
+        .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
+        .collect())
+}
+
+fn string_field(m: &Map<String, Value>, key: &str) -> Result<String, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.trim().to_string()),
+        Some(other) => Err(format!("{key} must be a string, got {other}")),
+    }
+}
+
+/// An integer field that a JSON client sends as a number and a form as a string.
+fn int_field(m: &Map<String, Value>, key: &str) -> Result<i64, String> {
+    let bad = || format!("{key} must be an integer number of seconds");
+    match m.get(key) {
+        None | Some(Value::Null) => Err(format!("{key} is required")),
+        Some(Value::Number(n)) => n.as_i64().ok_or_else(bad),
+        Some(Value::String(s)) => s.trim().parse::<i64>().map_err(|_| bad()),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn api_message(e: ApiError) -> String {
+    e.message
+}
+
+fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, ProduceRequest), String> {
+    let limits = st.limits();
+    let topic = string_field(m, "topic")?;
+    let id = string_field(m, "id")?;
+    let body = string_field(m, "body")?;
+    if id.is_empty() {
+        return Err("id must not be empty".into());
+    }
+    if topic.is_empty() {
+        return Err("topic must not be empty".into());
+    }
+    validate::topic(&topic).map_err(api_message)?;
+    validate::id("id", &id).map_err(api_message)?;
+    validate::body(limits, &body).map_err(api_message)?;
+    let delay = int_field(m, "delay")?;
+    let delay_ms = u64::try_from(delay)
+        .ok()
+        .and_then(|d| d.checked_mul(1000))
+        .filter(|d| *d <= limits.max_delay_ms)
+        .ok_or_else(|| format!("delay must be 0 to {} seconds", limits.max_delay_ms / 1000))?;
+    let ttr = int_field(m, "ttr")?;
+    let ttr_s = u64::try_from(ttr)
+        .ok()
+        .filter(|t| (1..=MAX_TTR_S).contains(t))
+        .ok_or_else(|| format!("ttr must be 1 to {MAX_TTR_S} seconds"))?;
+    let req = ProduceRequest {
+        id: Some(id),
+        body: body.into(),
+        when: When::DelayMs(delay_ms),
+        ttr_ms: Some(ttr_s * 1000),
+        max_attempts: None,
+        backoff_ms: None,
+    };
+    Ok((topic, req))
+}
+
+/// `POST /push {topic, id, delay, ttr, body}`
+pub(crate) async fn push(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+    let m = match fields(&raw) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let (topic, req) = match push_request(&st, &m) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    match st.broker().produce(&topic, req).await {
+        Ok(_) => ok(Value::Null),
+        Err(e) => fail(format!("push failed: {e}")),
+    }
+}
+
+/// `POST /pop {topic}`: comma-separated topics, long-polls up to `compat_max_wait`.
+pub(crate) async fn pop(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+    let topics = match fields(&raw).and_then(|m| string_field(&m, "topic")) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let topics: Vec<String> =
+        topics.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
+    if topics.is_empty() {
+        return fail("topic must not be empty");
+    }
+    if let Some(e) = topics.iter().find_map(|t| validate::topic(t).err()) {
+        return fail(e.message);
+    }
+    let req = PopRequest { topics, max: 1, wait_ms: st.limits().compat_max_wait_ms, ttr_ms: None };
+    match pop_or_shutdown(&st, req).await {
+        Ok(deliveries) => match deliveries.first() {
+            Some(d) => ok(json!({"id": d.id, "body": String::from_utf8_lossy(&d.body)})),
+            None => ok(Value::Null),
+        },
+        Err(e) => fail(format!("pop failed: {}", e.message)),
+    }
+}
+
+fn id_of(raw: &[u8]) -> Result<String, String> {
+    let id = string_field(&fields(raw)?, "id")?;
+    if id.is_empty() {
+        return Err("id must not be empty".into());
+    }
+    validate::id("id", &id).map_err(api_message)?;
+    Ok(id)
+}
+
+/// Whether an error only says the job is already gone, which the original API treats as success.
+fn already_gone(e: &Error) -> bool {
+    matches!(e, Error::NotFound(_) | Error::Conflict(_))
+}
+
+/// `POST /finish {id}`: the job is done; in the original API this removes it in any state.
+pub(crate) async fn finish(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+    let id = match id_of(&raw) {
+        Ok(id) => id,
+        Err(e) => return fail(e),
+    };
+    match st.broker().ack_id(&id).await {
+        Ok(()) => ok(Value::Null),
+        Err(e) if already_gone(&e) => match st.broker().cancel(&id).await {
+            Ok(()) => ok(Value::Null),
+            Err(e) if already_gone(&e) => ok(Value::Null),
+            Err(e) => fail(format!("finish failed: {e}")),
+        },
+        Err(e) => fail(format!("finish failed: {e}")),
+    }
+}
+
+/// `POST /delete {id}`
+pub(crate) async fn delete(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+    let id = match id_of(&raw) {
+        Ok(id) => id,
+        Err(e) => return fail(e),
+    };
+    match st.broker().cancel(&id).await {
+        Ok(()) => ok(Value::Null),
+        Err(e) if already_gone(&e) => ok(Value::Null),
+        Err(e) => fail(format!("delete failed: {e}")),
+    }
+}
+
+/// `POST /get {id}`: `data` is the job with `delay` as absolute unix seconds, or null once it is gone.
+pub(crate) async fn get(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+    let id = match id_of(&raw) {
+        Ok(id) => id,
+        Err(e) => return fail(e),
+    };
+    match st.broker().get(&id).await {
+        Ok(info) if !matches!(info.state, MessageState::Done | MessageState::Cancelled) => ok(json!({
+            "topic": info.topic,
+            "id": info.id,
+            // Rounded up so a client never computes a time before the real due time.
+            "delay": info.deliver_at_ms.div_ceil(1000),
+            "ttr": info.ttr_ms.div_ceil(1000),
+            "body": String::from_utf8_lossy(&info.body),
+        })),
+        Ok(_) => ok(Value::Null),
+        Err(Error::NotFound(_)) => ok(Value::Null),
+        Err(e) => fail(format!("get failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_parse_as_json_or_form() {
+        let m = fields(br#"{"topic":"t","id":"1","delay":3,"ttr":5,"body":"b"}"#).unwrap();
+        assert_eq!(int_field(&m, "delay"), Ok(3));
+        assert_eq!(string_field(&m, "topic"), Ok("t".into()));
+        let m = fields(b"topic=t&id=1&delay=3&ttr=5&body=%7B%22a%22%3A1%7D").unwrap();
+        assert_eq!(int_field(&m, "delay"), Ok(3));
+        assert_eq!(string_field(&m, "body"), Ok("{\"a\":1}".into()));
+        assert!(fields(b"[1,2]").is_err());
+        assert!(fields(b"garbage").is_err());
+        assert!(fields(&[0xff, 0xfe]).is_err());
+        let m = fields(br#"{"delay":"x","ttr":1.5,"body":3}"#).unwrap();
+        assert!(int_field(&m, "delay").is_err());
+        assert!(int_field(&m, "ttr").is_err());
+        assert!(int_field(&m, "missing").unwrap_err().contains("required"));
+        assert!(string_field(&m, "body").is_err());
+    }
+}

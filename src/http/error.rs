@@ -1,0 +1,153 @@
+//! The one error type of the HTTP layer: `{"error": {"code", "message"}}` with a matching status.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::error::Error;
+
+/// An error answer: status, stable snake_case code and a sentence for humans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// Human-readable sentence; names the offending field for 400s.
+    pub message: String,
+}
+
+impl ApiError {
+    /// Builds an error from its parts.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+
+    /// 400 for an invalid field; the message starts with the field name.
+    pub fn invalid(field: &str, message: impl std::fmt::Display) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", format!("invalid {field}: {message}"))
+    }
+
+    /// 400 for a body that is not the JSON the endpoint expects.
+    pub fn bad_json(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+
+    /// 401 for a missing or wrong bearer token.
+    pub fn unauthorized() -> Self {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token: send Authorization: Bearer <token>",
+        )
+    }
+
+    /// 404 for a path that matches no endpoint.
+    pub fn no_route(path: &str) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", format!("no endpoint at {path}"))
+    }
+
+    /// 413 for a request or field over its limit.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+
+    /// 415 for a body that is not declared as JSON.
+    pub fn unsupported_media_type(found: Option<&str>) -> Self {
+        let found = found.map(|f| format!("got {f:?}")).unwrap_or_else(|| "none was sent".into());
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("expected Content-Type: application/json, {found}"),
+        )
+    }
+
+    /// The JSON document sent as the body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let status = match &e {
+            Error::Invalid { .. } => StatusCode::BAD_REQUEST,
+            Error::NotFound(_) => StatusCode::NOT_FOUND,
+            Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            // Disk full, a poisoned store after a failed flush, shutting down: the client may retry later.
+            Error::Unavailable(_) | Error::Io { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Corrupt { .. } | Error::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %e, "request failed in the store");
+        }
+        ApiError { status, code: e.code(), message: e.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_store_error_maps_to_its_status_and_code() {
+        let cases = [
+            (Error::invalid("delay_ms", "too big"), 400, "invalid_argument"),
+            (Error::NotFound("no such id".into()), 404, "not_found"),
+            (Error::Conflict("differs".into()), 409, "conflict"),
+            (Error::TooLarge("big".into()), 413, "too_large"),
+            (Error::Unavailable("disk full".into()), 503, "unavailable"),
+            (Error::io("flush", std::io::Error::other("EIO")), 503, "io_error"),
+            (Error::Corrupt { file: "f".into(), offset: 3, reason: "crc".into() }, 500, "corrupt_data"),
+        ];
+        for (err, status, code) in cases {
+            let msg = err.to_string();
+            let api = ApiError::from(err);
+            assert_eq!(api.status.as_u16(), status, "{msg}");
+            assert_eq!(api.code, code);
+            assert_eq!(api.message, msg);
+        }
+    }
+
+    #[test]
+    fn invalid_names_the_field() {
+        let api = ApiError::from(Error::invalid("ttr_ms", "must be at least 1"));
+        assert!(api.message.contains("ttr_ms"), "{}", api.message);
+        assert_eq!(ApiError::invalid("topic", "bad").message, "invalid topic: bad");
+    }
+
+    #[tokio::test]
+    async fn response_has_the_json_shape_and_headers() {
+        let resp = ApiError::unauthorized().into_response();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(resp.headers().get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+        assert!(resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("application/json"));
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "unauthorized");
+        assert!(v["error"]["message"].as_str().unwrap().contains("Bearer"));
+        let resp = ApiError::from(Error::Unavailable("disk full".into())).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers().get(header::RETRY_AFTER).unwrap(), "1");
+    }
+}

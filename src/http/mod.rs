@@ -1,0 +1,188 @@
+//! The HTTP front end: the native JSON API under `/v1`, the ouqiang/delay-queue compatible API,
+//! `/healthz` and `/metrics`. `router` builds an `axum::Router` that tests can drive in-process.
+
+mod compat;
+pub mod error;
+mod extract;
+pub mod metrics;
+mod native;
+pub mod validate;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio::sync::watch;
+
+use crate::broker::Broker;
+use crate::config::Config;
+pub use error::ApiError;
+
+/// Room for the JSON envelope around a body of `max_body_bytes` (escaping, other fields, batch framing).
+pub const ENVELOPE_BYTES: usize = 64 << 10;
+
+/// Limits and switches the handlers need from the configuration.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Bearer token required when set.
+    pub auth_token: Option<String>,
+    /// Largest message body.
+    pub max_body_bytes: usize,
+    /// Most messages in one batch.
+    pub max_batch: usize,
+    /// Cap on a native pop's wait.
+    pub max_wait_ms: u64,
+    /// Wait of a compat pop.
+    pub compat_max_wait_ms: u64,
+    /// Longest accepted delay.
+    pub max_delay_ms: u64,
+    /// Configured levels, for `level` given as a duration.
+    pub levels_ms: Vec<u64>,
+}
+
+impl Limits {
+    /// Takes the HTTP-relevant keys out of a full configuration.
+    pub fn from_config(cfg: &Config) -> Limits {
+        Limits {
+            auth_token: cfg.auth_token.clone(),
+            max_body_bytes: usize::try_from(cfg.max_body_bytes).unwrap_or(usize::MAX),
+            max_batch: cfg.max_batch,
+            max_wait_ms: cfg.max_wait,
+            compat_max_wait_ms: cfg.compat_max_wait,
+            max_delay_ms: cfg.max_delay,
+            levels_ms: cfg.levels.clone(),
+        }
+    }
+}
+
+/// Shared state of every handler: the broker handle, the limits and the shutdown signal.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    broker: Broker,
+    limits: Limits,
+    shutdown: watch::Sender<bool>,
+}
+
+impl AppState {
+    /// Wraps a running broker for the router.
+    pub fn new(broker: Broker, limits: Limits) -> AppState {
+        let (shutdown, _) = watch::channel(false);
+        AppState { inner: Arc::new(Inner { broker, limits, shutdown }) }
+    }
+
+    /// The broker handle.
+    pub fn broker(&self) -> &Broker {
+        &self.inner.broker
+    }
+
+    /// The configured limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Makes waiting long-polls return at once (empty) so a graceful shutdown is not held up by them.
+    pub fn begin_shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// Resolves once `begin_shutdown` has been called.
+    pub async fn shutting_down(&self) {
+        let mut rx = self.inner.shutdown.subscribe();
+        // An error means the sender is gone, which cannot happen while `self` holds it.
+        let _ = rx.wait_for(|down| *down).await;
+    }
+}
+
+/// Builds the whole HTTP API over `state`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.limits().max_body_bytes.saturating_add(ENVELOPE_BYTES);
+    let protected = Router::new()
+        .route("/v1/topics/{topic}/messages", post(native::produce))
+        .route("/v1/topics/{topic}/messages/batch", post(native::produce_batch))
+        .route("/v1/topics/{topic}/pop", post(native::pop))
+        .route("/v1/ack", post(native::ack))
+        .route("/v1/nack", post(native::nack))
+        .route("/v1/messages/{id}", get(native::get_message).delete(native::cancel))
+        .route("/v1/stats", get(native::stats))
+        .route("/metrics", get(metrics::handler))
+        .route("/push", post(compat::push))
+        .route("/pop", post(compat::pop))
+        .route("/finish", post(compat::finish))
+        .route("/delete", post(compat::delete))
+        .route("/get", post(compat::get))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(protected)
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn no_route(uri: Uri) -> ApiError {
+    ApiError::no_route(uri.path())
+}
+
+async fn method_not_allowed(uri: Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not accept this method", uri.path()),
+    )
+}
+
+async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = &state.limits().auth_token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so response timing does not reveal how much of a token matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Wall-clock unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}

@@ -1,0 +1,219 @@
+//! Field rules shared by the native and compat APIs.
+//!
+//! Topics: 1 to 128 characters from `[A-Za-z0-9._-]`. Ids: 1 to 128 bytes of UTF-8 with no whitespace
+//! and no control characters (so any printable id, an order number or a UUID, fits in a URL path
+//! segment once percent-encoded, and cannot be confused in logs). `.` and `..` alone are refused:
+//! URL clients treat them as path navigation.
+
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::Limits;
+use crate::config::{fmt_ms, parse_duration};
+
+/// Longest topic name, in characters.
+pub const MAX_TOPIC_LEN: usize = 128;
+/// Longest id, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+/// Most steps a per-message backoff may have.
+pub const MAX_BACKOFF_STEPS: usize = 1000;
+
+/// Checks a topic name.
+pub fn topic(t: &str) -> Result<(), ApiError> {
+    if t.is_empty() || t.len() > MAX_TOPIC_LEN {
+        return Err(ApiError::invalid("topic", format!("must be 1 to {MAX_TOPIC_LEN} characters")));
+    }
+    if let Some(c) = t.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(ApiError::invalid(
+            "topic",
+            format!("character {c:?} is not allowed (use A-Z a-z 0-9 . _ -)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a message id.
+pub fn id(field: &str, id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(ApiError::invalid(field, format!("must be 1 to {MAX_ID_BYTES} bytes of UTF-8")));
+    }
+    if let Some(c) = id.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ApiError::invalid(
+            field,
+            format!("must not contain whitespace or control characters, found {c:?}"),
+        ));
+    }
+    if id == "." || id == ".." {
+        // URL clients rewrite such path segments, so the message could never be looked up or cancelled.
+        return Err(ApiError::invalid(field, "must not be \".\" or \"..\""));
+    }
+    Ok(())
+}
+
+/// Checks a message body's size.
+pub fn body(limits: &Limits, body: &str) -> Result<(), ApiError> {
+    if body.len() > limits.max_body_bytes {
+        return Err(ApiError::too_large(format!(
+            "body is {} bytes, more than max_body_bytes {}",
+            body.len(),
+            limits.max_body_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a delay in ms against `max_delay`.
+pub fn delay(limits: &Limits, field: &str, ms: u64) -> Result<u64, ApiError> {
+    if ms > limits.max_delay_ms {
+        return Err(ApiError::invalid(
+            field,
+            format!("{ms}ms exceeds max_delay {} ({}ms)", fmt_ms(limits.max_delay_ms), limits.max_delay_ms),
+        ));
+    }
+    Ok(ms)
+}
+
+/// Checks a time-to-run in ms: at least 1, at most `max_delay`.
+pub fn ttr(limits: &Limits, field: &str, ms: u64) -> Result<u64, ApiError> {
+    if ms == 0 {
+        return Err(ApiError::invalid(field, "must be at least 1"));
+    }
+    delay(limits, field, ms)
+}
+
+/// Resolves `level`: a 1-based index, or a duration equal to one configured level.
+pub fn level(limits: &Limits, v: &Value) -> Result<u32, ApiError> {
+    let n = limits.levels_ms.len();
+    let names = || limits.levels_ms.iter().map(|l| fmt_ms(*l)).collect::<Vec<_>>().join(" ");
+    match v {
+        Value::Number(num) => match num.as_u64() {
+            Some(i) if i >= 1 && i <= n as u64 => Ok(i as u32),
+            _ => Err(ApiError::invalid("level", format!("{num} is not a level index from 1 to {n}"))),
+        },
+        Value::String(s) => {
+            let ms = parse_duration(s).map_err(|e| ApiError::invalid("level", e))?;
+            match limits.levels_ms.iter().position(|l| *l == ms) {
+                Some(i) => Ok(i as u32 + 1),
+                None => {
+                    Err(ApiError::invalid("level", format!("{s:?} is not a configured level ({})", names())))
+                }
+            }
+        }
+        _ => Err(ApiError::invalid("level", "expected a level index or a duration string such as \"1m\"")),
+    }
+}
+
+/// Parses a per-message backoff: an array of ms numbers or duration strings, or one string list.
+pub fn backoff(limits: &Limits, v: &Value) -> Result<Vec<u64>, ApiError> {
+    let steps: Vec<u64> = match v {
+        Value::String(s) => {
+            crate::config::parse_duration_list(s).map_err(|e| ApiError::invalid("backoff", e))?
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::Number(n) => n.as_u64().ok_or_else(|| {
+                    ApiError::invalid(
+                        &format!("backoff[{i}]"),
+                        format!("{n} is not a non-negative integer of ms"),
+                    )
+                }),
+                Value::String(s) => {
+                    parse_duration(s).map_err(|e| ApiError::invalid(&format!("backoff[{i}]"), e))
+                }
+                _ => {
+                    Err(ApiError::invalid(&format!("backoff[{i}]"), "expected a duration or a number of ms"))
+                }
+            })
+            .collect::<Result<_, _>>()?,
+        _ => {
+            return Err(ApiError::invalid(
+                "backoff",
+                "expected a list of durations such as [\"2m\", \"10m\"]",
+            ))
+        }
+    };
+    if steps.is_empty() || steps.len() > MAX_BACKOFF_STEPS {
+        return Err(ApiError::invalid("backoff", format!("needs 1 to {MAX_BACKOFF_STEPS} steps")));
+    }
+    for s in &steps {
+        delay(limits, "backoff", *s)?;
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn limits() -> Limits {
+        Limits {
+            auth_token: None,
+            max_body_bytes: 10,
+            max_batch: 5,
+            max_wait_ms: 1000,
+            compat_max_wait_ms: 1000,
+            max_delay_ms: 86_400_000,
+            levels_ms: vec![1000, 5000, 60_000],
+        }
+    }
+
+    #[test]
+    fn topics() {
+        for ok in ["a", "orders", "orders.dlq", "A-b_c.9", &"x".repeat(128)] {
+            assert!(topic(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a b", "a/b", "ü", "a\n", &"x".repeat(129)] {
+            assert_eq!(topic(bad).unwrap_err().code, "invalid_argument", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ids() {
+        for ok in ["1", "order-15702398321", "заказ№5", "🦀", "a/b?c", &"é".repeat(64)] {
+            assert!(id("id", ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "a b", "tab\t", "nl\n", "nbsp\u{a0}", "\u{7f}", &"é".repeat(65)] {
+            let e = id("id", bad).unwrap_err();
+            assert!(e.message.starts_with("invalid id"), "{bad:?}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn bodies_and_delays() {
+        let l = limits();
+        assert!(body(&l, "0123456789").is_ok());
+        assert_eq!(body(&l, "0123456789a").unwrap_err().status.as_u16(), 413);
+        assert_eq!(delay(&l, "delay_ms", 86_400_000), Ok(86_400_000));
+        assert!(delay(&l, "delay_ms", 86_400_001).unwrap_err().message.contains("max_delay"));
+        assert!(ttr(&l, "ttr_ms", 0).is_err());
+    }
+
+    #[test]
+    fn levels() {
+        let l = limits();
+        assert_eq!(level(&l, &json!(1)), Ok(1));
+        assert_eq!(level(&l, &json!(3)), Ok(3));
+        assert_eq!(level(&l, &json!("5s")), Ok(2));
+        assert_eq!(level(&l, &json!("1m")), Ok(3));
+        assert_eq!(level(&l, &json!("60000")), Ok(3));
+        for bad in
+            [json!(0), json!(4), json!(-1), json!(1.5), json!("2s"), json!("soon"), json!(null), json!([1])]
+        {
+            assert!(level(&l, &bad).unwrap_err().message.contains("level"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn backoffs() {
+        let l = limits();
+        assert_eq!(backoff(&l, &json!(["2m", 500, "1h"])), Ok(vec![120_000, 500, 3_600_000]));
+        assert_eq!(backoff(&l, &json!("2m 10m")), Ok(vec![120_000, 600_000]));
+        assert!(backoff(&l, &json!([])).is_err());
+        assert!(backoff(&l, &json!(["2m", -1])).unwrap_err().message.contains("backoff[1]"));
+        assert!(backoff(&l, &json!(["2d"])).unwrap_err().message.contains("max_delay"));
+        assert!(backoff(&l, &json!({"a": 1})).is_err());
+    }
+}
