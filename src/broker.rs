@@ -1,0 +1,633 @@
+//! The broker facade: an async handle to the single engine thread that owns the store.
+//!
+//! Requests travel over a bounded channel to the engine thread, which takes them in batches,
+//! applies each (one commit-log append per state change), flushes once for the whole batch in
+//! `sync` mode (group commit), and only then replies. Between batches it sleeps until the earliest
+//! due timer of any level, a checkpoint, or the next request, whichever comes first.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{oneshot, Notify};
+use tracing::{error, info};
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::schedule::clock::{Clock, SystemClock};
+pub use crate::storage::commitlog::RecoveryMode;
+
+/// How appends become durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushMode {
+    /// A write is acknowledged only after its bytes are on disk (group commit).
+    Sync,
+    /// A background flush every `flush_interval_ms`; a crash of the machine may lose that window.
+    Async,
+}
+
+/// How an arbitrary delay maps onto delay levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DelayPolicy {
+    /// Hop greedily across levels so the message fires at its exact due time.
+    Chain,
+    /// Put the message on the nearest level (RocketMQ's behaviour).
+    Round,
+}
+
+/// Everything the broker core needs; built by `config::Config`.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Root of the data directory.
+    pub data_dir: PathBuf,
+    /// Sync or async durability.
+    pub flush: FlushMode,
+    /// Async mode: how often the flusher runs.
+    pub flush_interval_ms: u64,
+    /// Commit-log segment size in bytes.
+    pub segment_bytes: u64,
+    /// Entries per consume-queue file.
+    pub cq_entries_per_file: u64,
+    /// Delay levels in milliseconds, ascending.
+    pub levels_ms: Vec<u64>,
+    /// Chain or round.
+    pub delay_policy: DelayPolicy,
+    /// Longest accepted delay.
+    pub max_delay_ms: u64,
+    /// Time-to-run when neither the pop nor the message names one.
+    pub default_ttr_ms: u64,
+    /// Deliveries before a message is dead-lettered.
+    pub default_max_attempts: u32,
+    /// Retry schedule used by nack when the message carries none.
+    pub default_backoff_ms: Vec<u64>,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Longest long-poll wait a pop may ask for.
+    pub max_wait_ms: u64,
+    /// Initial slot count of the id index file.
+    pub index_initial_slots: u64,
+    /// What to do when recovery finds a bad record with valid records after it.
+    pub recovery: RecoveryMode,
+}
+
+impl BrokerConfig {
+    /// The embedded defaults, with data in `data_dir`.
+    pub fn with_defaults(data_dir: impl Into<PathBuf>) -> BrokerConfig {
+        BrokerConfig {
+            data_dir: data_dir.into(),
+            flush: FlushMode::Sync,
+            flush_interval_ms: 10,
+            segment_bytes: 1 << 30,
+            cq_entries_per_file: 262_144,
+            levels_ms: crate::schedule::levels::parse_list_ms(crate::schedule::levels::DEFAULT_LEVELS)
+                .unwrap_or_default(),
+            delay_policy: DelayPolicy::Chain,
+            max_delay_ms: 30 * 86_400_000,
+            default_ttr_ms: 30_000,
+            default_max_attempts: 16,
+            default_backoff_ms: crate::schedule::levels::parse_list_ms(DEFAULT_BACKOFF).unwrap_or_default(),
+            max_body_bytes: 4 << 20,
+            max_wait_ms: 180_000,
+            index_initial_slots: 1 << 20,
+            recovery: RecoveryMode::Strict,
+        }
+    }
+}
+
+/// The default nack backoff.
+pub const DEFAULT_BACKOFF: &str = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
+
+/// When a produced message should become ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum When {
+    /// Ready now.
+    Now,
+    /// Milliseconds after the broker receives the request.
+    DelayMs(u64),
+    /// An absolute unix time in milliseconds.
+    AtMs(u64),
+    /// A named level: 1-based index into the configured list.
+    LevelIndex(u32),
+}
+
+/// One message to produce.
+#[derive(Debug, Clone)]
+pub struct ProduceRequest {
+    /// Client-chosen id; the broker makes one when absent.
+    pub id: Option<String>,
+    /// Opaque payload (the HTTP API carries UTF-8 strings).
+    pub body: Bytes,
+    /// When it becomes ready.
+    pub when: When,
+    /// Per-message time-to-run.
+    pub ttr_ms: Option<u64>,
+    /// Per-message delivery limit.
+    pub max_attempts: Option<u32>,
+    /// Per-message retry schedule for nack.
+    pub backoff_ms: Option<Vec<u64>>,
+}
+
+/// Result of a produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Produced {
+    /// The message id.
+    pub id: String,
+    /// When it becomes ready, unix ms.
+    pub deliver_at_ms: u64,
+    /// False when this was an idempotent repeat of an earlier produce.
+    pub created: bool,
+}
+
+/// What a pop asks for.
+#[derive(Debug, Clone)]
+pub struct PopRequest {
+    /// Topics to take from, in order of preference.
+    pub topics: Vec<String>,
+    /// Most messages to return.
+    pub max: usize,
+    /// Long-poll: how long to wait for a message when none is ready.
+    pub wait_ms: u64,
+    /// Reservation length; falls back to the message's, then the default.
+    pub ttr_ms: Option<u64>,
+}
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Message id.
+    pub id: String,
+    /// Topic it was popped from.
+    pub topic: String,
+    /// Payload.
+    pub body: Bytes,
+    /// Token for ack/nack of this delivery only.
+    pub receipt: String,
+    /// 1 for the first delivery.
+    pub attempt: u32,
+    /// When the message became due, unix ms.
+    pub deliver_at_ms: u64,
+    /// Reservation length in ms.
+    pub ttr_ms: u64,
+}
+
+/// Where a message is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageState {
+    /// Waiting on a delay level.
+    Delayed,
+    /// In its topic queue, poppable.
+    Ready,
+    /// Popped, waiting for ack within its time-to-run.
+    Reserved,
+    /// Acked.
+    Done,
+    /// Cancelled before delivery.
+    Cancelled,
+    /// Moved to the dead-letter topic.
+    Dead,
+}
+
+/// A look-up by id.
+#[derive(Debug, Clone)]
+pub struct MessageInfo {
+    /// Message id.
+    pub id: String,
+    /// Original topic.
+    pub topic: String,
+    /// Current state.
+    pub state: MessageState,
+    /// Next due time (or the due time it was delivered at), unix ms.
+    pub deliver_at_ms: u64,
+    /// Deliveries so far.
+    pub attempt: u32,
+    /// Payload.
+    pub body: Bytes,
+    /// Time-to-run carried by the message.
+    pub ttr_ms: u64,
+    /// When it was produced, unix ms.
+    pub created_at_ms: u64,
+}
+
+/// Result of a nack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Nacked {
+    /// Scheduled again at this unix ms.
+    Retry { deliver_at_ms: u64 },
+    /// Attempts exhausted: moved to this dead-letter topic.
+    DeadLettered { topic: String },
+}
+
+/// Per-level counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LevelStats {
+    /// Level duration in ms.
+    pub level_ms: u64,
+    /// Entries not yet fired (includes ones that will be skipped as cancelled).
+    pub backlog: u64,
+    /// Due time of the head entry, unix ms.
+    pub next_due_ms: Option<u64>,
+}
+
+/// Per-topic counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TopicStats {
+    /// Topic name.
+    pub topic: String,
+    /// Entries in the queue not yet popped.
+    pub ready: u64,
+    /// Messages popped and not yet acked.
+    pub reserved: u64,
+    /// Messages moved to `{topic}.dlq`.
+    pub dead_lettered: u64,
+}
+
+/// Snapshot for `/v1/stats` and `/metrics`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    /// One entry per level, ascending.
+    pub levels: Vec<LevelStats>,
+    /// One entry per topic, by name.
+    pub topics: Vec<TopicStats>,
+    /// Bytes used by the data directory's files.
+    pub disk_bytes: u64,
+}
+
+/// Largest number of requests the engine takes into one batch (one flush).
+const MAX_BATCH: usize = 1024;
+/// Most timers fired between two looks at the request channel, so catch-up never starves clients.
+const FIRE_SLICE: usize = 4096;
+/// How often queue lengths and cursors are persisted.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+enum Command {
+    Produce {
+        topic: String,
+        reqs: Vec<ProduceRequest>,
+        reply: oneshot::Sender<Result<Vec<Result<Produced>>>>,
+    },
+    Pop {
+        topics: Vec<String>,
+        max: usize,
+        ttr_ms: Option<u64>,
+        reply: oneshot::Sender<Result<Vec<Delivery>>>,
+    },
+    Ack {
+        receipt: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    AckId {
+        id: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Nack {
+        receipt: String,
+        delay_ms: Option<u64>,
+        reply: oneshot::Sender<Result<Nacked>>,
+    },
+    Cancel {
+        id: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Get {
+        id: String,
+        reply: oneshot::Sender<Result<MessageInfo>>,
+    },
+    Stats {
+        reply: oneshot::Sender<Result<Stats>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// A reply held until the batch's flush decides whether it may be sent.
+enum Pending {
+    Produce(oneshot::Sender<Result<Vec<Result<Produced>>>>, Result<Vec<Result<Produced>>>),
+    Pop(oneshot::Sender<Result<Vec<Delivery>>>, Result<Vec<Delivery>>),
+    Unit(oneshot::Sender<Result<()>>, Result<()>),
+    Nack(oneshot::Sender<Result<Nacked>>, Result<Nacked>),
+}
+
+impl Pending {
+    /// Sends the reply, or `err` instead of a success when the flush failed.
+    fn send(self, flush_err: Option<&Error>) {
+        let fail = |e: &Error| Error::Unavailable(e.to_string());
+        match self {
+            Pending::Produce(tx, r) => {
+                let _ = tx.send(match flush_err {
+                    Some(e) => Err(fail(e)),
+                    None => r,
+                });
+            }
+            Pending::Pop(tx, r) => {
+                let _ = tx.send(match flush_err {
+                    Some(e) => Err(fail(e)),
+                    None => r,
+                });
+            }
+            Pending::Unit(tx, r) => {
+                let _ = tx.send(match flush_err {
+                    Some(e) => Err(fail(e)),
+                    None => r,
+                });
+            }
+            Pending::Nack(tx, r) => {
+                let _ = tx.send(match flush_err {
+                    Some(e) => Err(fail(e)),
+                    None => r,
+                });
+            }
+        }
+    }
+}
+
+struct Shared {
+    tx: flume::Sender<Command>,
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    config: BrokerConfig,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn notify_for(&self, topic: &str) -> Arc<Notify> {
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        w.entry(topic.to_string()).or_default().clone()
+    }
+}
+
+/// A cheap, cloneable handle to a running broker.
+#[derive(Clone)]
+pub struct Broker {
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+}
+
+impl Broker {
+    /// Opens (recovering if needed) the data dir and starts the engine thread.
+    pub fn open(config: BrokerConfig) -> Result<Broker> {
+        Self::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// Like [`open`](Self::open) with a chosen clock.
+    pub fn open_with_clock(config: BrokerConfig, clock: Arc<dyn Clock>) -> Result<Broker> {
+        let metrics = Arc::new(Metrics::default());
+        let (engine, report) = Engine::open(config.clone(), clock.clone(), metrics.clone())?;
+        info!(clean = report.clean, rebuilt = report.rebuilt, "broker opened");
+        let (tx, rx) = flume::bounded(4096);
+        let shared =
+            Arc::new(Shared { tx, waiters: Mutex::new(HashMap::new()), config, thread: Mutex::new(None) });
+        let weak = Arc::downgrade(&shared);
+        let flush = shared.config.flush;
+        let flush_every = Duration::from_millis(shared.config.flush_interval_ms.max(1));
+        let handle = std::thread::Builder::new()
+            .name("delayd-engine".into())
+            .spawn(move || run_engine(engine, rx, clock, flush, flush_every, weak))
+            .map_err(|e| Error::io("spawn engine thread", e))?;
+        *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(Broker { shared, metrics })
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send_async(make(tx))
+            .await
+            .map_err(|_| Error::Unavailable("the broker is shutting down".into()))?;
+        rx.await.map_err(|_| Error::Unavailable("the broker is shutting down".into()))?
+    }
+
+    /// Produces one message.
+    pub async fn produce(&self, topic: &str, req: ProduceRequest) -> Result<Produced> {
+        let mut out = self.produce_batch(topic, vec![req]).await?;
+        out.pop().unwrap_or_else(|| Err(Error::Unavailable("empty batch result".into())))
+    }
+
+    /// Produces many messages with one durable flush; each gets its own result.
+    pub async fn produce_batch(
+        &self,
+        topic: &str,
+        reqs: Vec<ProduceRequest>,
+    ) -> Result<Vec<Result<Produced>>> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::Produce { topic, reqs, reply }).await
+    }
+
+    /// Reserves up to `max` ready messages, waiting up to `wait_ms` for the first one.
+    pub async fn pop(&self, req: PopRequest) -> Result<Vec<Delivery>> {
+        if req.topics.is_empty() {
+            return Err(Error::invalid("topic", "at least one topic is required"));
+        }
+        for t in &req.topics {
+            crate::engine::validate_topic(t)?;
+        }
+        if req.max == 0 || req.max > 1000 {
+            return Err(Error::invalid("max", "must be 1 to 1000"));
+        }
+        let wait = Duration::from_millis(req.wait_ms.min(self.shared.config.max_wait_ms));
+        let deadline = Instant::now() + wait;
+        let notifies: Vec<Arc<Notify>> = req.topics.iter().map(|t| self.shared.notify_for(t)).collect();
+        loop {
+            // Register interest before asking, so a message that lands in between still wakes us.
+            let mut waits: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> =
+                notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            for w in waits.iter_mut() {
+                w.as_mut().enable();
+            }
+            let (topics, max, ttr_ms) = (req.topics.clone(), req.max, req.ttr_ms);
+            let got = self.call(|reply| Command::Pop { topics, max, ttr_ms, reply }).await?;
+            let now = Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            let any = std::future::poll_fn(|cx| {
+                for w in waits.iter_mut() {
+                    if w.as_mut().poll(cx).is_ready() {
+                        return std::task::Poll::Ready(());
+                    }
+                }
+                std::task::Poll::Pending
+            });
+            if tokio::time::timeout(deadline - now, any).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    /// Acknowledges a delivery by receipt.
+    pub async fn ack(&self, receipt: &str) -> Result<()> {
+        let receipt = receipt.to_string();
+        self.call(|reply| Command::Ack { receipt, reply }).await
+    }
+
+    /// Marks a message done by id, whatever its state (compat `/finish`).
+    pub async fn ack_id(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.call(|reply| Command::AckId { id, reply }).await
+    }
+
+    /// Returns a delivery for retry after `delay_ms` or the next backoff step.
+    pub async fn nack(&self, receipt: &str, delay_ms: Option<u64>) -> Result<Nacked> {
+        let receipt = receipt.to_string();
+        self.call(|reply| Command::Nack { receipt, delay_ms, reply }).await
+    }
+
+    /// Cancels a message that has not been acked.
+    pub async fn cancel(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.call(|reply| Command::Cancel { id, reply }).await
+    }
+
+    /// Looks a message up by id.
+    pub async fn get(&self, id: &str) -> Result<MessageInfo> {
+        let id = id.to_string();
+        self.call(|reply| Command::Get { id, reply }).await
+    }
+
+    /// Counters per level and topic.
+    pub async fn stats(&self) -> Result<Stats> {
+        self.call(|reply| Command::Stats { reply }).await
+    }
+
+    /// Process-wide counters and histograms.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The configuration the broker runs with.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.shared.config
+    }
+
+    /// Flushes, persists offsets, writes the clean-shutdown marker and stops the engine.
+    pub async fn shutdown(&self) -> Result<()> {
+        let r = self.call(|reply| Command::Shutdown { reply }).await;
+        let handle = self.shared.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+        match r {
+            // A second shutdown finds the engine gone: that is success.
+            Err(Error::Unavailable(_)) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+fn run_engine(
+    mut engine: Engine,
+    rx: flume::Receiver<Command>,
+    clock: Arc<dyn Clock>,
+    flush: FlushMode,
+    flush_every: Duration,
+    shared: std::sync::Weak<Shared>,
+) {
+    let mut last_checkpoint = Instant::now();
+    let mut last_flush = Instant::now();
+    let mut batch: Vec<Command> = Vec::with_capacity(MAX_BATCH);
+    let mut pending: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
+    let mut shutdown: Option<oneshot::Sender<Result<()>>> = None;
+    loop {
+        // Sleep until the next due timer (to the microsecond), the next checkpoint or async flush,
+        // or a request: whichever comes first.
+        let mut wait = CHECKPOINT_EVERY.saturating_sub(last_checkpoint.elapsed());
+        if flush == FlushMode::Async && engine.dirty() {
+            wait = wait.min(flush_every.saturating_sub(last_flush.elapsed()));
+        }
+        if let Some(due) = engine.next_due() {
+            let now_us = clock.now_us();
+            wait = wait.min(Duration::from_micros((due * 1000).saturating_sub(now_us)));
+        }
+        match rx.recv_timeout(wait) {
+            Ok(cmd) => batch.push(cmd),
+            Err(flume::RecvTimeoutError::Timeout) => {}
+            Err(flume::RecvTimeoutError::Disconnected) => break,
+        }
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(cmd) => batch.push(cmd),
+                Err(_) => break,
+            }
+        }
+        for cmd in batch.drain(..) {
+            match cmd {
+                Command::Produce { topic, reqs, reply } => {
+                    let r = reqs.into_iter().map(|req| engine.produce(&topic, req)).collect();
+                    pending.push(Pending::Produce(reply, Ok(r)));
+                }
+                Command::Pop { topics, max, ttr_ms, reply } => {
+                    pending.push(Pending::Pop(reply, engine.pop(&topics, max, ttr_ms)))
+                }
+                Command::Ack { receipt, reply } => pending.push(Pending::Unit(reply, engine.ack(&receipt))),
+                Command::AckId { id, reply } => pending.push(Pending::Unit(reply, engine.ack_id(&id))),
+                Command::Nack { receipt, delay_ms, reply } => {
+                    pending.push(Pending::Nack(reply, engine.nack(&receipt, delay_ms)))
+                }
+                Command::Cancel { id, reply } => pending.push(Pending::Unit(reply, engine.cancel(&id))),
+                Command::Get { id, reply } => {
+                    let _ = reply.send(engine.get(&id));
+                }
+                Command::Stats { reply } => {
+                    let _ = reply.send(Ok(engine.stats()));
+                }
+                Command::Shutdown { reply } => shutdown = Some(reply),
+            }
+        }
+        if let Err(e) = engine.run_due(FIRE_SLICE) {
+            error!(error = %e, "scheduler failed");
+        }
+        let mut flush_err = None;
+        if flush == FlushMode::Sync || last_flush.elapsed() >= flush_every || shutdown.is_some() {
+            if engine.dirty() {
+                if let Err(e) = engine.flush() {
+                    error!(error = %e, "commit log flush failed; refusing further writes");
+                    flush_err = Some(e);
+                }
+            }
+            last_flush = Instant::now();
+        }
+        let sync_err = if flush == FlushMode::Sync { flush_err.as_ref() } else { None };
+        for p in pending.drain(..) {
+            p.send(sync_err);
+        }
+        let touched = engine.take_touched();
+        if !touched.is_empty() {
+            if let Some(shared) = shared.upgrade() {
+                let w = shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
+                for t in touched {
+                    if let Some(n) = w.get(&t) {
+                        n.notify_waiters();
+                    }
+                }
+            }
+        }
+        if shutdown.is_some() {
+            break;
+        }
+        if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+            if let Err(e) = engine.checkpoint() {
+                error!(error = %e, "checkpoint failed");
+            }
+            last_checkpoint = Instant::now();
+        }
+    }
+    // Refuse whatever is still queued, then leave the data dir clean.
+    rx.drain().for_each(drop);
+    let r = engine.close();
+    match &r {
+        Ok(()) => info!("engine stopped cleanly"),
+        Err(e) => error!(error = %e, "clean shutdown failed"),
+    }
+    if let Some(reply) = shutdown {
+        let _ = reply.send(r);
+    }
+}

@@ -1,0 +1,788 @@
+//! The engine: the single-threaded state machine that owns the store and the level schedulers.
+//!
+//! Every operation is one append to the commit log (dispatched at once into queues and index), so
+//! the engine's state can always be rebuilt from the log. It never waits: the broker thread around
+//! it decides when to flush and when to sleep.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tracing::debug;
+
+use crate::broker::{
+    BrokerConfig, DelayPolicy, Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest,
+    Produced, Stats, TopicStats, When,
+};
+use crate::error::{Error, Result};
+use crate::metrics::{inc, Metrics};
+use crate::schedule::clock::Clock;
+use crate::schedule::levels::{nearest_level, plan_hop, validate_levels};
+use crate::schedule::scheduler::LevelScheduler;
+use crate::storage::consumequeue::Entry;
+use crate::storage::format::{self, Cause, Home, Hop, Put, Record, Route, State, Transition};
+use crate::storage::index::{Slot, SlotRef};
+use crate::storage::store::{dead_letter_topic, OpenReport, Store, StoreConfig};
+
+/// Longest accepted id, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+/// Longest accepted topic name, in bytes.
+pub const MAX_TOPIC_LEN: usize = 128;
+/// Highest accepted `max_attempts` (the index keeps attempts in 16 bits).
+pub const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
+
+/// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
+pub fn validate_topic(topic: &str) -> Result<()> {
+    if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
+        return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_LEN} characters")));
+    }
+    if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+        return Err(Error::invalid("topic", "may only contain A-Z, a-z, 0-9, '.', '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// Checks a client-chosen id: 1 to 128 bytes of UTF-8 without whitespace or control characters.
+pub fn validate_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_LEN} bytes")));
+    }
+    if id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::invalid("id", "must not contain whitespace or control characters"));
+    }
+    Ok(())
+}
+
+/// Receipts name one delivery: the message's Put offset and the seq its reservation made.
+fn encode_receipt(msg_offset: u64, seq: u32) -> String {
+    format!("{msg_offset:016x}{seq:08x}")
+}
+
+fn decode_receipt(receipt: &str) -> Result<(u64, u32)> {
+    let bad = || Error::NotFound("unknown or expired receipt".to_string());
+    if receipt.len() != 24 || !receipt.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let off = u64::from_str_radix(&receipt[..16], 16).map_err(|_| bad())?;
+    let seq = u32::from_str_radix(&receipt[16..], 16).map_err(|_| bad())?;
+    Ok((off, seq))
+}
+
+/// Timers either make a delayed message ready or expire a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimerAction {
+    MakeReady,
+    Expire,
+}
+
+/// The broker's state machine.
+pub struct Engine {
+    cfg: BrokerConfig,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    store: Store,
+    schedulers: BTreeMap<u64, LevelScheduler>,
+    id_counter: u64,
+    id_seed: u64,
+    poisoned: Option<String>,
+}
+
+impl Engine {
+    /// Opens the store under `cfg.data_dir` and sets up one scheduler per level queue.
+    pub fn open(
+        cfg: BrokerConfig,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Engine, OpenReport)> {
+        validate_levels(&cfg.levels_ms)?;
+        let (store, report) = Store::open(
+            &cfg.data_dir,
+            StoreConfig {
+                segment_bytes: cfg.segment_bytes,
+                cq_entries_per_file: cfg.cq_entries_per_file,
+                index_initial_slots: cfg.index_initial_slots,
+                recovery: cfg.recovery,
+            },
+        )?;
+        let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
+        let mut engine = Engine {
+            cfg,
+            clock,
+            metrics,
+            store,
+            schedulers: BTreeMap::new(),
+            id_counter: 0,
+            id_seed,
+            poisoned: None,
+        };
+        // Levels removed from the config keep their queue until drained: their entries carry
+        // absolute due times, so they fire correctly whatever the current level list is.
+        let on_disk: Vec<u64> = engine.store.levels.keys().copied().collect();
+        for ms in on_disk {
+            if !engine.cfg.levels_ms.contains(&ms) {
+                let q = &engine.store.levels[&ms];
+                if q.cq.len() > q.cursor {
+                    tracing::warn!(
+                        level_ms = ms,
+                        pending = q.cq.len() - q.cursor,
+                        "draining a level no longer configured"
+                    );
+                }
+            }
+        }
+        for ms in engine.cfg.levels_ms.clone() {
+            engine.store.level_queue(ms)?;
+        }
+        engine.sync_schedulers();
+        Ok((engine, report))
+    }
+
+    fn skew_for(&self, level_ms: u64) -> u64 {
+        // Only the smallest level receives sub-level remainders, which may be out of order.
+        if level_ms <= self.cfg.levels_ms[0] {
+            level_ms
+        } else {
+            0
+        }
+    }
+
+    fn sync_schedulers(&mut self) {
+        let levels: Vec<(u64, u64)> = self.store.levels.iter().map(|(ms, q)| (*ms, q.cursor)).collect();
+        for (ms, cursor) in levels {
+            if !self.schedulers.contains_key(&ms) {
+                let skew = self.skew_for(ms);
+                self.schedulers.insert(ms, LevelScheduler::new(ms, skew, cursor));
+            }
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.cfg
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn writable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(Error::Unavailable(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn append(&mut self, record: &[u8]) -> Result<u64> {
+        self.writable()?;
+        match self.store.append(record) {
+            Ok(at) => Ok(at),
+            Err(e @ (Error::Io { .. } | Error::Corrupt { .. })) => {
+                // A failed write or mapping may have left the files in an unknown state: stop
+                // writing rather than acknowledge anything more (never retry a failed flush).
+                self.poisoned = Some(format!("write failed: {e}"));
+                Err(Error::Unavailable(e.to_string()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes every append durable; on failure the engine refuses further writes.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.store.log.flushed() >= self.store.log.end() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        if let Err(e) = self.store.flush_log() {
+            self.poisoned = Some(format!("flush failed: {e}"));
+            return Err(Error::Unavailable(e.to_string()));
+        }
+        self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
+        Ok(())
+    }
+
+    /// True when appends are waiting for a flush.
+    pub fn dirty(&self) -> bool {
+        self.store.log.flushed() < self.store.log.end()
+    }
+
+    fn level_cursors(&self) -> BTreeMap<u64, u64> {
+        self.schedulers.iter().map(|(ms, s)| (*ms, s.cursor())).collect()
+    }
+
+    /// Persists queue lengths and cursors (after flushing everything they cover).
+    pub fn checkpoint(&mut self) -> Result<()> {
+        let cursors = self.level_cursors();
+        self.store.checkpoint(&cursors)
+    }
+
+    /// Checkpoints and leaves the clean-shutdown marker.
+    pub fn close(self) -> Result<()> {
+        let cursors = self.level_cursors();
+        self.store.close(&cursors)
+    }
+
+    /// Topics that received entries since the last call (for long-poll wake-ups).
+    pub fn take_touched(&mut self) -> Vec<String> {
+        self.store.take_touched()
+    }
+
+    fn new_id(&mut self) -> String {
+        loop {
+            self.id_counter += 1;
+            let a = format::id_hash(&[self.id_seed.to_le_bytes(), self.id_counter.to_le_bytes()].concat());
+            let id = format!("{:012x}{:016x}", self.clock.now_ms() & 0xFFFF_FFFF_FFFF, a);
+            if self.store.find_id(id.as_bytes()).is_none() {
+                return id;
+            }
+        }
+    }
+
+    /// Produces one message.
+    pub fn produce(&mut self, topic: &str, req: ProduceRequest) -> Result<Produced> {
+        validate_topic(topic)?;
+        if req.body.len() > self.cfg.max_body_bytes {
+            return Err(Error::TooLarge(format!(
+                "body is {} bytes; the limit is {} (max_body_bytes)",
+                req.body.len(),
+                self.cfg.max_body_bytes
+            )));
+        }
+        let ttr_ms = req.ttr_ms.unwrap_or(self.cfg.default_ttr_ms);
+        if ttr_ms == 0 || ttr_ms > self.cfg.max_delay_ms {
+            return Err(Error::invalid("ttr_ms", format!("must be 1 to {} ms", self.cfg.max_delay_ms)));
+        }
+        let max_attempts = req.max_attempts.unwrap_or(self.cfg.default_max_attempts);
+        if max_attempts == 0 || max_attempts > MAX_ATTEMPTS_LIMIT {
+            return Err(Error::invalid("max_attempts", format!("must be 1 to {MAX_ATTEMPTS_LIMIT}")));
+        }
+        let backoff_ms = req.backoff_ms.clone().unwrap_or_default();
+        if backoff_ms.len() > 1000 || backoff_ms.iter().any(|b| *b > self.cfg.max_delay_ms) {
+            return Err(Error::invalid("backoff", "at most 1000 steps, each no longer than max_delay"));
+        }
+        let now = self.now();
+        let (request_kind, request_value) = match req.when {
+            When::Now => (0, 0),
+            When::DelayMs(d) => (1, d),
+            When::AtMs(t) => (2, t),
+            When::LevelIndex(i) => (3, u64::from(i)),
+        };
+        if let Some(id) = &req.id {
+            validate_id(id)?;
+            if let Some((_, slot)) = self.store.find_id(id.as_bytes()) {
+                let p = self.store.put_at(slot.msg_offset)?;
+                let same = p.topic == topic.as_bytes()
+                    && p.body == &req.body[..]
+                    && p.request_kind == request_kind
+                    && p.request_value == request_value;
+                if same {
+                    return Ok(Produced { id: id.clone(), deliver_at_ms: p.deliver_at_ms, created: false });
+                }
+                return Err(Error::Conflict(format!(
+                    "id {id:?} already exists with a different topic, body or delay"
+                )));
+            }
+        }
+        let (deliver_at_ms, route) = self.plan_produce(&req.when, now)?;
+        let id = match req.id {
+            Some(id) => id,
+            None => self.new_id(),
+        };
+        let rec = format::encode_put(&Put {
+            created_ms: now,
+            deliver_at_ms,
+            ttr_ms,
+            max_attempts,
+            request_kind,
+            request_value,
+            route,
+            id: id.as_bytes(),
+            topic: topic.as_bytes(),
+            backoff_ms,
+            body: &req.body,
+        })?;
+        self.append(&rec)?;
+        inc(&self.metrics.produced);
+        Ok(Produced { id, deliver_at_ms, created: true })
+    }
+
+    fn plan_produce(&self, when: &When, now: u64) -> Result<(u64, Route)> {
+        let levels = &self.cfg.levels_ms;
+        let max = self.cfg.max_delay_ms;
+        let delay = match *when {
+            When::Now => return Ok((now, Route::Topic)),
+            When::LevelIndex(i) => {
+                let Some(l) = (i as usize).checked_sub(1).and_then(|i| levels.get(i)) else {
+                    return Err(Error::invalid("level", format!("must be 1 to {}", levels.len())));
+                };
+                return Ok((now + l, Route::Level { level_ms: *l, due_ms: now + l }));
+            }
+            When::DelayMs(d) => {
+                if d > max {
+                    return Err(Error::invalid("delay_ms", format!("{d} exceeds max_delay of {max} ms")));
+                }
+                d
+            }
+            When::AtMs(t) => {
+                if t <= now {
+                    return Ok((t, Route::Topic));
+                }
+                if t - now > max {
+                    return Err(Error::invalid(
+                        "deliver_at_ms",
+                        format!("is more than max_delay ({max} ms) ahead"),
+                    ));
+                }
+                t - now
+            }
+        };
+        if delay == 0 {
+            return Ok((now, Route::Topic));
+        }
+        match self.cfg.delay_policy {
+            DelayPolicy::Chain => Ok((now + delay, plan_hop(levels, now, delay))),
+            DelayPolicy::Round => {
+                let l = nearest_level(levels, delay);
+                Ok((now + l, Route::Level { level_ms: l, due_ms: now + l }))
+            }
+        }
+    }
+
+    fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
+        let seq = slot.seq + 1;
+        let rec = format::encode_transition(&Transition {
+            msg_offset: slot.msg_offset,
+            id_hash: slot.hash,
+            seq,
+            prev_state: slot.state,
+            state: change.state,
+            cause: change.cause,
+            home: change.home,
+            attempt: change.attempt,
+            time_ms: self.now(),
+            deliver_at_ms: change.deliver_at_ms,
+            route: change.route,
+        });
+        self.append(&rec)?;
+        Ok(seq)
+    }
+
+    /// Reserves up to `max` ready messages from `topics`, in order; never waits.
+    pub fn pop(&mut self, topics: &[String], max: usize, ttr_ms: Option<u64>) -> Result<Vec<Delivery>> {
+        self.writable()?;
+        if let Some(t) = ttr_ms {
+            if t == 0 || t > self.cfg.max_delay_ms {
+                return Err(Error::invalid("ttr_ms", format!("must be 1 to {} ms", self.cfg.max_delay_ms)));
+            }
+        }
+        let mut out = Vec::new();
+        for topic in topics {
+            while out.len() < max {
+                let Some(q) = self.store.topics.get_mut(topic.as_str()) else { break };
+                let Some(entry) = q.cq.get(q.cursor) else { break };
+                q.cursor += 1;
+                if let Some(d) = self.try_reserve(topic, entry, ttr_ms)? {
+                    out.push(d);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The (msg_offset, hash, seq) a queue entry's record refers to.
+    fn timer_of(&self, offset: u64) -> Result<(u64, u64, u32, u64)> {
+        Ok(match self.store.log.read(offset)?.0 {
+            Record::Put(p) => (offset, format::id_hash(p.id), 0, p.deliver_at_ms),
+            Record::Transition(t) => (t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
+            Record::Hop(h) => (h.msg_offset, h.id_hash, h.seq, h.target_ms),
+            Record::EndOfSegment => {
+                return Err(Error::Corrupt {
+                    file: "commitlog".into(),
+                    offset,
+                    reason: "queue entry points at an end-of-segment marker".into(),
+                })
+            }
+        })
+    }
+
+    fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
+        let (msg_offset, hash, seq, _) = self.timer_of(entry.offset)?;
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
+        if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
+            return Ok(None);
+        }
+        let (id, body, msg_ttr) = {
+            let p = self.store.put_at(msg_offset)?;
+            (String::from_utf8_lossy(p.id).into_owned(), Bytes::copy_from_slice(p.body), p.ttr_ms)
+        };
+        let ttr = ttr_ms.unwrap_or(msg_ttr);
+        let now = self.now();
+        let attempt = u32::from(slot.attempt) + 1;
+        let new_seq = self.transition(
+            &slot,
+            Change {
+                state: State::Reserved,
+                cause: Cause::Reserve,
+                home: slot.home,
+                attempt,
+                deliver_at_ms: now + ttr,
+                route: plan_hop(&self.cfg.levels_ms, now, ttr),
+            },
+        )?;
+        inc(&self.metrics.popped);
+        Ok(Some(Delivery {
+            id,
+            topic: topic.to_string(),
+            body,
+            receipt: encode_receipt(msg_offset, new_seq),
+            attempt,
+            deliver_at_ms: entry.tag,
+            ttr_ms: ttr,
+        }))
+    }
+
+    fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
+        let (msg_offset, seq) = decode_receipt(receipt)?;
+        let gone = || Error::NotFound("unknown or expired receipt".to_string());
+        if msg_offset >= self.store.log.end() {
+            return Err(gone());
+        }
+        let hash = match self.store.log.read(msg_offset) {
+            Ok((Record::Put(p), _)) => format::id_hash(p.id),
+            _ => return Err(gone()),
+        };
+        match self.store.find_offset(hash, msg_offset) {
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
+            _ => Err(gone()),
+        }
+    }
+
+    /// Acknowledges a delivery.
+    pub fn ack(&mut self, receipt: &str) -> Result<()> {
+        self.writable()?;
+        let slot = self.reserved_by_receipt(receipt)?;
+        self.finish(&slot)
+    }
+
+    fn finish(&mut self, slot: &Slot) -> Result<()> {
+        let now = self.now();
+        self.transition(
+            slot,
+            Change {
+                state: State::Done,
+                cause: Cause::Ack,
+                home: slot.home,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: now,
+                route: Route::None,
+            },
+        )?;
+        inc(&self.metrics.acked);
+        Ok(())
+    }
+
+    fn by_id(&self, id: &str) -> Result<(SlotRef, Slot)> {
+        if validate_id(id).is_err() {
+            return Err(Error::NotFound(format!("no message with id {id:?}")));
+        }
+        self.store.find_id(id.as_bytes()).ok_or_else(|| Error::NotFound(format!("no message with id {id:?}")))
+    }
+
+    /// Marks a message done by id, whatever its state (compat `/finish`).
+    pub fn ack_id(&mut self, id: &str) -> Result<()> {
+        self.writable()?;
+        let (_, slot) = self.by_id(id)?;
+        if slot.state.is_final() {
+            return Ok(());
+        }
+        self.finish(&slot)
+    }
+
+    /// Puts a delivery back: after `delay_ms`, or the next backoff step; dead-letters it when its
+    /// attempts are used up.
+    pub fn nack(&mut self, receipt: &str, delay_ms: Option<u64>) -> Result<Nacked> {
+        self.writable()?;
+        let slot = self.reserved_by_receipt(receipt)?;
+        if let Some(d) = delay_ms {
+            if d > self.cfg.max_delay_ms {
+                return Err(Error::invalid(
+                    "delay_ms",
+                    format!("exceeds max_delay of {} ms", self.cfg.max_delay_ms),
+                ));
+            }
+        }
+        let (max_attempts, step, topic) = {
+            let p = self.store.put_at(slot.msg_offset)?;
+            let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
+            let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
+            (
+                p.max_attempts,
+                backoff.get(i).copied().unwrap_or(0),
+                String::from_utf8_lossy(p.topic).into_owned(),
+            )
+        };
+        inc(&self.metrics.nacked);
+        if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
+            self.dead_letter(&slot)?;
+            return Ok(Nacked::DeadLettered { topic: dead_letter_topic(&topic) });
+        }
+        let delay = delay_ms.unwrap_or(step);
+        let now = self.now();
+        self.retry(&slot, Cause::Nack, now, delay)?;
+        Ok(Nacked::Retry { deliver_at_ms: now + delay })
+    }
+
+    fn retry(&mut self, slot: &Slot, cause: Cause, now: u64, delay: u64) -> Result<()> {
+        let change = if delay == 0 {
+            Change {
+                state: ready_state(slot.home),
+                cause,
+                home: slot.home,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: now,
+                route: Route::Topic,
+            }
+        } else {
+            Change {
+                state: State::Delayed,
+                cause,
+                home: slot.home,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: now + delay,
+                route: plan_hop(&self.cfg.levels_ms, now, delay),
+            }
+        };
+        self.transition(slot, change).map(|_| ())
+    }
+
+    fn dead_letter(&mut self, slot: &Slot) -> Result<()> {
+        let now = self.now();
+        self.transition(
+            slot,
+            Change {
+                state: State::Dead,
+                cause: Cause::DeadLetter,
+                home: Home::DeadLetter,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: now,
+                route: Route::Topic,
+            },
+        )?;
+        inc(&self.metrics.dead_lettered);
+        Ok(())
+    }
+
+    /// Cancels a message that is not done: it will never be delivered (again).
+    pub fn cancel(&mut self, id: &str) -> Result<()> {
+        self.writable()?;
+        let (_, slot) = self.by_id(id)?;
+        match slot.state {
+            State::Cancelled => Ok(()),
+            State::Done => Err(Error::Conflict(format!("message {id:?} was already delivered and acked"))),
+            _ => {
+                let now = self.now();
+                self.transition(
+                    &slot,
+                    Change {
+                        state: State::Cancelled,
+                        cause: Cause::Cancel,
+                        home: slot.home,
+                        attempt: u32::from(slot.attempt),
+                        deliver_at_ms: now,
+                        route: Route::None,
+                    },
+                )?;
+                inc(&self.metrics.cancelled);
+                Ok(())
+            }
+        }
+    }
+
+    /// Looks a message up by id.
+    pub fn get(&self, id: &str) -> Result<MessageInfo> {
+        let (_, slot) = self.by_id(id)?;
+        let deliver_at_ms = match self.store.log.read(slot.last_offset)?.0 {
+            Record::Put(p) => p.deliver_at_ms,
+            Record::Transition(t) => t.deliver_at_ms,
+            _ => 0,
+        };
+        let p = self.store.put_at(slot.msg_offset)?;
+        Ok(MessageInfo {
+            id: id.to_string(),
+            topic: String::from_utf8_lossy(p.topic).into_owned(),
+            state: match slot.state {
+                State::Delayed => MessageState::Delayed,
+                State::Ready => MessageState::Ready,
+                State::Reserved => MessageState::Reserved,
+                State::Done => MessageState::Done,
+                State::Cancelled => MessageState::Cancelled,
+                State::Dead => MessageState::Dead,
+            },
+            deliver_at_ms,
+            attempt: u32::from(slot.attempt),
+            body: Bytes::copy_from_slice(p.body),
+            ttr_ms: p.ttr_ms,
+            created_at_ms: p.created_ms,
+        })
+    }
+
+    /// Earliest due time among all levels' held entries.
+    pub fn next_due(&mut self) -> Option<u64> {
+        self.sync_schedulers();
+        let mut best: Option<u64> = None;
+        for (ms, s) in self.schedulers.iter_mut() {
+            if let Some(q) = self.store.levels.get(ms) {
+                s.fill(&q.cq);
+            }
+            if let Some(d) = s.next_due() {
+                best = Some(best.map_or(d, |b| b.min(d)));
+            }
+        }
+        best
+    }
+
+    /// Fires up to `limit` due timers across all levels, earliest first per level; returns how many.
+    pub fn run_due(&mut self, limit: usize) -> Result<usize> {
+        self.writable()?;
+        self.sync_schedulers();
+        let now = self.now();
+        let levels: Vec<u64> = self.schedulers.keys().copied().collect();
+        let mut fired = 0;
+        // Round-robin over levels in small slices so a catch-up backlog on one level does not
+        // starve the others.
+        loop {
+            let mut progressed = false;
+            for ms in &levels {
+                for _ in 0..64 {
+                    if fired >= limit {
+                        return Ok(fired);
+                    }
+                    let Some(s) = self.schedulers.get_mut(ms) else { break };
+                    if let Some(q) = self.store.levels.get(ms) {
+                        s.fill(&q.cq);
+                    }
+                    let Some((idx, entry)) = s.take_due(now) else { break };
+                    self.fire(entry, now)?;
+                    if let Some(s) = self.schedulers.get_mut(ms) {
+                        s.done(idx);
+                    }
+                    fired += 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return Ok(fired);
+            }
+        }
+    }
+
+    fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
+        let (msg_offset, hash, seq, target) = self.timer_of(entry.offset)?;
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(()) };
+        let action = match slot.state {
+            _ if slot.seq != seq => return Ok(()),
+            State::Delayed => TimerAction::MakeReady,
+            State::Reserved => TimerAction::Expire,
+            _ => return Ok(()),
+        };
+        if target > now {
+            let route = plan_hop(&self.cfg.levels_ms, now, target - now);
+            debug!(msg_offset, target, ?route, "hop");
+            self.append(&format::encode_hop(&Hop {
+                msg_offset,
+                id_hash: hash,
+                seq,
+                target_ms: target,
+                route,
+            }))?;
+            inc(&self.metrics.hops);
+            return Ok(());
+        }
+        match action {
+            TimerAction::MakeReady => {
+                self.metrics.lateness_ms.observe(now - target);
+                self.transition(
+                    &slot,
+                    Change {
+                        state: ready_state(slot.home),
+                        cause: Cause::Due,
+                        home: slot.home,
+                        attempt: u32::from(slot.attempt),
+                        deliver_at_ms: target,
+                        route: Route::Topic,
+                    },
+                )?;
+            }
+            TimerAction::Expire => {
+                inc(&self.metrics.ttr_expired);
+                let max_attempts = self.store.put_at(msg_offset)?.max_attempts;
+                if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
+                    self.dead_letter(&slot)?;
+                } else {
+                    self.retry(&slot, Cause::Expire, now, 0)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counters per level and topic.
+    pub fn stats(&mut self) -> Stats {
+        self.next_due();
+        let levels = self
+            .store
+            .levels
+            .iter()
+            .map(|(ms, q)| {
+                let s = self.schedulers.get(ms);
+                let cursor = s.map_or(q.cursor, |s| s.cursor());
+                LevelStats {
+                    level_ms: *ms,
+                    backlog: q.cq.len().saturating_sub(cursor),
+                    next_due_ms: s.and_then(|s| s.next_due()),
+                }
+            })
+            .collect();
+        let mut topics: Vec<TopicStats> = self
+            .store
+            .topics
+            .iter()
+            .map(|(name, q)| TopicStats {
+                topic: name.clone(),
+                ready: q.cq.len().saturating_sub(q.cursor),
+                reserved: q.reserved,
+                dead_lettered: q.dead,
+            })
+            .collect();
+        topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+        Stats { levels, topics, disk_bytes: self.store.disk_bytes() }
+    }
+
+    /// Entries the level schedulers hold in memory (bounded by the read-ahead window).
+    pub fn scheduler_window(&self) -> usize {
+        self.schedulers.values().map(|s| s.held()).sum()
+    }
+}
+
+fn ready_state(home: Home) -> State {
+    match home {
+        Home::Main => State::Ready,
+        Home::DeadLetter => State::Dead,
+    }
+}
+
+struct Change {
+    state: State,
+    cause: Cause,
+    home: Home,
+    attempt: u32,
+    deliver_at_ms: u64,
+    route: Route,
+}
+
+#[cfg(test)]
+impl Engine {
+    /// The store, for white-box tests.
+    pub fn store_for_tests(&self) -> &Store {
+        &self.store
+    }
+}

@@ -1,0 +1,312 @@
+//! Engine tests on a manual clock: hours of scheduling run in milliseconds.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use crate::broker::{BrokerConfig, MessageState, Nacked, ProduceRequest, When};
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use crate::schedule::clock::ManualClock;
+use crate::storage::format::Record;
+
+const T0: u64 = 1_700_000_000_000;
+
+fn config(dir: &std::path::Path) -> BrokerConfig {
+    let mut c = BrokerConfig::with_defaults(dir);
+    c.segment_bytes = 64 << 10;
+    c.cq_entries_per_file = 256;
+    c.index_initial_slots = 64;
+    c
+}
+
+fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
+    Engine::open(config(dir), clock.clone(), Arc::new(Metrics::default())).unwrap().0
+}
+
+fn req(id: &str, when: When) -> ProduceRequest {
+    ProduceRequest {
+        id: Some(id.to_string()),
+        body: Bytes::from(format!("body of {id}")),
+        when,
+        ttr_ms: None,
+        max_attempts: None,
+        backoff_ms: None,
+    }
+}
+
+fn topics(t: &str) -> Vec<String> {
+    vec![t.to_string()]
+}
+
+/// Runs the engine on the manual clock up to `until`, jumping straight to each next due time (as
+/// the real engine sleeps until it), at most `step` ms at a time. Pops and acks everything, and
+/// returns (id, deliver_at, popped at).
+fn run_until(e: &mut Engine, clock: &ManualClock, until: u64, step: u64) -> Vec<(String, u64, u64)> {
+    let mut out = vec![];
+    loop {
+        while e.run_due(usize::MAX).unwrap() > 0 {}
+        let now = clock.now_ms_for_tests();
+        for d in e.pop(&topics("t"), 1000, None).unwrap() {
+            e.ack(&d.receipt).unwrap();
+            out.push((d.id, d.deliver_at_ms, now));
+        }
+        if now >= until {
+            return out;
+        }
+        let next = e.next_due().unwrap_or(until).clamp(now + 1, (now + step).min(until));
+        clock.set_ms(next);
+    }
+}
+
+impl ManualClock {
+    fn now_ms_for_tests(&self) -> u64 {
+        use crate::schedule::clock::Clock;
+        self.now_ms()
+    }
+}
+
+/// The level of every hop a message took, from its Put's route and its Hop records.
+fn hops_of(e: &Engine, id: &str) -> Vec<u64> {
+    use crate::storage::format::Route;
+    let store = e.store_for_tests();
+    let (_, slot) = store.find_id(id.as_bytes()).unwrap();
+    let mut out = vec![];
+    let mut at = store.log.start();
+    while let Some((off, rec, next)) = store.log.next(at).unwrap() {
+        match rec {
+            Record::Put(p) if off == slot.msg_offset => {
+                if let Route::Level { level_ms, .. } = p.route {
+                    out.push(level_ms)
+                }
+            }
+            Record::Hop(h) if h.msg_offset == slot.msg_offset => {
+                if let Route::Level { level_ms, due_ms } = h.route {
+                    out.push(level_ms);
+                    assert!(due_ms <= h.target_ms, "a hop never ends after the target");
+                }
+            }
+            _ => {}
+        }
+        at = next;
+    }
+    out
+}
+
+#[test]
+fn a_chained_delay_hops_level_by_level_and_fires_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let p = e.produce("t", req("order-1", When::DelayMs(3_725_250))).unwrap();
+    assert_eq!(p.deliver_at_ms, T0 + 3_725_250);
+    let got = run_until(&mut e, &clock, T0 + 3_800_000, 1 << 40);
+    assert_eq!(got.len(), 1);
+    let (id, due, popped) = &got[0];
+    assert_eq!((id.as_str(), *due, *popped), ("order-1", T0 + 3_725_250, T0 + 3_725_250));
+    // 1h + 2m + 5s + 250ms: the body was written once, each hop is a small record.
+    // The 250 ms remainder rides the smallest (1 s) level with its exact due time.
+    assert_eq!(hops_of(&e, "order-1"), vec![3_600_000, 120_000, 5_000, 1_000]);
+}
+
+#[test]
+fn lookup_reports_every_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    e.produce("t", req("a", When::DelayMs(5_000))).unwrap();
+    let info = e.get("a").unwrap();
+    assert_eq!(
+        (info.state, info.deliver_at_ms, info.attempt, info.topic.as_str()),
+        (MessageState::Delayed, T0 + 5000, 0, "t")
+    );
+    clock.advance_ms(5_000);
+    e.run_due(100).unwrap();
+    assert_eq!(e.get("a").unwrap().state, MessageState::Ready);
+    let d = e.pop(&topics("t"), 10, Some(1_000)).unwrap().remove(0);
+    let info = e.get("a").unwrap();
+    assert_eq!((info.state, info.attempt), (MessageState::Reserved, 1));
+    e.ack(&d.receipt).unwrap();
+    assert_eq!(e.get("a").unwrap().state, MessageState::Done);
+    assert!(matches!(e.cancel("a"), Err(crate::Error::Conflict(_))));
+    e.produce("t", req("b", When::Now)).unwrap();
+    e.cancel("b").unwrap();
+    assert_eq!(e.get("b").unwrap().state, MessageState::Cancelled);
+    assert!(e.pop(&topics("t"), 10, None).unwrap().is_empty());
+    e.produce("t", ProduceRequest { max_attempts: Some(1), ..req("c", When::Now) }).unwrap();
+    let d = e.pop(&topics("t"), 10, None).unwrap().remove(0);
+    assert!(matches!(e.nack(&d.receipt, None).unwrap(), Nacked::DeadLettered { .. }));
+    assert_eq!(e.get("c").unwrap().state, MessageState::Dead);
+    assert!(matches!(e.get("nope"), Err(crate::Error::NotFound(_))));
+}
+
+#[test]
+fn reservations_expire_with_attempt_plus_one_and_nack_walks_the_backoff_to_the_dlq() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    e.produce(
+        "t",
+        ProduceRequest {
+            max_attempts: Some(3),
+            backoff_ms: Some(vec![2_000, 10_000]),
+            ..req("m", When::Now)
+        },
+    )
+    .unwrap();
+    let d1 = e.pop(&topics("t"), 1, Some(1_500)).unwrap().remove(0);
+    assert_eq!(d1.attempt, 1);
+    clock.advance_ms(1_499);
+    e.run_due(100).unwrap();
+    assert!(e.pop(&topics("t"), 1, None).unwrap().is_empty(), "reservation must hold until its ttr");
+    clock.advance_ms(1);
+    e.run_due(100).unwrap();
+    let d2 = e.pop(&topics("t"), 1, None).unwrap().remove(0);
+    assert_eq!(d2.attempt, 2);
+    assert!(e.ack(&d1.receipt).is_err(), "an expired receipt is refused");
+    // Backoff step for attempt 2 is the second entry: 10 s.
+    assert_eq!(e.nack(&d2.receipt, None).unwrap(), Nacked::Retry { deliver_at_ms: T0 + 1_500 + 10_000 });
+    clock.advance_ms(9_999);
+    e.run_due(100).unwrap();
+    assert!(e.pop(&topics("t"), 1, None).unwrap().is_empty());
+    clock.advance_ms(1);
+    e.run_due(100).unwrap();
+    let d3 = e.pop(&topics("t"), 1, None).unwrap().remove(0);
+    assert_eq!(d3.attempt, 3);
+    assert_eq!(e.nack(&d3.receipt, None).unwrap(), Nacked::DeadLettered { topic: "t.dlq".into() });
+    let dead = e.pop(&topics("t.dlq"), 1, None).unwrap().remove(0);
+    assert_eq!((dead.id.as_str(), dead.attempt), ("m", 4));
+    e.ack(&dead.receipt).unwrap();
+    let stats = e.stats();
+    let t = stats.topics.iter().find(|t| t.topic == "t").unwrap();
+    assert_eq!((t.reserved, t.dead_lettered), (0, 1));
+}
+
+#[test]
+fn idempotent_produce_and_conflicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let first = e.produce("t", req("x", When::DelayMs(1000))).unwrap();
+    clock.advance_ms(300);
+    let again = e.produce("t", req("x", When::DelayMs(1000))).unwrap();
+    assert!(first.created && !again.created);
+    assert_eq!(again.deliver_at_ms, first.deliver_at_ms);
+    assert!(matches!(e.produce("t", req("x", When::DelayMs(2000))), Err(crate::Error::Conflict(_))));
+    assert!(matches!(e.produce("u", req("x", When::DelayMs(1000))), Err(crate::Error::Conflict(_))));
+    assert!(matches!(
+        e.produce("t", req("y", When::DelayMs(31 * 86_400_000))),
+        Err(crate::Error::Invalid { .. })
+    ));
+    assert!(matches!(e.produce("bad topic", req("z", When::Now)), Err(crate::Error::Invalid { .. })));
+    assert!(matches!(e.produce("t", req("with space", When::Now)), Err(crate::Error::Invalid { .. })));
+    assert!(matches!(e.produce("t", req("lvl", When::LevelIndex(19))), Err(crate::Error::Invalid { .. })));
+    let generated = e.produce("t", ProduceRequest { id: None, ..req("", When::Now) }).unwrap();
+    assert!(e.get(&generated.id).is_ok());
+}
+
+#[test]
+fn state_survives_reopen_and_cancel_holds_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    {
+        let mut e = open(dir.path(), &clock);
+        e.produce("t", req("keep", When::DelayMs(10_000))).unwrap();
+        e.produce("t", req("drop", When::DelayMs(10_000))).unwrap();
+        e.produce("t", req("drop-later", When::DelayMs(10_000))).unwrap();
+        e.cancel("drop").unwrap();
+        e.flush().unwrap();
+        // No checkpoint, no clean close: recovery replays from the start.
+    }
+    let mut e = open(dir.path(), &clock);
+    e.cancel("drop-later").unwrap();
+    e.close().unwrap();
+    let mut e = open(dir.path(), &clock);
+    let got = run_until(&mut e, &clock, T0 + 20_000, 100);
+    let ids: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
+    assert_eq!(ids, vec!["keep"]);
+    assert!(got[0].2 >= T0 + 10_000);
+}
+
+#[test]
+fn deleted_queues_and_index_are_rebuilt_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    for i in 0..300u64 {
+        e.produce("t", req(&format!("m{i}"), When::DelayMs((i * 7919) % 100_000))).unwrap();
+        if i % 50 == 0 {
+            clock.advance_ms(1_000);
+            e.run_due(usize::MAX).unwrap();
+            for d in e.pop(&topics("t"), 5, None).unwrap() {
+                e.ack(&d.receipt).unwrap();
+            }
+        }
+    }
+    e.close().unwrap();
+    let snapshot = |root: &std::path::Path| {
+        let mut files = std::collections::BTreeMap::new();
+        for sub in ["cq", "index"] {
+            let mut stack = vec![root.join(sub)];
+            while let Some(d) = stack.pop() {
+                for ent in std::fs::read_dir(&d).unwrap() {
+                    let p = ent.unwrap().path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else {
+                        files.insert(p.strip_prefix(root).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
+                    }
+                }
+            }
+        }
+        files
+    };
+    let before = snapshot(dir.path());
+    std::fs::remove_dir_all(dir.path().join("cq")).unwrap();
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let e = open(dir.path(), &clock);
+    e.close().unwrap();
+    let after = snapshot(dir.path());
+    let keys =
+        |m: &std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&before), keys(&after));
+    for (k, v) in &before {
+        assert!(after[k] == *v, "{} differs after rebuild", k.display());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn never_early_and_on_time_for_random_chained_delays(
+        msgs in proptest::collection::vec((0u64..8_000_000, 0u64..5_000), 1..25),
+        step in 50u64..600_000,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::at_ms(T0));
+        let mut e = open(dir.path(), &clock);
+        let mut due = std::collections::HashMap::new();
+        let mut sorted = msgs.clone();
+        sorted.sort_by_key(|m| m.1);
+        for (i, (delay, at)) in sorted.iter().enumerate() {
+            let now = T0 + at;
+            if clock.now_ms_for_tests() < now {
+                clock.set_ms(now);
+                while e.run_due(usize::MAX).unwrap() > 0 {}
+            }
+            let id = format!("m{i}");
+            e.produce("t", req(&id, When::DelayMs(*delay))).unwrap();
+            due.insert(id, now + delay);
+        }
+        let end = T0 + 5_000 + 8_000_000 + 10;
+        let got = run_until(&mut e, &clock, end, step);
+        prop_assert_eq!(got.len(), due.len());
+        for (id, deliver_at, popped) in got {
+            prop_assert_eq!(deliver_at, due[&id]);
+            prop_assert!(popped >= deliver_at, "{} popped at {} before {}", id, popped, deliver_at);
+            // The clock jumps to each due time, as the engine's sleep does: delivery is exact.
+            prop_assert_eq!(popped, deliver_at, "{} late", id);
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! delayd: a durable, single-node delay-message broker on an append-only commit log.
+//!
+//! Layout, and the life of a message:
+//! - [`storage`] owns every file. A produce is one `Put` record appended to the commit log; the
+//!   dispatcher immediately derives an entry in a delay-level consume queue (or the topic queue when
+//!   it is due now) and a slot in the mapped id index.
+//! - [`schedule`] holds the level list, the hop planner and one [`schedule::scheduler::LevelScheduler`]
+//!   per level, which reads its queue in order and hands out entries as they fall due.
+//! - [`engine`] is the state machine: a due timer either hops to the next level (a small `Hop`
+//!   record; the body is never copied) or moves the message to its topic queue (a `Transition`).
+//!   Pop, ack, nack, cancel and reservation expiry are `Transition`s too.
+//! - [`broker`] runs the engine on its own thread with group commit and long-poll wake-ups.
+//! - `http` serves the native and compat APIs over the broker.
+
+pub mod broker;
+pub mod config;
+pub mod engine;
+#[cfg(test)]
+mod engine_tests;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod schedule;
+pub mod storage;
+
+pub use broker::Broker;
+pub use error::{Error, Result};

@@ -1,0 +1,255 @@
+//! The checkpoint (dispatcher position, queue lengths, reader offsets, counters) and the clean-shutdown
+//! marker. Both are replaced atomically: write temp, fsync, rename, fsync the directory.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use super::mmap::sync_dir;
+use crate::error::{Error, Result};
+
+/// Magic of the checkpoint file ("DLCK").
+pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"DLCK");
+/// Magic of the clean-shutdown marker ("DLCS").
+pub const CLEAN_MAGIC: u32 = u32::from_le_bytes(*b"DLCS");
+/// Layout version of both files.
+pub const CHECKPOINT_VERSION: u16 = 1;
+
+/// Which family a queue belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QueueKind {
+    /// A delay level; the name is its duration in ms.
+    Level = 0,
+    /// A topic; the name is the topic.
+    Topic = 1,
+}
+
+/// Saved state of one consume queue and its reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueState {
+    /// Level or topic.
+    pub kind: QueueKind,
+    /// Level duration in ms (decimal) or topic name.
+    pub name: String,
+    /// Entries written (and durable) at checkpoint time.
+    pub len: u64,
+    /// Reader position: every entry below it was handled and its effect is durable.
+    pub cursor: u64,
+    /// Topics: messages reserved and not yet acked.
+    pub reserved: u64,
+    /// Topics: messages moved to the dead-letter topic.
+    pub dead: u64,
+}
+
+/// Everything the engine restarts from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Commit-log offset up to which consume queues and the id index are durable.
+    pub dispatched: u64,
+    /// One entry per queue.
+    pub queues: Vec<QueueState>,
+}
+
+fn put_u64(b: &mut Vec<u8>, v: u64) {
+    b.extend_from_slice(&v.to_le_bytes());
+}
+
+impl Checkpoint {
+    /// Serialises with a trailing CRC32.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(32 + self.queues.len() * 64);
+        b.extend_from_slice(&CHECKPOINT_MAGIC.to_le_bytes());
+        b.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+        b.extend_from_slice(&0u16.to_le_bytes());
+        put_u64(&mut b, self.dispatched);
+        b.extend_from_slice(&(self.queues.len() as u32).to_le_bytes());
+        for q in &self.queues {
+            b.push(q.kind as u8);
+            b.extend_from_slice(&(q.name.len() as u16).to_le_bytes());
+            b.extend_from_slice(q.name.as_bytes());
+            put_u64(&mut b, q.len);
+            put_u64(&mut b, q.cursor);
+            put_u64(&mut b, q.reserved);
+            put_u64(&mut b, q.dead);
+        }
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks a checkpoint; `None` for anything malformed.
+    pub fn decode(b: &[u8]) -> Option<Checkpoint> {
+        if b.len() < 24 {
+            return None;
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().ok()?) {
+            return None;
+        }
+        let mut r = Reader { b: body, pos: 0 };
+        if r.u32()? != CHECKPOINT_MAGIC || r.u16()? != CHECKPOINT_VERSION {
+            return None;
+        }
+        r.u16()?;
+        let dispatched = r.u64()?;
+        let n = r.u32()?;
+        let mut queues = Vec::new();
+        for _ in 0..n {
+            let kind = match r.take(1)?[0] {
+                0 => QueueKind::Level,
+                1 => QueueKind::Topic,
+                _ => return None,
+            };
+            let len = r.u16()? as usize;
+            let name = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+            queues.push(QueueState {
+                kind,
+                name,
+                len: r.u64()?,
+                cursor: r.u64()?,
+                reserved: r.u64()?,
+                dead: r.u64()?,
+            });
+        }
+        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues })
+    }
+
+    /// Loads `path`; a missing file is the empty checkpoint, a damaged one is an error.
+    pub fn load(path: &Path) -> Result<Checkpoint> {
+        match fs::read(path) {
+            Ok(b) => Checkpoint::decode(&b).ok_or_else(|| Error::Corrupt {
+                file: path.display().to_string(),
+                offset: 0,
+                reason: "checkpoint fails its CRC or layout check".into(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+        }
+    }
+
+    /// Replaces `path` atomically.
+    pub fn store(&self, path: &Path) -> Result<()> {
+        write_atomic(path, &self.encode())
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(s)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old or the new content, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = fs::File::create(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
+        f.write_all(bytes).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+        f.sync_all().map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))?;
+    }
+    fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
+/// Writes the clean-shutdown marker holding the log end.
+pub fn write_clean_marker(path: &Path, log_end: u64) -> Result<()> {
+    let mut b = Vec::with_capacity(20);
+    b.extend_from_slice(&CLEAN_MAGIC.to_le_bytes());
+    b.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+    b.extend_from_slice(&0u16.to_le_bytes());
+    put_u64(&mut b, log_end);
+    let crc = crc32fast::hash(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    write_atomic(path, &b)
+}
+
+/// Reads and removes the clean-shutdown marker; returns the log end it holds, if valid.
+pub fn take_clean_marker(path: &Path) -> Result<Option<u64>> {
+    let b = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    fs::remove_file(path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir)?;
+    }
+    if b.len() != 20 || crc32fast::hash(&b[..16]) != u32::from_le_bytes([b[16], b[17], b[18], b[19]]) {
+        return Ok(None);
+    }
+    if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != CLEAN_MAGIC {
+        return Ok(None);
+    }
+    Ok(Some(u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint");
+        assert_eq!(Checkpoint::load(&path).unwrap(), Checkpoint::default());
+        let cp = Checkpoint {
+            dispatched: 12345,
+            queues: vec![
+                QueueState {
+                    kind: QueueKind::Level,
+                    name: "1000".into(),
+                    len: 5,
+                    cursor: 3,
+                    reserved: 0,
+                    dead: 0,
+                },
+                QueueState {
+                    kind: QueueKind::Topic,
+                    name: "orders".into(),
+                    len: 9,
+                    cursor: 1,
+                    reserved: 2,
+                    dead: 1,
+                },
+            ],
+        };
+        cp.store(&path).unwrap();
+        assert_eq!(Checkpoint::load(&path).unwrap(), cp);
+        let mut b = fs::read(&path).unwrap();
+        b[10] ^= 1;
+        fs::write(&path, &b).unwrap();
+        assert!(Checkpoint::load(&path).is_err());
+        for n in 0..b.len() {
+            assert!(Checkpoint::decode(&b[..n]).is_none());
+        }
+    }
+
+    #[test]
+    fn clean_marker_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("clean_shutdown");
+        write_clean_marker(&path, 77).unwrap();
+        assert_eq!(take_clean_marker(&path).unwrap(), Some(77));
+        assert_eq!(take_clean_marker(&path).unwrap(), None);
+    }
+}

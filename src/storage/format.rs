@@ -1,0 +1,656 @@
+//! Every byte layout of the commit log lives here: the record frame, each record kind and the id hash.
+//!
+//! All integers are little-endian. `storage-format.md` documents the same layouts for outside readers;
+//! change both together.
+
+use crate::error::{Error, Result};
+
+/// First two bytes after the length of every record; never zero so a zero-filled region never decodes.
+pub const RECORD_MAGIC: u16 = 0xD71A;
+/// Version of the record layouts below.
+pub const RECORD_VERSION: u8 = 1;
+/// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
+pub const HEADER_BYTES: usize = 12;
+/// Largest record the log accepts (a frame must also fit in one segment).
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+
+/// Longest topic name in bytes.
+pub const MAX_TOPIC_BYTES: usize = 255;
+/// Longest id in bytes.
+pub const MAX_ID_BYTES: usize = 255;
+
+/// What a record says; the numeric values are on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A produced message with its body.
+    Put = 1,
+    /// A state change of an existing message.
+    Transition = 2,
+    /// A timer moved to its next delay level; the message state is unchanged.
+    Hop = 3,
+    /// Closes a segment: the next record starts at the next segment.
+    EndOfSegment = 0x7F,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        match v {
+            1 => Some(Kind::Put),
+            2 => Some(Kind::Transition),
+            3 => Some(Kind::Hop),
+            0x7F => Some(Kind::EndOfSegment),
+            _ => None,
+        }
+    }
+}
+
+/// Message states as stored in records and the id index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    /// Waiting on a delay level.
+    Delayed = 1,
+    /// In its topic queue.
+    Ready = 2,
+    /// Popped, within its time-to-run.
+    Reserved = 3,
+    /// Acked.
+    Done = 4,
+    /// Cancelled.
+    Cancelled = 5,
+    /// In the dead-letter topic, poppable there.
+    Dead = 6,
+}
+
+impl State {
+    /// Decodes a state byte.
+    pub fn from_u8(v: u8) -> Option<State> {
+        match v {
+            1 => Some(State::Delayed),
+            2 => Some(State::Ready),
+            3 => Some(State::Reserved),
+            4 => Some(State::Done),
+            5 => Some(State::Cancelled),
+            6 => Some(State::Dead),
+            _ => None,
+        }
+    }
+
+    /// Done and cancelled messages never move again.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Cancelled)
+    }
+}
+
+/// Which topic queue of a message: its own, or `{topic}.dlq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Home {
+    /// The topic the message was produced to.
+    Main = 0,
+    /// The dead-letter topic.
+    DeadLetter = 1,
+}
+
+/// Why a transition happened; recorded so counters replay exactly and operators can read history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Cause {
+    /// The delay elapsed: the message entered its topic queue.
+    Due = 1,
+    /// A consumer popped it.
+    Reserve = 2,
+    /// The consumer acked it.
+    Ack = 3,
+    /// The consumer nacked it.
+    Nack = 4,
+    /// Its time-to-run expired without an ack.
+    Expire = 5,
+    /// Attempts ran out: moved to the dead-letter topic.
+    DeadLetter = 6,
+    /// Cancelled by id.
+    Cancel = 7,
+}
+
+impl Cause {
+    /// Decodes a cause byte.
+    pub fn from_u8(v: u8) -> Option<Cause> {
+        match v {
+            1 => Some(Cause::Due),
+            2 => Some(Cause::Reserve),
+            3 => Some(Cause::Ack),
+            4 => Some(Cause::Nack),
+            5 => Some(Cause::Expire),
+            6 => Some(Cause::DeadLetter),
+            7 => Some(Cause::Cancel),
+            _ => None,
+        }
+    }
+}
+
+/// Where the record that carries it puts an index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// No consume-queue entry (ack, cancel).
+    None,
+    /// The message's topic queue (main or dead-letter, per the record's home).
+    Topic,
+    /// A delay-level queue: the level's duration and the entry's due time, unix ms.
+    Level { level_ms: u64, due_ms: u64 },
+}
+
+const ROUTE_BYTES: usize = 17;
+
+/// A produced message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Put<'a> {
+    /// Unix ms the broker accepted it.
+    pub created_ms: u64,
+    /// Unix ms it becomes ready.
+    pub deliver_at_ms: u64,
+    /// Time-to-run in ms.
+    pub ttr_ms: u64,
+    /// Deliveries before dead-lettering.
+    pub max_attempts: u32,
+    /// How the producer asked for the delay: 0 now, 1 delay_ms, 2 deliver_at_ms, 3 level index.
+    pub request_kind: u8,
+    /// The value the producer sent with `request_kind`.
+    pub request_value: u64,
+    /// First consume-queue entry: the topic, or the first level hop.
+    pub route: Route,
+    /// Message id.
+    pub id: &'a [u8],
+    /// Topic name.
+    pub topic: &'a [u8],
+    /// Retry steps for nack, ms; empty means the broker default.
+    pub backoff_ms: Vec<u64>,
+    /// Payload.
+    pub body: &'a [u8],
+}
+
+/// A state change of the message whose Put record is at `msg_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// Commit-log offset of the message's Put record.
+    pub msg_offset: u64,
+    /// Hash of the message id (see [`id_hash`]), to find its index slot without reading the Put.
+    pub id_hash: u64,
+    /// The message's sequence number after this change; each transition adds one.
+    pub seq: u32,
+    /// State before the change, so counters replay exactly.
+    pub prev_state: State,
+    /// State after the change.
+    pub state: State,
+    /// Why it changed.
+    pub cause: Cause,
+    /// Queue the message belongs to after the change.
+    pub home: Home,
+    /// Deliveries so far after the change.
+    pub attempt: u32,
+    /// Unix ms of the change.
+    pub time_ms: u64,
+    /// Delayed: when it becomes ready; Reserved: when the reservation expires; else when it became ready.
+    pub deliver_at_ms: u64,
+    /// Consume-queue entry this change implies.
+    pub route: Route,
+}
+
+/// A timer moved on to its next level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hop {
+    /// Commit-log offset of the message's Put record.
+    pub msg_offset: u64,
+    /// Hash of the message id.
+    pub id_hash: u64,
+    /// The sequence number the timer belongs to; a newer one makes it stale.
+    pub seq: u32,
+    /// Unix ms the timer finally fires.
+    pub target_ms: u64,
+    /// Next level entry (always `Route::Level`).
+    pub route: Route,
+}
+
+/// A decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// See [`Put`].
+    Put(Put<'a>),
+    /// See [`Transition`].
+    Transition(Transition),
+    /// See [`Hop`].
+    Hop(Hop),
+    /// End of segment.
+    EndOfSegment,
+}
+
+impl Record<'_> {
+    /// The route this record implies for the dispatcher.
+    pub fn route(&self) -> Route {
+        match self {
+            Record::Put(p) => p.route,
+            Record::Transition(t) => t.route,
+            Record::Hop(h) => h.route,
+            Record::EndOfSegment => Route::None,
+        }
+    }
+}
+
+/// Why bytes at an offset are not a valid record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// All zero: the unwritten, preallocated part of a segment.
+    Empty,
+    /// Not enough bytes for the header or the length it claims.
+    Truncated,
+    /// Wrong magic, version, kind, length or CRC, or a malformed payload.
+    Invalid(&'static str),
+}
+
+/// FNV-1a 64 of the id, then the splitmix64 finaliser so linear probing sees well-spread values.
+pub fn id_hash(id: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn route(&mut self, r: Route) {
+        match r {
+            Route::None => {
+                self.u8(0);
+                self.u64(0);
+                self.u64(0);
+            }
+            Route::Topic => {
+                self.u8(1);
+                self.u64(0);
+                self.u64(0);
+            }
+            Route::Level { level_ms, due_ms } => {
+                self.u8(2);
+                self.u64(level_ms);
+                self.u64(due_ms);
+            }
+        }
+    }
+}
+
+struct Dec<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Dec<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.pos.checked_add(n).ok_or(DecodeError::Invalid("length overflow"))?;
+        let s = self.buf.get(self.pos..end).ok_or(DecodeError::Invalid("field past record end"))?;
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn state(&mut self) -> Result<State, DecodeError> {
+        State::from_u8(self.u8()?).ok_or(DecodeError::Invalid("unknown state"))
+    }
+    fn route(&mut self) -> Result<Route, DecodeError> {
+        let tag = self.u8()?;
+        let a = self.u64()?;
+        let b = self.u64()?;
+        match tag {
+            0 => Ok(Route::None),
+            1 => Ok(Route::Topic),
+            2 => Ok(Route::Level { level_ms: a, due_ms: b }),
+            _ => Err(DecodeError::Invalid("unknown route")),
+        }
+    }
+    fn done(&self) -> Result<(), DecodeError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(DecodeError::Invalid("trailing bytes in record"))
+        }
+    }
+}
+
+fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
+    let mut e = Enc(Vec::with_capacity(HEADER_BYTES + payload_len));
+    e.u32(0);
+    e.u16(RECORD_MAGIC);
+    e.u8(RECORD_VERSION);
+    e.u8(kind as u8);
+    e.u32(0);
+    fill(&mut e);
+    let mut buf = e.0;
+    let len = buf.len() as u32;
+    buf[0..4].copy_from_slice(&len.to_le_bytes());
+    let crc = frame_crc(&buf);
+    buf[8..12].copy_from_slice(&crc.to_le_bytes());
+    buf
+}
+
+fn frame_crc(record: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&record[0..8]);
+    h.update(&record[HEADER_BYTES..]);
+    h.finalize()
+}
+
+/// Encodes a Put record. Fails if a field exceeds its width.
+pub fn encode_put(p: &Put<'_>) -> Result<Vec<u8>> {
+    if p.id.len() > MAX_ID_BYTES || p.id.is_empty() {
+        return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_BYTES} bytes")));
+    }
+    if p.topic.len() > MAX_TOPIC_BYTES || p.topic.is_empty() {
+        return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_BYTES} bytes")));
+    }
+    if p.backoff_ms.len() > u16::MAX as usize {
+        return Err(Error::invalid("backoff", "too many steps"));
+    }
+    let payload =
+        8 * 3 + 4 + 1 + 8 + ROUTE_BYTES + 2 + p.id.len() + 2 + p.topic.len() + 2 + 8 * p.backoff_ms.len();
+    let total = HEADER_BYTES + payload + 4 + p.body.len();
+    if total > MAX_RECORD_BYTES {
+        return Err(Error::TooLarge(format!("record of {total} bytes exceeds {MAX_RECORD_BYTES}")));
+    }
+    Ok(frame(Kind::Put, total - HEADER_BYTES, |e| {
+        e.u64(p.created_ms);
+        e.u64(p.deliver_at_ms);
+        e.u64(p.ttr_ms);
+        e.u32(p.max_attempts);
+        e.u8(p.request_kind);
+        e.u64(p.request_value);
+        e.route(p.route);
+        e.u16(p.id.len() as u16);
+        e.0.extend_from_slice(p.id);
+        e.u16(p.topic.len() as u16);
+        e.0.extend_from_slice(p.topic);
+        e.u16(p.backoff_ms.len() as u16);
+        for b in &p.backoff_ms {
+            e.u64(*b);
+        }
+        e.u32(p.body.len() as u32);
+        e.0.extend_from_slice(p.body);
+    }))
+}
+
+/// Encodes a Transition record.
+pub fn encode_transition(t: &Transition) -> Vec<u8> {
+    frame(Kind::Transition, 8 + 8 + 4 + 4 + 4 + 8 + 8 + ROUTE_BYTES, |e| {
+        e.u64(t.msg_offset);
+        e.u64(t.id_hash);
+        e.u32(t.seq);
+        e.u8(t.prev_state as u8);
+        e.u8(t.state as u8);
+        e.u8(t.cause as u8);
+        e.u8(t.home as u8);
+        e.u32(t.attempt);
+        e.u64(t.time_ms);
+        e.u64(t.deliver_at_ms);
+        e.route(t.route);
+    })
+}
+
+/// Encodes a Hop record.
+pub fn encode_hop(h: &Hop) -> Vec<u8> {
+    frame(Kind::Hop, 8 + 8 + 4 + 8 + ROUTE_BYTES, |e| {
+        e.u64(h.msg_offset);
+        e.u64(h.id_hash);
+        e.u32(h.seq);
+        e.u64(h.target_ms);
+        e.route(h.route);
+    })
+}
+
+/// Encodes the end-of-segment marker.
+pub fn encode_end_of_segment() -> Vec<u8> {
+    frame(Kind::EndOfSegment, 0, |_| {})
+}
+
+/// Reads the frame at the start of `buf`: returns its total length after checking magic, version and CRC.
+pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
+    if buf.len() < HEADER_BYTES {
+        if buf.iter().all(|b| *b == 0) {
+            return Err(DecodeError::Empty);
+        }
+        return Err(DecodeError::Truncated);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len == 0 && buf[..HEADER_BYTES].iter().all(|b| *b == 0) {
+        return Err(DecodeError::Empty);
+    }
+    if u16::from_le_bytes([buf[4], buf[5]]) != RECORD_MAGIC {
+        return Err(DecodeError::Invalid("bad magic"));
+    }
+    if buf[6] != RECORD_VERSION {
+        return Err(DecodeError::Invalid("unsupported record version"));
+    }
+    let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
+    if !(HEADER_BYTES..=MAX_RECORD_BYTES).contains(&len) {
+        return Err(DecodeError::Invalid("bad record length"));
+    }
+    if buf.len() < len {
+        return Err(DecodeError::Truncated);
+    }
+    let crc = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    if frame_crc(&buf[..len]) != crc {
+        return Err(DecodeError::Invalid("crc mismatch"));
+    }
+    Ok((len, kind))
+}
+
+/// Decodes and checks the record at the start of `buf`; returns it and its length.
+pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
+    let (len, kind) = check_frame(buf)?;
+    let mut d = Dec { buf: &buf[..len], pos: HEADER_BYTES };
+    let rec = match kind {
+        Kind::EndOfSegment => Record::EndOfSegment,
+        Kind::Hop => Record::Hop(Hop {
+            msg_offset: d.u64()?,
+            id_hash: d.u64()?,
+            seq: d.u32()?,
+            target_ms: d.u64()?,
+            route: d.route()?,
+        }),
+        Kind::Transition => Record::Transition(Transition {
+            msg_offset: d.u64()?,
+            id_hash: d.u64()?,
+            seq: d.u32()?,
+            prev_state: d.state()?,
+            state: d.state()?,
+            cause: Cause::from_u8(d.u8()?).ok_or(DecodeError::Invalid("unknown cause"))?,
+            home: match d.u8()? {
+                0 => Home::Main,
+                1 => Home::DeadLetter,
+                _ => return Err(DecodeError::Invalid("unknown home")),
+            },
+            attempt: d.u32()?,
+            time_ms: d.u64()?,
+            deliver_at_ms: d.u64()?,
+            route: d.route()?,
+        }),
+        Kind::Put => {
+            let created_ms = d.u64()?;
+            let deliver_at_ms = d.u64()?;
+            let ttr_ms = d.u64()?;
+            let max_attempts = d.u32()?;
+            let request_kind = d.u8()?;
+            let request_value = d.u64()?;
+            let route = d.route()?;
+            let n = d.u16()? as usize;
+            let id = d.take(n)?;
+            let n = d.u16()? as usize;
+            let topic = d.take(n)?;
+            let n = d.u16()? as usize;
+            let mut backoff_ms = Vec::with_capacity(n);
+            for _ in 0..n {
+                backoff_ms.push(d.u64()?);
+            }
+            let n = d.u32()? as usize;
+            let body = d.take(n)?;
+            Record::Put(Put {
+                created_ms,
+                deliver_at_ms,
+                ttr_ms,
+                max_attempts,
+                request_kind,
+                request_value,
+                route,
+                id,
+                topic,
+                backoff_ms,
+                body,
+            })
+        }
+    };
+    d.done()?;
+    Ok((rec, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn route() -> impl Strategy<Value = Route> {
+        prop_oneof![
+            Just(Route::None),
+            Just(Route::Topic),
+            (any::<u64>(), any::<u64>()).prop_map(|(level_ms, due_ms)| Route::Level { level_ms, due_ms }),
+        ]
+    }
+
+    fn state() -> impl Strategy<Value = State> {
+        (1u8..=6).prop_map(|v| State::from_u8(v).expect("1..=6 are states"))
+    }
+
+    proptest! {
+        #[test]
+        fn put_round_trips(
+            created in any::<u64>(), deliver in any::<u64>(), ttr in any::<u64>(), max in any::<u32>(),
+            rk in 0u8..4, rv in any::<u64>(), r in route(),
+            id in proptest::collection::vec(any::<u8>(), 1..40),
+            topic in proptest::collection::vec(any::<u8>(), 1..40),
+            backoff in proptest::collection::vec(any::<u64>(), 0..5),
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let p = Put { created_ms: created, deliver_at_ms: deliver, ttr_ms: ttr, max_attempts: max,
+                request_kind: rk, request_value: rv, route: r, id: &id, topic: &topic,
+                backoff_ms: backoff, body: &body };
+            let buf = encode_put(&p).unwrap();
+            let (rec, len) = decode(&buf).unwrap();
+            prop_assert_eq!(len, buf.len());
+            prop_assert_eq!(rec, Record::Put(p));
+        }
+
+        #[test]
+        fn transition_round_trips(
+            mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
+            c in 1u8..=7, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
+        ) {
+            let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,
+                cause: Cause::from_u8(c).unwrap(), home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
+                deliver_at_ms: d, route: r };
+            let buf = encode_transition(&tr);
+            prop_assert_eq!(decode(&buf).unwrap(), (Record::Transition(tr), buf.len()));
+        }
+
+        #[test]
+        fn hop_round_trips(mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), t in any::<u64>(),
+                           r in route()) {
+            let hop = Hop { msg_offset: mo, id_hash: h, seq, target_ms: t, route: r };
+            let buf = encode_hop(&hop);
+            prop_assert_eq!(decode(&buf).unwrap(), (Record::Hop(hop), buf.len()));
+        }
+
+        #[test]
+        fn any_prefix_or_flipped_byte_is_an_error_never_a_panic(
+            body in proptest::collection::vec(any::<u8>(), 0..200), cut in any::<prop::sample::Index>(),
+            flip in any::<prop::sample::Index>(), bit in 0u8..8,
+        ) {
+            let p = Put { created_ms: 1, deliver_at_ms: 2, ttr_ms: 3, max_attempts: 4, request_kind: 1,
+                request_value: 5, route: Route::Topic, id: b"id", topic: b"t", backoff_ms: vec![7],
+                body: &body };
+            let buf = encode_put(&p).unwrap();
+            let n = cut.index(buf.len());
+            prop_assert!(decode(&buf[..n]).is_err());
+            let mut bad = buf.clone();
+            let i = flip.index(bad.len());
+            bad[i] ^= 1 << bit;
+            prop_assert!(decode(&bad).is_err());
+        }
+
+        #[test]
+        fn garbage_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&buf);
+        }
+    }
+
+    #[test]
+    fn zeroes_decode_as_empty() {
+        assert_eq!(decode(&[0u8; 64]).unwrap_err(), DecodeError::Empty);
+        assert_eq!(decode(&[0u8; 5]).unwrap_err(), DecodeError::Empty);
+    }
+
+    #[test]
+    fn end_of_segment_round_trips() {
+        let buf = encode_end_of_segment();
+        assert_eq!(buf.len(), HEADER_BYTES);
+        assert_eq!(decode(&buf).unwrap(), (Record::EndOfSegment, HEADER_BYTES));
+    }
+
+    #[test]
+    fn oversized_fields_are_refused() {
+        let long = vec![b'x'; MAX_ID_BYTES + 1];
+        let p = Put {
+            created_ms: 0,
+            deliver_at_ms: 0,
+            ttr_ms: 0,
+            max_attempts: 1,
+            request_kind: 0,
+            request_value: 0,
+            route: Route::Topic,
+            id: &long,
+            topic: b"t",
+            backoff_ms: vec![],
+            body: b"",
+        };
+        assert!(matches!(encode_put(&p), Err(Error::Invalid { .. })));
+    }
+}

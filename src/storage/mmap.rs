@@ -1,0 +1,159 @@
+//! The only module with `unsafe`: fixed-size files mapped read-write.
+//!
+//! Files are preallocated with `posix_fallocate` before mapping, so writes into the map never hit a
+//! sparse hole (which on a full disk raises SIGBUS instead of an error). A map is never truncated or
+//! shrunk while mapped.
+#![allow(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+
+use crate::error::{Error, Result};
+
+/// A preallocated file of fixed length, mapped shared and writable.
+pub struct MappedFile {
+    path: PathBuf,
+    file: File,
+    map: MmapMut,
+}
+
+impl MappedFile {
+    /// Opens `path`, creating and preallocating it to `len` bytes when new or shorter.
+    pub fn open(path: &Path, len: u64) -> Result<MappedFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        let cur = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
+        if cur < len {
+            preallocate(&file, len).map_err(|e| Error::io(format!("preallocate {}", path.display()), e))?;
+        }
+        Self::map(path, file)
+    }
+
+    /// Opens an existing file at its current length.
+    pub fn open_existing(path: &Path) -> Result<MappedFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        Self::map(path, file)
+    }
+
+    fn map(path: &Path, file: File) -> Result<MappedFile> {
+        // SAFETY: delayd owns the data directory (guarded by the LOCK file) and never truncates a file
+        // while it is mapped, so the mapping stays valid for its lifetime. Other processes modifying
+        // the files underneath us is outside the supported model.
+        let map = unsafe { MmapMut::map_mut(&file) }
+            .map_err(|e| Error::io(format!("mmap {}", path.display()), e))?;
+        Ok(MappedFile { path: path.to_path_buf(), file, map })
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// True for a zero-length file.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The whole mapping.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The whole mapping, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `data` at `offset`; the caller checks bounds against [`len`](Self::len).
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) {
+        self.map[offset..offset + data.len()].copy_from_slice(data);
+    }
+
+    /// Makes `[offset, offset + len)` durable (msync, page-aligned by memmap2).
+    pub fn flush_range(&self, offset: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.map.flush_range(offset, len).map_err(|e| Error::io(format!("msync {}", self.path.display()), e))
+    }
+
+    /// Makes the whole mapping durable.
+    pub fn flush(&self) -> Result<()> {
+        self.map.flush().map_err(|e| Error::io(format!("msync {}", self.path.display()), e))
+    }
+
+    /// fsyncs file metadata too (after creation).
+    pub fn sync_all(&self) -> Result<()> {
+        self.file.sync_all().map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))
+    }
+}
+
+fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
+    let len = i64::try_from(len).map_err(|_| std::io::Error::other("file too large"))?;
+    // SAFETY: plain syscall on an fd we own.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    match rc {
+        0 => Ok(()),
+        // Filesystems without fallocate (tmpfs on old kernels, some overlays): fall back to
+        // set_len, accepting a sparse file there.
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len as u64),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// fsyncs a directory so a create, rename or delete in it survives power loss.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    let f = File::open(dir).map_err(|e| Error::io(format!("open dir {}", dir.display()), e))?;
+    f.sync_all().map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))
+}
+
+/// An exclusive advisory lock on a file, held for the life of the value.
+pub struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    /// Takes `flock(LOCK_EX | LOCK_NB)` on `path`; fails at once if another process holds it.
+    pub fn acquire(path: &Path) -> Result<DirLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        // SAFETY: plain syscall on an fd we own.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(Error::Unavailable(format!(
+                    "data directory is in use by another delayd process (lock held on {})",
+                    path.display()
+                )));
+            }
+            return Err(Error::io(format!("flock {}", path.display()), err));
+        }
+        use std::io::Write;
+        let mut f = &file;
+        let _ = f.write_all(format!("{}\n", std::process::id()).as_bytes());
+        Ok(DirLock { _file: file })
+    }
+}

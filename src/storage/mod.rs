@@ -1,0 +1,10 @@
+//! The append-only store: commit log, consume queues, id index, checkpoint, and the dispatcher that
+//! derives queues and index from the log.
+
+pub mod checkpoint;
+pub mod commitlog;
+pub mod consumequeue;
+pub mod format;
+pub mod index;
+pub mod mmap;
+pub mod store;

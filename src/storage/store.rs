@@ -1,0 +1,491 @@
+//! The store: one commit log plus everything derived from it (consume queues, id index, counters),
+//! the dispatcher that derives them, checkpoints and crash recovery.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+use super::checkpoint::{self, Checkpoint, QueueKind, QueueState};
+use super::commitlog::{CommitLog, RecoveryMode, RecoveryReport};
+use super::consumequeue::{ConsumeQueue, Entry};
+use super::format::{self, Cause, Home, Put, Record, Route, State};
+use super::index::{IdIndex, Slot, SlotRef};
+use super::mmap::DirLock;
+use crate::error::{Error, Result};
+
+/// Sizes and policies of the files.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Commit-log segment size in bytes.
+    pub segment_bytes: u64,
+    /// Entries per consume-queue file.
+    pub cq_entries_per_file: u64,
+    /// Initial slots of the id index.
+    pub index_initial_slots: u64,
+    /// What to do with a bad record followed by valid ones.
+    pub recovery: RecoveryMode,
+}
+
+/// A topic queue with its reader cursor and counters.
+pub struct TopicQueue {
+    /// The entries.
+    pub cq: ConsumeQueue,
+    /// Next entry a pop looks at.
+    pub cursor: u64,
+    /// Messages currently reserved from this queue.
+    pub reserved: u64,
+    /// Messages of this topic moved to its dead-letter topic.
+    pub dead: u64,
+}
+
+/// A level queue with its scheduler's persisted cursor.
+pub struct LevelQueue {
+    /// The entries.
+    pub cq: ConsumeQueue,
+    /// First entry not yet handled (persisted at checkpoints).
+    pub cursor: u64,
+}
+
+/// What opening found, for logs and tests.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    /// Whether the last shutdown left the clean marker.
+    pub clean: bool,
+    /// What the commit-log scan found.
+    pub log: RecoveryReport,
+    /// Consume queues and index were rebuilt from the whole log.
+    pub rebuilt: bool,
+    /// Queue entries dropped because they pointed past the recovered log end.
+    pub entries_dropped: u64,
+    /// Records re-dispatched after the checkpoint.
+    pub redispatched: u64,
+}
+
+/// The store.
+pub struct Store {
+    dir: PathBuf,
+    cfg: StoreConfig,
+    _lock: DirLock,
+    /// The commit log.
+    pub log: CommitLog,
+    /// Level queues by duration in ms.
+    pub levels: BTreeMap<u64, LevelQueue>,
+    /// Topic queues by name.
+    pub topics: HashMap<String, TopicQueue>,
+    /// The id index.
+    pub index: IdIndex,
+    dispatched: u64,
+    /// Topics that received entries since the last [`take_touched`](Self::take_touched).
+    touched: Vec<String>,
+}
+
+fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
+    root.join("cq").join("level").join(format!("{level_ms:012}"))
+}
+
+fn topic_dir(root: &Path, topic: &str) -> PathBuf {
+    // The prefix keeps names such as "." and ".." (valid topics) from meaning anything to the filesystem.
+    root.join("cq").join("topic").join(format!("t-{topic}"))
+}
+
+/// The dead-letter topic of `topic`.
+pub fn dead_letter_topic(topic: &str) -> String {
+    format!("{topic}.dlq")
+}
+
+impl Store {
+    /// Opens (or creates) the data directory, recovering from whatever state it was left in.
+    pub fn open(dir: &Path, cfg: StoreConfig) -> Result<(Store, OpenReport)> {
+        fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let lock = DirLock::acquire(&dir.join("LOCK"))?;
+        let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"))?;
+        let cp = Checkpoint::load(&dir.join("checkpoint"))?;
+        let (log, log_report) = CommitLog::open(
+            &dir.join("commitlog"),
+            cfg.segment_bytes,
+            cp.dispatched,
+            clean_end,
+            cfg.recovery,
+        )?;
+        let mut report = OpenReport { clean: clean_end.is_some(), log: log_report, ..Default::default() };
+
+        let index_path = dir.join("index").join("ids");
+        fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
+        let mut rebuild = !index_path.exists() && cp.dispatched > log.start();
+        let index = IdIndex::open(&index_path, cfg.index_initial_slots)?;
+        let mut store = Store {
+            dir: dir.to_path_buf(),
+            cfg,
+            _lock: lock,
+            log,
+            levels: BTreeMap::new(),
+            topics: HashMap::new(),
+            index,
+            dispatched: 0,
+            touched: Vec::new(),
+        };
+        let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
+        if cp.dispatched > store.log.end() {
+            warn!(checkpoint = cp.dispatched, log_end = store.log.end(), "log ends before the checkpoint");
+        }
+        if !rebuild {
+            rebuild = !store.open_queues(&cp, dispatched, &mut report)?;
+        }
+        if !rebuild && !report.clean && store.index_is_ahead_of_log() {
+            warn!("id index holds state from records past the recovered log end; rebuilding");
+            rebuild = true;
+        }
+        if rebuild {
+            store.rebuild(&cp)?;
+            report.rebuilt = true;
+        } else {
+            store.dispatched = dispatched;
+        }
+        let before = store.dispatched;
+        report.redispatched = store.dispatch()?;
+        for q in store.levels.values_mut() {
+            q.cursor = q.cursor.min(q.cq.len());
+        }
+        for q in store.topics.values_mut() {
+            q.cursor = q.cursor.min(q.cq.len());
+        }
+        store.touched.clear();
+        info!(
+            clean = report.clean,
+            rebuilt = report.rebuilt,
+            log_end = store.log.end(),
+            from = before,
+            redispatched = report.redispatched,
+            entries_dropped = report.entries_dropped,
+            "store opened"
+        );
+        Ok((store, report))
+    }
+
+    /// Opens queues at their checkpointed lengths; false when one is missing and a rebuild is needed.
+    fn open_queues(&mut self, cp: &Checkpoint, dispatched: u64, report: &mut OpenReport) -> Result<bool> {
+        let per_file = self.cfg.cq_entries_per_file;
+        for q in &cp.queues {
+            let (path, level) = match q.kind {
+                QueueKind::Level => {
+                    let ms: u64 = q.name.parse().map_err(|_| Error::Corrupt {
+                        file: "checkpoint".into(),
+                        offset: 0,
+                        reason: format!("level name {:?} is not a number", q.name),
+                    })?;
+                    (level_dir(&self.dir, ms), Some(ms))
+                }
+                QueueKind::Topic => (topic_dir(&self.dir, &q.name), None),
+            };
+            if q.len > 0 && !path.exists() {
+                warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
+                return Ok(false);
+            }
+            let mut cq = ConsumeQueue::open(&path, per_file, Some(q.len))?;
+            if cq.len() < q.len {
+                warn!(queue = %q.name, "consume queue shorter than its checkpoint; rebuilding");
+                return Ok(false);
+            }
+            let dropped = cq.truncate_to_offset(dispatched)?;
+            if dropped > 0 {
+                warn!(queue = %q.name, dropped, "dropped consume-queue entries past the recovered log end");
+                report.entries_dropped += dropped;
+            }
+            match level {
+                Some(ms) => {
+                    self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
+                }
+                None => {
+                    self.topics.insert(
+                        q.name.clone(),
+                        TopicQueue { cq, cursor: q.cursor, reserved: q.reserved, dead: q.dead },
+                    );
+                }
+            }
+        }
+        // Queues created after the checkpoint hold only re-dispatchable entries: start them empty.
+        for (kind, sub) in [(QueueKind::Level, "level"), (QueueKind::Topic, "topic")] {
+            let root = self.dir.join("cq").join(sub);
+            let Ok(rd) = fs::read_dir(&root) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                match kind {
+                    QueueKind::Level => {
+                        if let Ok(ms) = name.parse::<u64>() {
+                            if !self.levels.contains_key(&ms) {
+                                let cq = ConsumeQueue::open(&e.path(), per_file, Some(0))?;
+                                self.levels.insert(ms, LevelQueue { cq, cursor: 0 });
+                            }
+                        }
+                    }
+                    QueueKind::Topic => {
+                        if let Some(topic) = name.strip_prefix("t-") {
+                            if !self.topics.contains_key(topic) {
+                                let cq = ConsumeQueue::open(&e.path(), per_file, Some(0))?;
+                                self.topics.insert(
+                                    topic.to_string(),
+                                    TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 },
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn index_is_ahead_of_log(&self) -> bool {
+        let end = self.log.end();
+        let mut ahead = false;
+        self.index.for_each(|s| ahead |= s.last_offset >= end || s.msg_offset >= end);
+        ahead
+    }
+
+    /// Deletes every derived file and re-derives it from the start of the log; cursors survive.
+    fn rebuild(&mut self, cp: &Checkpoint) -> Result<()> {
+        self.levels.clear();
+        self.topics.clear();
+        let cq_root = self.dir.join("cq");
+        if cq_root.exists() {
+            fs::remove_dir_all(&cq_root)
+                .map_err(|e| Error::io(format!("remove {}", cq_root.display()), e))?;
+        }
+        let index_path = self.dir.join("index").join("ids");
+        let _ = fs::remove_file(&index_path);
+        self.index = IdIndex::open(&index_path, self.cfg.index_initial_slots)?;
+        self.dispatched = self.log.start();
+        let per_file = self.cfg.cq_entries_per_file;
+        // Rebuilt queues are identical to the lost ones, so the readers' cursors stay meaningful.
+        for q in &cp.queues {
+            match q.kind {
+                QueueKind::Level => {
+                    if let Ok(ms) = q.name.parse::<u64>() {
+                        let cq = ConsumeQueue::open(&level_dir(&self.dir, ms), per_file, Some(0))?;
+                        self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
+                    }
+                }
+                QueueKind::Topic => {
+                    let cq = ConsumeQueue::open(&topic_dir(&self.dir, &q.name), per_file, Some(0))?;
+                    self.topics
+                        .insert(q.name.clone(), TopicQueue { cq, cursor: q.cursor, reserved: 0, dead: 0 });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The level queue for `level_ms`, created on first use.
+    pub fn level_queue(&mut self, level_ms: u64) -> Result<&mut LevelQueue> {
+        if !self.levels.contains_key(&level_ms) {
+            let cq =
+                ConsumeQueue::open(&level_dir(&self.dir, level_ms), self.cfg.cq_entries_per_file, Some(0))?;
+            self.levels.insert(level_ms, LevelQueue { cq, cursor: 0 });
+        }
+        self.levels.get_mut(&level_ms).ok_or_else(|| Error::Unavailable("level queue vanished".into()))
+    }
+
+    fn topic_queue(&mut self, topic: &str) -> Result<&mut TopicQueue> {
+        if !self.topics.contains_key(topic) {
+            let cq = ConsumeQueue::open(&topic_dir(&self.dir, topic), self.cfg.cq_entries_per_file, Some(0))?;
+            self.topics.insert(topic.to_string(), TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 });
+        }
+        self.topics.get_mut(topic).ok_or_else(|| Error::Unavailable("topic queue vanished".into()))
+    }
+
+    /// Appends a record to the log and dispatches it at once, so reads see their own writes.
+    pub fn append(&mut self, record: &[u8]) -> Result<u64> {
+        let at = self.log.append(record)?;
+        self.dispatch()?;
+        Ok(at)
+    }
+
+    /// Applies every record between the dispatch position and the log end; returns how many.
+    pub fn dispatch(&mut self) -> Result<u64> {
+        let mut n = 0;
+        while let Some((offset, next)) = self.dispatch_one(self.dispatched)? {
+            debug_assert!(next > offset);
+            self.dispatched = next;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn dispatch_one(&mut self, at: u64) -> Result<Option<(u64, u64)>> {
+        let Some((offset, rec, next)) = self.log.next(at)? else { return Ok(None) };
+        let size = (next - offset) as u32;
+        // Owned copies end the borrow of the log before queues and index are touched.
+        match rec {
+            Record::Put(p) => {
+                let hash = format::id_hash(p.id);
+                let topic = String::from_utf8_lossy(p.topic).into_owned();
+                let (route, deliver_at) = (p.route, p.deliver_at_ms);
+                if self.index.find(hash, |m| m == offset).is_none() {
+                    let state = if route == Route::Topic { State::Ready } else { State::Delayed };
+                    self.index.insert(Slot {
+                        hash,
+                        msg_offset: offset,
+                        last_offset: offset,
+                        seq: 0,
+                        attempt: 0,
+                        state,
+                        home: Home::Main,
+                    })?;
+                }
+                self.route(route, &topic, Entry { offset, size, tag: deliver_at })?;
+            }
+            Record::Transition(t) => {
+                let topic = self.topic_of(t.msg_offset)?;
+                if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
+                    if slot.last_offset < offset {
+                        slot.last_offset = offset;
+                        slot.seq = t.seq;
+                        slot.attempt = t.attempt.min(u16::MAX as u32) as u16;
+                        slot.state = t.state;
+                        slot.home = t.home;
+                        self.index.update(at, slot);
+                    }
+                } else {
+                    warn!(
+                        offset,
+                        msg_offset = t.msg_offset,
+                        "transition for a message missing from the index"
+                    );
+                }
+                let queue = match t.home {
+                    Home::Main => topic.clone(),
+                    Home::DeadLetter => dead_letter_topic(&topic),
+                };
+                // Counters move by the record alone, so replay after a crash counts each change once.
+                let prev_queue = if t.cause == Cause::DeadLetter { topic.clone() } else { queue.clone() };
+                if t.prev_state == State::Reserved {
+                    let q = self.topic_queue(&prev_queue)?;
+                    q.reserved = q.reserved.saturating_sub(1);
+                }
+                if t.state == State::Reserved {
+                    self.topic_queue(&queue)?.reserved += 1;
+                }
+                if t.cause == Cause::DeadLetter {
+                    self.topic_queue(&topic)?.dead += 1;
+                }
+                self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })?;
+            }
+            Record::Hop(h) => {
+                self.route(h.route, "", Entry { offset, size, tag: 0 })?;
+            }
+            Record::EndOfSegment => {}
+        }
+        Ok(Some((offset, next)))
+    }
+
+    fn route(&mut self, route: Route, topic: &str, mut entry: Entry) -> Result<()> {
+        match route {
+            Route::None => {}
+            Route::Topic => {
+                self.topic_queue(topic)?.cq.append(entry)?;
+                if !self.touched.iter().any(|t| t == topic) {
+                    self.touched.push(topic.to_string());
+                }
+            }
+            Route::Level { level_ms, due_ms } => {
+                entry.tag = due_ms;
+                self.level_queue(level_ms)?.cq.append(entry)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the Put record at `msg_offset`.
+    pub fn put_at(&self, msg_offset: u64) -> Result<Put<'_>> {
+        match self.log.read(msg_offset)?.0 {
+            Record::Put(p) => Ok(p),
+            _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
+        }
+    }
+
+    fn topic_of(&self, msg_offset: u64) -> Result<String> {
+        Ok(String::from_utf8_lossy(self.put_at(msg_offset)?.topic).into_owned())
+    }
+
+    /// Finds a message by id: its slot, checked against the id in its Put record.
+    pub fn find_id(&self, id: &[u8]) -> Option<(SlotRef, Slot)> {
+        let hash = format::id_hash(id);
+        self.index.find(hash, |m| self.put_at(m).map(|p| p.id == id).unwrap_or(false))
+    }
+
+    /// Finds a message by its Put offset and id hash.
+    pub fn find_offset(&self, hash: u64, msg_offset: u64) -> Option<(SlotRef, Slot)> {
+        self.index.find(hash, |m| m == msg_offset)
+    }
+
+    /// Topics that got new entries since the last call.
+    pub fn take_touched(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// Makes the log durable.
+    pub fn flush_log(&mut self) -> Result<()> {
+        self.log.flush()
+    }
+
+    /// Flushes everything and records the dispatch position, queue lengths and cursors.
+    ///
+    /// `level_cursors` are the schedulers' handled prefixes (they own that state between checkpoints).
+    pub fn checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
+        self.log.flush()?;
+        let mut queues = Vec::with_capacity(self.levels.len() + self.topics.len());
+        for (ms, q) in self.levels.iter_mut() {
+            q.cq.flush()?;
+            if let Some(c) = level_cursors.get(ms) {
+                q.cursor = *c;
+            }
+            queues.push(QueueState {
+                kind: QueueKind::Level,
+                name: ms.to_string(),
+                len: q.cq.len(),
+                cursor: q.cursor,
+                reserved: 0,
+                dead: 0,
+            });
+        }
+        let mut names: Vec<&String> = self.topics.keys().collect();
+        names.sort();
+        for name in names {
+            let q = &self.topics[name];
+            queues.push(QueueState {
+                kind: QueueKind::Topic,
+                name: name.clone(),
+                len: q.cq.len(),
+                cursor: q.cursor,
+                reserved: q.reserved,
+                dead: q.dead,
+            });
+        }
+        for q in self.topics.values_mut() {
+            q.cq.flush()?;
+        }
+        self.index.flush()?;
+        Checkpoint { dispatched: self.dispatched, queues }.store(&self.dir.join("checkpoint"))
+    }
+
+    /// Final checkpoint plus the clean-shutdown marker.
+    pub fn close(mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
+        self.checkpoint(level_cursors)?;
+        checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), self.log.end())
+    }
+
+    /// Bytes of disk the data files occupy.
+    pub fn disk_bytes(&self) -> u64 {
+        self.log.disk_bytes()
+            + self.index.disk_bytes()
+            + self.levels.values().map(|q| q.cq.disk_bytes()).sum::<u64>()
+            + self.topics.values().map(|q| q.cq.disk_bytes()).sum::<u64>()
+    }
+
+    /// Offset up to which records are dispatched.
+    pub fn dispatched(&self) -> u64 {
+        self.dispatched
+    }
+}
