@@ -122,6 +122,13 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
     producer.join().expect("producer");
     consumer.join().expect("consumer");
     let seen = Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap();
+    eprintln!(
+        "before the kill: {} produced, {} delivered, {} acked, {} left reserved",
+        seen.produced.len(),
+        seen.delivered.len(),
+        seen.acked.len(),
+        seen.left_reserved.len()
+    );
     assert!(seen.produced.len() >= 20, "too little load to mean anything: {}", seen.produced.len());
     assert!(!seen.acked.is_empty() && !seen.left_reserved.is_empty());
     // Checked here rather than in the consumer: a pop may return a message before its produce answer arrives.
@@ -161,6 +168,7 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
             assert_eq!(s.ack(m["receipt"].as_str().unwrap()), 200);
         }
     }
+    eprintln!("after the restart: {} delivered", after.len());
     let dupes: Vec<_> = after.iter().filter(|(_, n)| **n > 1).collect();
     assert!(dupes.is_empty(), "acked after restart yet delivered again: {dupes:?}");
     for m in s.pop("load", 50, 500, None).0 {
@@ -251,4 +259,82 @@ fn file_env_and_flags_layer_in_order() {
     let three: Vec<_> = (0..3).map(|i| json!({"body": i.to_string()})).collect();
     let (st, _) = s.post("/v1/topics/x/messages/batch", &json!({ "messages": three }));
     assert_eq!(st, 413, "max_batch from the file applies");
+}
+
+/// Makes every directory under `root` immutable (no file can be created in it), and undoes it on drop.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn set(root: &std::path::Path, on: bool) {
+        let flag = if on { "+i" } else { "-i" };
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("find '{}' -type d -exec chattr {flag} {{}} +", root.display()))
+            .output()
+            .expect("run chattr");
+        assert!(
+            out.status.success(),
+            "chattr {flag} failed (the test needs root and a filesystem with the immutable flag, e.g. ext4): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        Immutable::set(&self.0, false);
+    }
+}
+
+#[test]
+fn a_store_that_refuses_writes_answers_503_and_keeps_what_was_acknowledged() {
+    let mut s = Server::start(&[]);
+    let body = "x".repeat(16 * 1024);
+    let mut acknowledged = Vec::new();
+    for i in 0..10 {
+        let id = format!("before-{i}");
+        s.produce("full", &json!({"id": id, "body": body, "delay_ms": 500}));
+        acknowledged.push(id);
+    }
+    let guard = Immutable(s.data_dir());
+    Immutable::set(&guard.0, true);
+    // 1MiB segments and 16KiB bodies: the commit log must open a new segment within ~64 produces.
+    let mut refused = None;
+    for i in 0..200 {
+        let id = format!("during-{i}");
+        let (st, v) = s.post("/v1/topics/full/messages", &json!({"id": id, "body": body, "delay_ms": 500}));
+        match st {
+            201 => acknowledged.push(id),
+            503 => {
+                refused = Some(v);
+                break;
+            }
+            _ => panic!("produce answered {st} {v}"),
+        }
+    }
+    let v = refused.expect("the store never refused a write it could not make");
+    Server::assert_error(503, &v, 503, "unavailable");
+    assert_eq!(s.get("/healthz").0, 200, "the server must keep answering");
+    let (st, v) = s.post("/v1/topics/full/messages", &json!({"body": "more"}));
+    assert_eq!(st, 503, "after a failed write the store stays read-only until restart: {v}");
+    drop(guard);
+
+    s.restart();
+    let mut missing: HashSet<String> = acknowledged.iter().cloned().collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !missing.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "acknowledged but lost: {} e.g. {:?}",
+            missing.len(),
+            missing.iter().next()
+        );
+        for m in s.pop("full", 100, 1000, None).0 {
+            let id = m["id"].as_str().unwrap().to_string();
+            assert_eq!(m["body"].as_str().unwrap().len(), body.len(), "{id} body damaged");
+            missing.remove(&id);
+            assert_eq!(s.ack(m["receipt"].as_str().unwrap()), 200);
+        }
+    }
+    assert_eq!(s.post("/v1/topics/full/messages", &json!({"body": "works again"})).0, 201);
 }
