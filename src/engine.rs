@@ -640,39 +640,37 @@ impl Engine {
         best
     }
 
-    /// Fires up to `limit` due timers across all levels, earliest first per level; returns how many.
+    /// Fires up to `limit` due timers, earliest first across all levels; returns how many.
+    ///
+    /// Picking the global minimum each time keeps catch-up after downtime in due order.
     pub fn run_due(&mut self, limit: usize) -> Result<usize> {
         self.writable()?;
         self.sync_schedulers();
         let now = self.now();
-        let levels: Vec<u64> = self.schedulers.keys().copied().collect();
         let mut fired = 0;
-        // Round-robin over levels in small slices so a catch-up backlog on one level does not
-        // starve the others.
-        loop {
-            let mut progressed = false;
-            for ms in &levels {
-                for _ in 0..64 {
-                    if fired >= limit {
-                        return Ok(fired);
+        while fired < limit {
+            let mut best: Option<(u64, u64)> = None;
+            for (ms, s) in self.schedulers.iter_mut() {
+                if let Some(q) = self.store.levels.get(ms) {
+                    s.fill(&q.cq);
+                }
+                if let Some(d) = s.next_due() {
+                    if d <= now && best.is_none_or(|(bd, _)| d < bd) {
+                        best = Some((d, *ms));
                     }
-                    let Some(s) = self.schedulers.get_mut(ms) else { break };
-                    if let Some(q) = self.store.levels.get(ms) {
-                        s.fill(&q.cq);
-                    }
-                    let Some((idx, entry)) = s.take_due(now) else { break };
-                    self.fire(entry, now)?;
-                    if let Some(s) = self.schedulers.get_mut(ms) {
-                        s.done(idx);
-                    }
-                    fired += 1;
-                    progressed = true;
                 }
             }
-            if !progressed {
-                return Ok(fired);
+            let Some((_, ms)) = best else { break };
+            let Some((idx, entry)) = self.schedulers.get_mut(&ms).and_then(|s| s.take_due(now)) else {
+                break;
+            };
+            self.fire(entry, now)?;
+            if let Some(s) = self.schedulers.get_mut(&ms) {
+                s.done(idx);
             }
+            fired += 1;
         }
+        Ok(fired)
     }
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {

@@ -97,8 +97,14 @@ impl CommitLog {
             segments.push(Segment { base: 0, file });
         }
         let mut log = CommitLog { dir: dir.to_path_buf(), segment_bytes, segments, write_pos: 0, flushed: 0 };
+        // Scan from the start of the segment holding the checkpoint rather than the checkpoint
+        // itself: it costs at most one segment and also re-checks what the checkpoint covers there,
+        // so a log that lost bytes the checkpoint thought durable is cut, not trusted.
         let first = log.segments[0].base;
-        let start = scan_from.max(first);
+        let start = match log.locate(scan_from.max(first)) {
+            Some((i, _)) => log.segments[i].base,
+            None => log.segments.last().map_or(first, |s| s.base),
+        };
         let report = match trusted_end.filter(|e| *e >= start && log.is_unwritten_at(*e)) {
             Some(end) => RecoveryReport { end, ..Default::default() },
             None => log.recover(start, mode)?,
