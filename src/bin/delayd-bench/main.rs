@@ -1,0 +1,490 @@
+//! delayd-bench: runs delayd and two Redis-backed delay queues side by side on this machine, one after
+//! another on fresh servers, and writes Markdown tables and a PNG chart of what it measured.
+//!
+//! `cargo build --release && target/release/delayd-bench` runs the default comparison (a few minutes);
+//! `--quick` is a seconds-long smoke run. See docs in README.md, section "Benchmarks".
+
+mod chart;
+mod queue;
+mod report;
+mod servers;
+mod systems;
+mod workloads;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+
+use report::Results;
+use servers::Programs;
+use systems::System;
+use workloads::{Mode, Params, Running};
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(name = "delayd-bench", about = "Benchmark delayd against Redis-backed delay queues")]
+struct Cli {
+    /// Tiny sizes for a smoke test (checks the tool works, says nothing about speed).
+    #[arg(long)]
+    quick: bool,
+    /// Directory for results.md and bench.png.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// The delayd binary (default: `delayd` next to this program).
+    #[arg(long)]
+    delayd_bin: Option<PathBuf>,
+    /// The redis-server binary (default: from PATH).
+    #[arg(long)]
+    redis_server: Option<PathBuf>,
+    /// Comma-separated systems to run (default all): delayd-sync, delayd-async, redis-lua-always,
+    /// redis-lua-everysec, redis-plain-always, redis-plain-everysec.
+    #[arg(long, value_delimiter = ',')]
+    systems: Vec<String>,
+    /// Comma-separated workloads (default all): produce, e2e, capacity, crash.
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Seed for every random delay.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Repeats of each throughput measurement.
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Repeats of each end-to-end run.
+    #[arg(long)]
+    e2e_repeats: Option<usize>,
+    /// Concurrent clients (N) for the concurrent produce case, capacity fill and consumers.
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Consumers in the end-to-end and crash workloads.
+    #[arg(long)]
+    consumers: Option<usize>,
+    /// Messages per batch.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Messages pending in the capacity workload (issue 5 names 1000000).
+    #[arg(long)]
+    pending: Option<usize>,
+    /// End-to-end producer rates, msgs/s.
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<u64>,
+    /// Seconds the paced producer runs at each rate.
+    #[arg(long)]
+    e2e_secs: Option<f64>,
+    /// Body size in bytes.
+    #[arg(long, default_value_t = 100)]
+    body_bytes: usize,
+    /// Period of the Lua design's mover loop, ms.
+    #[arg(long, default_value_t = 100)]
+    lua_tick_ms: u64,
+    /// Extra delayd setting as KEY=VALUE (e.g. DELAYD_SEGMENT_BYTES=64MiB); repeatable. `--quick`
+    /// adds DELAYD_SEGMENT_BYTES=16MiB unless given, so a debug build starts in well under a second.
+    #[arg(long = "delayd-env", value_name = "KEY=VALUE")]
+    delayd_env: Vec<String>,
+    /// Parent directory for the servers' temp data dirs (default: the system temp dir).
+    #[arg(long)]
+    tmp_dir: Option<PathBuf>,
+}
+
+fn params(cli: &Cli) -> Params {
+    let mut p = if cli.quick {
+        Params {
+            seed: cli.seed,
+            body_bytes: cli.body_bytes,
+            repeats: 2,
+            single_count: 50,
+            batch_size: 50,
+            batch1_count: 500,
+            clients: 2,
+            batchn_count: 1_000,
+            time_cap: Duration::from_secs(5),
+            rates: vec![100, 500],
+            e2e_secs: 0.3,
+            delay_min_ms: 50,
+            delay_max_ms: 300,
+            e2e_repeats: 1,
+            pending: 2_000,
+            settle_ms: 300,
+            crash_load_secs: 0.5,
+            crash_delay_ms: (50, 300),
+            crash_ttr_ms: 1_000,
+            crash_rate: 500,
+            consumers: 4,
+            grace_ms: 1_500,
+            lua_tick: Duration::from_millis(cli.lua_tick_ms),
+        }
+    } else {
+        Params {
+            seed: cli.seed,
+            body_bytes: cli.body_bytes,
+            repeats: 3,
+            single_count: 2_000,
+            batch_size: 100,
+            batch1_count: 20_000,
+            clients: 8,
+            batchn_count: 80_000,
+            time_cap: Duration::from_secs(10),
+            rates: vec![1_000, 10_000],
+            e2e_secs: 5.0,
+            delay_min_ms: 1_000,
+            delay_max_ms: 5_000,
+            e2e_repeats: 1,
+            pending: 200_000,
+            settle_ms: 1_500,
+            crash_load_secs: 3.0,
+            crash_delay_ms: (200, 1_000),
+            crash_ttr_ms: 2_000,
+            crash_rate: 2_000,
+            consumers: 16,
+            grace_ms: 10_000,
+            lua_tick: Duration::from_millis(cli.lua_tick_ms),
+        }
+    };
+    if let Some(v) = cli.repeats {
+        p.repeats = v.max(1);
+    }
+    if let Some(v) = cli.e2e_repeats {
+        p.e2e_repeats = v.max(1);
+    }
+    if let Some(v) = cli.clients {
+        p.clients = v.max(1);
+    }
+    if let Some(v) = cli.consumers {
+        p.consumers = v.max(1);
+    }
+    if let Some(v) = cli.batch {
+        p.batch_size = v.clamp(1, 1000);
+    }
+    if let Some(v) = cli.pending {
+        p.pending = v.max(1);
+    }
+    if !cli.rates.is_empty() {
+        p.rates = cli.rates.clone();
+    }
+    if let Some(v) = cli.e2e_secs {
+        p.e2e_secs = v.max(0.1);
+    }
+    p
+}
+
+/// UTC date and time from the system clock, without a date crate.
+fn utc_now() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+fn machine() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    let mem = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").map(|r| r.trim().trim_end_matches("kB").trim().to_string()))
+        .and_then(|k| k.parse::<u64>().ok())
+        .map(|k| format!("{:.1} GiB RAM", k as f64 / 1048576.0))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    format!(
+        "{} ({cores} cores, {cpu}, {mem}, Linux {})",
+        read("/proc/sys/kernel/hostname").trim(),
+        read("/proc/sys/kernel/osrelease").trim()
+    )
+}
+
+fn selected<T: Clone>(names: &[String], all: &[(String, T)]) -> Result<Vec<T>, String> {
+    if names.is_empty() {
+        return Ok(all.iter().map(|(_, t)| t.clone()).collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            all.iter().find(|(k, _)| k == n.trim()).map(|(_, t)| t.clone()).ok_or_else(|| {
+                format!(
+                    "unknown name {n:?}; known: {}",
+                    all.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = run(cli).await;
+    servers::finish_cleanup();
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("delayd-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<bool, String> {
+    let p = params(&cli);
+    let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
+    let mut systems = selected(&cli.systems, &all_systems)?;
+    let all_workloads: Vec<(String, &str)> =
+        ["produce", "e2e", "capacity", "crash"].iter().map(|w| (w.to_string(), *w)).collect();
+    let workloads = selected(&cli.workloads, &all_workloads)?;
+
+    let delayd = match &cli.delayd_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot find my own path: {e}"))?
+            .with_file_name("delayd"),
+    };
+    if !delayd.is_file() {
+        return Err(format!(
+            "no delayd binary at {}: build it with `cargo build --release --bin delayd` (or pass --delayd-bin)",
+            delayd.display()
+        ));
+    }
+    let mut r = Results::default();
+    let redis = cli.redis_server.clone().or_else(|| servers::which("redis-server"));
+    let redis = match redis {
+        Some(p) if p.is_file() => Some(p),
+        other => {
+            let msg = format!(
+                "redis-server not found{}: the Redis-backed queues were NOT run. Install it with \
+                 `apt-get install redis-server` (Debian/Ubuntu) and run again; running delayd alone.",
+                other.map(|p| format!(" at {}", p.display())).unwrap_or_default()
+            );
+            eprintln!("delayd-bench: WARNING: {msg}");
+            r.notes.push(msg);
+            systems.retain(|s| !s.needs_redis());
+            None
+        }
+    };
+    let mut delayd_env = Vec::new();
+    for kv in &cli.delayd_env {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--delayd-env wants KEY=VALUE, got {kv:?}"))?;
+        delayd_env.push((k.to_string(), v.to_string()));
+    }
+    if cli.quick && !delayd_env.iter().any(|(k, _)| k == "DELAYD_SEGMENT_BYTES") {
+        delayd_env.push(("DELAYD_SEGMENT_BYTES".to_string(), "16MiB".to_string()));
+    }
+    let progs = Programs {
+        delayd: delayd.clone(),
+        redis: redis.clone(),
+        tmp_base: cli.tmp_dir.clone(),
+        delayd_env: delayd_env.clone(),
+    };
+    std::fs::create_dir_all(&cli.out).map_err(|e| format!("cannot create {}: {e}", cli.out.display()))?;
+    let results_path = cli.out.join("results.md");
+    let chart_path = cli.out.join("bench.png");
+
+    let profile =
+        if delayd.components().any(|c| c.as_os_str() == "release") { "release" } else { "not release" };
+    if profile != "release" {
+        r.notes.push(format!(
+            "delayd binary {} is not a release build: its figures are not representative (fine for --quick).",
+            delayd.display()
+        ));
+    }
+    r.header = vec![
+        format!("Date: {}", utc_now()),
+        format!("Machine: {}", machine()),
+        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+        format!(
+            "delayd: {} ({profile}), defaults{}",
+            delayd.display(),
+            delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
+        ),
+        format!("redis-server: {}", redis.as_deref().map(servers::redis_version).unwrap_or_else(|| "not installed".into())),
+        format!(
+            "Sizes: seed {}, body {} B, throughput {} single / {} in batches of {} / {} by {} clients, {} repeats; \
+             end-to-end {} s at {:?} msgs/s with delays {}–{} ms, {} consumers; {} pending; crash after {} s \
+             load at {} msgs/s with delays {}–{} ms and TTR {} ms; Lua mover tick {} ms{}",
+            p.seed,
+            p.body_bytes,
+            p.single_count,
+            p.batch1_count,
+            p.batch_size,
+            p.batchn_count,
+            p.clients,
+            p.repeats,
+            p.e2e_secs,
+            p.rates,
+            p.delay_min_ms,
+            p.delay_max_ms,
+            p.consumers,
+            p.pending,
+            p.crash_load_secs,
+            p.crash_rate,
+            p.crash_delay_ms.0,
+            p.crash_delay_ms.1,
+            p.crash_ttr_ms,
+            p.lua_tick.as_millis(),
+            if cli.quick { " (--quick)" } else { "" }
+        ),
+        format!(
+            "Chart colours: {}",
+            systems.iter().map(|s| format!("{} {}", s.name(), chart::color(*s).1)).collect::<Vec<_>>().join(", ")
+        ),
+    ];
+
+    let mut all_ok = true;
+    let mut failure = |r: &mut Results, what: &str, sys: System, e: &str| {
+        eprintln!("delayd-bench: {what} on {} FAILED: {e}", sys.name());
+        r.notes.push(format!("{what} on {} failed: {}", sys.name(), e.lines().next().unwrap_or("")));
+        all_ok = false;
+    };
+    for w in &workloads {
+        for &sys in &systems {
+            eprintln!("delayd-bench: {w} on {} ...", sys.name());
+            let started = std::time::Instant::now();
+            let mut run = match Running::start(sys, &progs, &p).await {
+                Ok(run) => {
+                    eprintln!("  (server up after {:.1} s)", started.elapsed().as_secs_f64());
+                    run
+                }
+                Err(e) => {
+                    failure(&mut r, w, sys, &e);
+                    match *w {
+                        "produce" => r.throughput.push((sys, Err(e))),
+                        "e2e" => r.e2e.push((sys, Err(e))),
+                        "capacity" => r.capacity.push((sys, Err(e))),
+                        _ => r.crash.push((sys, Err(e))),
+                    }
+                    continue;
+                }
+            };
+            match *w {
+                "produce" => {
+                    let mut v = Vec::new();
+                    let mut error = None;
+                    'reps: for rep in 0..p.repeats {
+                        for mode in [Mode::Single, Mode::Batch1, Mode::BatchN] {
+                            match workloads::produce(&run, &p, mode, rep).await {
+                                Ok(t) => {
+                                    eprintln!(
+                                        "  {:?} rep {rep}: {:.0} msgs/s ({} failed)",
+                                        mode,
+                                        t.rate(),
+                                        t.failed
+                                    );
+                                    v.push(t);
+                                }
+                                Err(e) => {
+                                    error = Some(e);
+                                    break 'reps;
+                                }
+                            }
+                        }
+                    }
+                    let o = match error {
+                        Some(e) => {
+                            failure(&mut r, w, sys, &e);
+                            Err(e)
+                        }
+                        None => Ok(v),
+                    };
+                    r.throughput.push((sys, o));
+                }
+                "e2e" => {
+                    let mut v = Vec::new();
+                    let mut error = None;
+                    'reps2: for rep in 0..p.e2e_repeats {
+                        for &rate in &p.rates {
+                            match workloads::end_to_end(&run, &p, rate, rep).await {
+                                Ok(e) => {
+                                    eprintln!(
+                                        "  {rate} msgs/s: {} produced, {} delivered, {} missing, {} early, p99 {:?} ms",
+                                        e.produced,
+                                        e.delivered,
+                                        e.missing,
+                                        e.early,
+                                        report::percentile(&e.lateness, 99.0)
+                                    );
+                                    v.push(e);
+                                }
+                                Err(e) => {
+                                    error = Some(e);
+                                    break 'reps2;
+                                }
+                            }
+                        }
+                    }
+                    let o = match error {
+                        Some(e) => {
+                            failure(&mut r, w, sys, &e);
+                            Err(e)
+                        }
+                        None => Ok(v),
+                    };
+                    r.e2e.push((sys, o));
+                }
+                "capacity" => {
+                    let o = workloads::capacity(&run, &p).await;
+                    match &o {
+                        Ok(c) => eprintln!(
+                            "  {} pending: RssAnon +{} B, disk {} B",
+                            c.pending,
+                            c.rss_after.saturating_sub(c.rss_before),
+                            c.disk_alloc
+                        ),
+                        Err(e) => failure(&mut r, w, sys, e),
+                    }
+                    r.capacity.push((sys, o.map(|c| vec![c])));
+                }
+                _ => {
+                    let o = workloads::crash(&mut run, &p).await;
+                    match &o {
+                        Ok(c) => eprintln!(
+                            "  {} acked, {} lost, {} twice, {} after ack, first pop after {:?} ms",
+                            c.acked, c.lost, c.twice, c.after_ack, c.first_pop_ms
+                        ),
+                        Err(e) => failure(&mut r, w, sys, e),
+                    }
+                    r.crash.push((sys, o.map(|c| vec![c])));
+                }
+            }
+            let stop = run.shutdown().await;
+            eprintln!(
+                "  ({:.1} s in all, {:.1} s to stop)",
+                started.elapsed().as_secs_f64(),
+                stop.as_secs_f64()
+            );
+        }
+        // Written after every workload so an interrupted run keeps what it measured.
+        std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+            .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
+    }
+    std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+        .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
+    match chart::draw(&chart_path, &r, &p.rates, &systems) {
+        Ok(true) => {}
+        Ok(false) => eprintln!(
+            "delayd-bench: no TTF font found, so the chart has no text (colours are listed in results.md); \
+             `apt-get install fonts-dejavu-core` adds labels"
+        ),
+        Err(e) => {
+            eprintln!("delayd-bench: {e}");
+            all_ok = false;
+        }
+    }
+    println!("{}", report::targets(&r, &p.rates).join("\n"));
+    println!("results: {}", results_path.display());
+    println!("chart:   {}", chart_path.display());
+    Ok(all_ok)
+}

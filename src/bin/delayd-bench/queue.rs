@@ -1,0 +1,639 @@
+//! Client side of every system under test: produce, pop, ack; and the mover loops that the two
+//! Redis designs need to promote due jobs.
+//!
+//! The Redis queues are written from the published descriptions of their designs (the Youzan delay
+//! queue article and the ouqiang/delay-queue README and layout); the code here is our own.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::MultiplexedConnection;
+use serde::Deserialize;
+
+use crate::systems::{Engine, System};
+
+/// Wall-clock unix time in milliseconds; all systems run on this machine, so one clock serves all.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// One message to produce.
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    /// Benchmark-wide sequence number, carried in the body.
+    pub seq: u64,
+    /// Delay from now.
+    pub delay_ms: u64,
+    /// Time-to-run once popped.
+    pub ttr_ms: u64,
+}
+
+/// One popped message.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Sequence number parsed from the body.
+    pub seq: u64,
+    /// When the system was told to deliver it (unix ms).
+    pub due_ms: i64,
+    /// When the pop returned it to us (unix ms).
+    pub at_ms: i64,
+    token: String,
+}
+
+/// Buckets per Redis queue; ouqiang/delay-queue ships with 3.
+const BUCKETS: u64 = 3;
+/// Jobs a Lua mover promotes per script call, so one call never blocks Redis for long.
+const MOVE_LIMIT: i64 = 1000;
+
+fn body_for(seq: u64, due_ms: i64, size: usize) -> String {
+    let mut b = format!("{seq}:{due_ms}:");
+    while b.len() < size {
+        b.push('x');
+    }
+    b
+}
+
+fn parse_body(body: &str) -> Option<(u64, i64)> {
+    let mut it = body.splitn(3, ':');
+    let seq = it.next()?.parse().ok()?;
+    let due = it.next()?.parse().ok()?;
+    Some((seq, due))
+}
+
+/// A client connection to one system. Cloning shares the produce/ack connection; each consumer
+/// should `connect` its own so blocking pops do not stall one another.
+#[derive(Clone)]
+pub enum Queue {
+    /// delayd over HTTP with keep-alive.
+    Delayd(DelaydQ),
+    /// Either Redis design.
+    Redis(RedisQ),
+}
+
+impl Queue {
+    /// Opens a client for `system` on `port`.
+    pub fn connect(system: System, port: u16, body_bytes: usize) -> Result<Queue, String> {
+        match system.engine {
+            Engine::Delayd => {
+                let http = reqwest::Client::builder()
+                    .tcp_nodelay(true)
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .timeout(Duration::from_secs(30))
+                    .build()
+                    .map_err(|e| format!("http client: {e}"))?;
+                Ok(Queue::Delayd(DelaydQ { http, base: format!("http://127.0.0.1:{port}"), body_bytes }))
+            }
+            engine => Ok(Queue::Redis(RedisQ {
+                lua: engine == Engine::RedisLua,
+                port,
+                body_bytes,
+                conn: None,
+                block: None,
+                rr: 0,
+            })),
+        }
+    }
+
+    /// Produces `jobs` in one call (a batch when more than one); per-job success, or an error when
+    /// the whole call failed.
+    pub async fn produce(&mut self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
+        match self {
+            Queue::Delayd(q) => q.produce(topic, jobs).await,
+            Queue::Redis(q) => q.produce(topic, jobs).await,
+        }
+    }
+
+    /// Pops up to `max` messages, waiting up to `wait_ms` for the first.
+    pub async fn pop(
+        &mut self,
+        topic: &str,
+        max: usize,
+        wait_ms: u64,
+        ttr_ms: u64,
+    ) -> Result<Vec<Delivery>, String> {
+        match self {
+            Queue::Delayd(q) => q.pop(topic, max, wait_ms, ttr_ms).await,
+            Queue::Redis(q) => q.pop(topic, wait_ms, ttr_ms).await,
+        }
+    }
+
+    /// Acknowledges (finishes) a delivery; false when the system no longer knew it.
+    pub async fn ack(&mut self, d: &Delivery) -> Result<bool, String> {
+        match self {
+            Queue::Delayd(q) => q.ack(d).await,
+            Queue::Redis(q) => q.ack(d).await,
+        }
+    }
+}
+
+/// delayd HTTP client.
+#[derive(Clone)]
+pub struct DelaydQ {
+    http: reqwest::Client,
+    base: String,
+    body_bytes: usize,
+}
+
+#[derive(Deserialize)]
+struct ProduceResult {
+    deliver_at_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct BatchResult {
+    results: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct PopResult {
+    messages: Vec<PoppedMsg>,
+}
+
+#[derive(Deserialize)]
+struct PoppedMsg {
+    body: String,
+    receipt: String,
+    deliver_at_ms: i64,
+}
+
+async fn http_error(resp: reqwest::Response) -> String {
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    format!("HTTP {status}: {}", text.chars().take(300).collect::<String>())
+}
+
+impl DelaydQ {
+    fn msg_json(&self, j: &Job) -> serde_json::Value {
+        // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
+        serde_json::json!({
+            "body": body_for(j.seq, 0, self.body_bytes),
+            "delay_ms": j.delay_ms,
+            "ttr_ms": j.ttr_ms,
+        })
+    }
+
+    async fn produce(&self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
+        if jobs.len() == 1 {
+            let url = format!("{}/v1/topics/{topic}/messages", self.base);
+            let resp =
+                self.http.post(url).json(&self.msg_json(&jobs[0])).send().await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(http_error(resp).await);
+            }
+            let r: ProduceResult = resp.json().await.map_err(|e| e.to_string())?;
+            return Ok(vec![r.deliver_at_ms.is_some()]);
+        }
+        let url = format!("{}/v1/topics/{topic}/messages/batch", self.base);
+        let msgs: Vec<_> = jobs.iter().map(|j| self.msg_json(j)).collect();
+        let resp = self
+            .http
+            .post(url)
+            .json(&serde_json::json!({ "messages": msgs }))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(http_error(resp).await);
+        }
+        let r: BatchResult = resp.json().await.map_err(|e| e.to_string())?;
+        if r.results.len() != jobs.len() {
+            return Err(format!("batch of {} got {} results", jobs.len(), r.results.len()));
+        }
+        Ok(r.results.iter().map(|v| v.get("deliver_at_ms").is_some_and(|d| d.is_number())).collect())
+    }
+
+    async fn pop(&self, topic: &str, max: usize, wait_ms: u64, ttr_ms: u64) -> Result<Vec<Delivery>, String> {
+        let url = format!("{}/v1/topics/{topic}/pop?max={max}&wait_ms={wait_ms}&ttr_ms={ttr_ms}", self.base);
+        let resp = self.http.post(url).send().await.map_err(|e| e.to_string())?;
+        let at_ms = now_ms();
+        if !resp.status().is_success() {
+            return Err(http_error(resp).await);
+        }
+        let r: PopResult = resp.json().await.map_err(|e| e.to_string())?;
+        r.messages
+            .into_iter()
+            .map(|m| {
+                let (seq, _) = parse_body(&m.body).ok_or_else(|| format!("foreign body {:?}", m.body))?;
+                Ok(Delivery { seq, due_ms: m.deliver_at_ms, at_ms, token: m.receipt })
+            })
+            .collect()
+    }
+
+    async fn ack(&self, d: &Delivery) -> Result<bool, String> {
+        let url = format!("{}/v1/ack", self.base);
+        let resp = self
+            .http
+            .post(url)
+            .json(&serde_json::json!({ "receipt": d.token }))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(true),
+            404 => Ok(false),
+            _ => Err(http_error(resp).await),
+        }
+    }
+}
+
+// --- Youzan design, all state changes in Lua -------------------------------------------------
+//
+// job:{id}      hash  topic, body, due, ttr, state (delay|ready|reserved), attempt, bucket
+// dq:bucket:{k} zset  id scored by due ms (delayed jobs, and reserved jobs by their TTR deadline)
+// dq:ready:{t}  list  ids ready for topic t
+
+const LUA_PRODUCE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'topic', ARGV[2], 'body', ARGV[3], 'due', ARGV[4], 'ttr', ARGV[5],
+  'state', 'delay', 'attempt', 0, 'bucket', KEYS[2])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+return 1
+";
+
+const LUA_MOVE: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  local jk = 'job:' .. id
+  local st = redis.call('HGET', jk, 'state')
+  if st == 'delay' or st == 'reserved' then
+    redis.call('HSET', jk, 'state', 'ready')
+    redis.call('RPUSH', 'dq:ready:' .. redis.call('HGET', jk, 'topic'), id)
+  end
+end
+return #ids
+";
+
+const LUA_RESERVE: &str = r"
+if redis.call('HGET', KEYS[1], 'state') ~= 'ready' then return false end
+local f = redis.call('HMGET', KEYS[1], 'body', 'ttr', 'bucket')
+local ttr = tonumber(ARGV[2])
+if ttr == 0 then ttr = tonumber(f[2]) end
+redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'state', 'reserved')
+redis.call('ZADD', f[3], tonumber(ARGV[1]) + ttr, ARGV[3])
+return f[1]
+";
+
+const LUA_FINISH: &str = r"
+local b = redis.call('HGET', KEYS[1], 'bucket')
+if not b then return 0 end
+redis.call('ZREM', b, ARGV[1])
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+fn lua_bucket(id: &str) -> String {
+    format!("dq:bucket:{}", fnv(id) % BUCKETS)
+}
+
+fn plain_bucket(k: u64) -> String {
+    format!("dq_bucket_{}", k % BUCKETS + 1)
+}
+
+async fn redis_connect(port: u16) -> Result<MultiplexedConnection, String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    // appendfsync always under load can take longer than the crate's 500 ms default.
+    let cfg = redis::AsyncConnectionConfig::new().set_response_timeout(Duration::from_secs(30));
+    client.get_multiplexed_async_connection_with_config(&cfg).await.map_err(|e| e.to_string())
+}
+
+fn evalsha(src: &str) -> redis::Cmd {
+    let mut c = redis::cmd("EVALSHA");
+    c.arg(redis::Script::new(src).get_hash());
+    c
+}
+
+/// Loads every script; a restarted Redis has an empty script cache.
+async fn load_scripts(con: &mut MultiplexedConnection) -> Result<(), String> {
+    for s in [LUA_PRODUCE, LUA_MOVE, LUA_RESERVE, LUA_FINISH] {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(s)
+            .query_async::<String>(con)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// ouqiang/delay-queue keeps the job as one serialized value.
+#[derive(serde::Serialize, Deserialize)]
+struct PlainJob {
+    topic: String,
+    id: String,
+    /// Absolute due time in whole unix seconds, as that design stores it.
+    delay: i64,
+    ttr: i64,
+    body: String,
+}
+
+/// Client for both Redis designs.
+pub struct RedisQ {
+    lua: bool,
+    port: u16,
+    body_bytes: usize,
+    conn: Option<MultiplexedConnection>,
+    block: Option<MultiplexedConnection>,
+    rr: u64,
+}
+
+impl Clone for RedisQ {
+    fn clone(&self) -> Self {
+        // A clone must not share the blocking connection: a BLPOP there would stall the other user.
+        RedisQ {
+            lua: self.lua,
+            port: self.port,
+            body_bytes: self.body_bytes,
+            conn: self.conn.clone(),
+            block: None,
+            rr: self.rr,
+        }
+    }
+}
+
+impl RedisQ {
+    async fn conn(&mut self) -> Result<MultiplexedConnection, String> {
+        if let Some(c) = &self.conn {
+            return Ok(c.clone());
+        }
+        let mut c = redis_connect(self.port).await?;
+        if self.lua {
+            load_scripts(&mut c).await?;
+        }
+        self.conn = Some(c.clone());
+        Ok(c)
+    }
+
+    fn fail<T>(&mut self, e: redis::RedisError) -> Result<T, String> {
+        // A dropped or restarted server leaves the connection useless; reconnect on next use.
+        self.conn = None;
+        self.block = None;
+        Err(e.to_string())
+    }
+
+    async fn produce(&mut self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
+        let mut con = self.conn().await?;
+        let now = now_ms();
+        if self.lua {
+            let mut pipe = redis::pipe();
+            for j in jobs {
+                let id = j.seq.to_string();
+                let due = now + j.delay_ms as i64;
+                pipe.add_command(
+                    evalsha(LUA_PRODUCE)
+                        .arg(2)
+                        .arg(format!("job:{id}"))
+                        .arg(lua_bucket(&id))
+                        .arg(&id)
+                        .arg(topic)
+                        .arg(body_for(j.seq, due, self.body_bytes))
+                        .arg(due)
+                        .arg(j.ttr_ms)
+                        .clone(),
+                );
+            }
+            match pipe.query_async::<Vec<i64>>(&mut con).await {
+                Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
+                Err(e) => self.fail(e),
+            }
+        } else {
+            // Two separate commands per job, not atomic, as ouqiang/delay-queue does: one round trip
+            // each for a single job; a batch pipelines them, one job after another.
+            let mut pipe = redis::pipe();
+            for j in jobs {
+                let id = j.seq.to_string();
+                let due_ms = now + j.delay_ms as i64;
+                let job = PlainJob {
+                    topic: topic.to_string(),
+                    id: id.clone(),
+                    delay: due_ms / 1000,
+                    ttr: (j.ttr_ms as i64 / 1000).max(1),
+                    body: body_for(j.seq, due_ms, self.body_bytes),
+                };
+                let json = serde_json::to_string(&job).map_err(|e| e.to_string())?;
+                let mut set = redis::cmd("SET");
+                set.arg(format!("dq_job_{id}")).arg(json);
+                let mut zadd = redis::cmd("ZADD");
+                zadd.arg(plain_bucket(self.rr)).arg(job.delay).arg(&id);
+                self.rr += 1;
+                if jobs.len() == 1 {
+                    for c in [set, zadd] {
+                        if let Err(e) = c.query_async::<redis::Value>(&mut con).await {
+                            return self.fail(e);
+                        }
+                    }
+                    return Ok(vec![true]);
+                }
+                pipe.add_command(set).ignore().add_command(zadd).ignore();
+            }
+            match pipe.query_async::<()>(&mut con).await {
+                Ok(()) => Ok(vec![true; jobs.len()]),
+                Err(e) => self.fail(e),
+            }
+        }
+    }
+
+    async fn pop(&mut self, topic: &str, wait_ms: u64, ttr_ms: u64) -> Result<Vec<Delivery>, String> {
+        let mut con = self.conn().await?;
+        let mut block = match &self.block {
+            Some(b) => b.clone(),
+            None => {
+                let b = redis_connect(self.port).await?;
+                self.block = Some(b.clone());
+                b
+            }
+        };
+        let key = if self.lua { format!("dq:ready:{topic}") } else { topic.to_string() };
+        let timeout = (wait_ms.max(10) as f64) / 1000.0;
+        let popped: Option<(String, String)> =
+            match redis::cmd("BLPOP").arg(&key).arg(timeout).query_async(&mut block).await {
+                Ok(v) => v,
+                Err(e) => return self.fail(e),
+            };
+        let Some((_, id)) = popped else { return Ok(Vec::new()) };
+        let at_ms = now_ms();
+        let body: Option<String> = if self.lua {
+            let r = evalsha(LUA_RESERVE)
+                .arg(1)
+                .arg(format!("job:{id}"))
+                .arg(at_ms)
+                .arg(ttr_ms)
+                .arg(&id)
+                .query_async(&mut con)
+                .await;
+            match r {
+                Ok(b) => b,
+                Err(e) => return self.fail(e),
+            }
+        } else {
+            let raw: Option<String> =
+                match redis::cmd("GET").arg(format!("dq_job_{id}")).query_async(&mut con).await {
+                    Ok(v) => v,
+                    Err(e) => return self.fail(e),
+                };
+            let Some(raw) = raw else { return Ok(Vec::new()) };
+            let job: PlainJob = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
+            let ttr_s = if ttr_ms > 0 { (ttr_ms as i64 / 1000).max(1) } else { job.ttr };
+            let r = redis::cmd("ZADD")
+                .arg(plain_bucket(self.rr))
+                .arg(at_ms / 1000 + ttr_s)
+                .arg(&id)
+                .query_async::<redis::Value>(&mut con)
+                .await;
+            self.rr += 1;
+            if let Err(e) = r {
+                return self.fail(e);
+            }
+            Some(job.body)
+        };
+        let Some(body) = body else { return Ok(Vec::new()) };
+        let (seq, due_ms) = parse_body(&body).ok_or_else(|| format!("foreign body {body:?}"))?;
+        Ok(vec![Delivery { seq, due_ms, at_ms, token: id }])
+    }
+
+    async fn ack(&mut self, d: &Delivery) -> Result<bool, String> {
+        let mut con = self.conn().await?;
+        let r = if self.lua {
+            evalsha(LUA_FINISH)
+                .arg(1)
+                .arg(format!("job:{}", d.token))
+                .arg(&d.token)
+                .query_async::<i64>(&mut con)
+                .await
+        } else {
+            redis::cmd("DEL").arg(format!("dq_job_{}", d.token)).query_async::<i64>(&mut con).await
+        };
+        match r {
+            Ok(n) => Ok(n == 1),
+            Err(e) => self.fail(e),
+        }
+    }
+}
+
+/// Runs the mover a Redis design needs until `stop` is set: the Lua design's loop promotes due jobs
+/// every `lua_tick`; the plain design runs one 1-second ticker per bucket. Errors (a killed server)
+/// make it reconnect and carry on.
+pub fn spawn_mover(
+    system: System,
+    port: u16,
+    lua_tick: Duration,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    match system.engine {
+        Engine::Delayd => Vec::new(),
+        Engine::RedisLua => vec![tokio::spawn(lua_mover(port, lua_tick, stop))],
+        Engine::RedisPlain => {
+            (0..BUCKETS).map(|k| tokio::spawn(plain_timer(port, k, stop.clone()))).collect()
+        }
+    }
+}
+
+async fn lua_mover(port: u16, tick: Duration, stop: Arc<AtomicBool>) {
+    let mut con: Option<MultiplexedConnection> = None;
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !stop.load(Ordering::Relaxed) {
+        interval.tick().await;
+        if con.is_none() {
+            con = match redis_connect(port).await {
+                Ok(mut c) => load_scripts(&mut c).await.ok().map(|_| c),
+                Err(_) => None,
+            };
+        }
+        let Some(c) = con.as_mut() else { continue };
+        'buckets: for k in 0..BUCKETS {
+            loop {
+                let moved: Result<i64, _> = evalsha(LUA_MOVE)
+                    .arg(1)
+                    .arg(format!("dq:bucket:{k}"))
+                    .arg(now_ms())
+                    .arg(MOVE_LIMIT)
+                    .query_async(c)
+                    .await;
+                match moved {
+                    Ok(n) if n >= MOVE_LIMIT => continue,
+                    Ok(_) => break,
+                    Err(_) => {
+                        con = None;
+                        break 'buckets;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn plain_timer(port: u16, k: u64, stop: Arc<AtomicBool>) {
+    let mut con: Option<MultiplexedConnection> = None;
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let bucket = plain_bucket(k);
+    let mut rr = k;
+    while !stop.load(Ordering::Relaxed) {
+        interval.tick().await;
+        let tick_s = now_ms() / 1000;
+        if con.is_none() {
+            con = redis_connect(port).await.ok();
+        }
+        let Some(c) = con.as_mut() else { continue };
+        if plain_tick(c, &bucket, tick_s, &mut rr, &stop).await.is_err() {
+            con = None;
+        }
+    }
+}
+
+/// One tick of the ouqiang design: look at the head of the bucket, one job per round trip.
+async fn plain_tick(
+    c: &mut MultiplexedConnection,
+    bucket: &str,
+    tick_s: i64,
+    rr: &mut u64,
+    stop: &AtomicBool,
+) -> redis::RedisResult<()> {
+    while !stop.load(Ordering::Relaxed) {
+        let head: Vec<(String, i64)> =
+            redis::cmd("ZRANGE").arg(bucket).arg(0).arg(0).arg("WITHSCORES").query_async(c).await?;
+        let Some((id, score)) = head.into_iter().next() else { return Ok(()) };
+        if score > tick_s {
+            return Ok(());
+        }
+        let raw: Option<String> = redis::cmd("GET").arg(format!("dq_job_{id}")).query_async(c).await?;
+        let Some(job) = raw.and_then(|r| serde_json::from_str::<PlainJob>(&r).ok()) else {
+            redis::cmd("ZREM").arg(bucket).arg(&id).query_async::<redis::Value>(c).await?;
+            continue;
+        };
+        if job.delay > tick_s {
+            *rr += 1;
+            redis::cmd("ZADD")
+                .arg(plain_bucket(*rr))
+                .arg(job.delay)
+                .arg(&id)
+                .query_async::<redis::Value>(c)
+                .await?;
+            redis::cmd("ZREM").arg(bucket).arg(&id).query_async::<redis::Value>(c).await?;
+            continue;
+        }
+        redis::cmd("RPUSH").arg(&job.topic).arg(&id).query_async::<redis::Value>(c).await?;
+        redis::cmd("ZREM").arg(bucket).arg(&id).query_async::<redis::Value>(c).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_round_trips_seq_and_due() {
+        let b = body_for(42, 1_700_000_000_123, 64);
+        assert_eq!(b.len(), 64);
+        assert_eq!(parse_body(&b), Some((42, 1_700_000_000_123)));
+        assert_eq!(parse_body("nonsense"), None);
+    }
+}

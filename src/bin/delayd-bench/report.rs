@@ -1,0 +1,400 @@
+//! Markdown tables of one run, and the check of issue 5's targets against them.
+
+use std::fmt::Write as _;
+
+use crate::systems::{Engine, System};
+use crate::workloads::{Capacity, Crash, E2e, Mode, Throughput};
+
+/// What one workload produced for one system: its repeats, or why it failed.
+pub type Outcome<T> = Result<Vec<T>, String>;
+
+/// Everything measured in one run.
+#[derive(Default)]
+pub struct Results {
+    /// Run description lines (date, machine, command, sizes).
+    pub header: Vec<String>,
+    /// Warnings the reader must see (missing redis-server, failures).
+    pub notes: Vec<String>,
+    /// Produce throughput per system; each inner vec holds every repeat of every mode.
+    pub throughput: Vec<(System, Outcome<Throughput>)>,
+    /// End-to-end runs per system.
+    pub e2e: Vec<(System, Outcome<E2e>)>,
+    /// Capacity runs per system.
+    pub capacity: Vec<(System, Outcome<Capacity>)>,
+    /// Crash runs per system.
+    pub crash: Vec<(System, Outcome<Crash>)>,
+}
+
+/// Median, min and max of a sample.
+pub fn spread(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    let med = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    Some((med, v[0], v[n - 1]))
+}
+
+/// Nearest-rank percentile of a sorted sample.
+pub fn percentile(sorted: &[i64], q: f64) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn num(x: f64) -> String {
+    if x.abs() >= 100.0 {
+        let s = format!("{:.0}", x);
+        // Thousands separators make msgs/s columns readable at a glance.
+        let (sign, digits) = s.strip_prefix('-').map(|d| ("-", d)).unwrap_or(("", &s));
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        format!("{sign}{out}")
+    } else if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// "median (min–max)", or just the value when all repeats agree.
+fn cell(v: Vec<f64>) -> String {
+    match spread(v) {
+        None => "–".to_string(),
+        Some((m, lo, hi)) if lo == hi => num(m),
+        Some((m, lo, hi)) => format!("{} ({}–{})", num(m), num(lo), num(hi)),
+    }
+}
+
+fn fail_cell(e: &str) -> String {
+    let first = e.lines().next().unwrap_or("");
+    format!("failed: {}", first.replace('|', "/").chars().take(120).collect::<String>())
+}
+
+fn mode_label(m: Mode, batch: usize, clients: usize) -> String {
+    match m {
+        Mode::Single => "1 client, one at a time".to_string(),
+        Mode::Batch1 => format!("1 client, batches of {batch}"),
+        Mode::BatchN => format!("{clients} clients, batches of {batch}"),
+    }
+}
+
+/// Median produce rate of `sys` in `mode`.
+pub fn median_rate(r: &Results, sys: System, mode: Mode) -> Option<f64> {
+    let (_, o) = r.throughput.iter().find(|(s, _)| *s == sys)?;
+    let v = o.as_ref().ok()?;
+    spread(v.iter().filter(|t| t.mode == mode).map(Throughput::rate).collect()).map(|s| s.0)
+}
+
+/// Renders the whole results file.
+pub fn markdown(r: &Results, batch: usize, clients: usize, rates: &[u64]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# delayd-bench results\n");
+    for h in &r.header {
+        let _ = writeln!(s, "- {h}");
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(s, "\n**Notes**\n");
+        for n in &r.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nSystems: `delayd-sync`/`delayd-async` are delayd with `DELAYD_FLUSH=sync|async`; `redis-lua-*` is the \
+         Youzan design (all state changes in Lua, mover loop); `redis-plain-*` is the ouqiang/delay-queue style \
+         (separate commands, 1-second timer); `always`/`everysec` is Redis `appendfsync`. Cells are \
+         median (min–max) over repeats."
+    );
+
+    let modes = [Mode::Single, Mode::Batch1, Mode::BatchN];
+    let _ = writeln!(s, "\n## Produce throughput (msgs/s)\n");
+    let _ = write!(s, "| system |");
+    for m in modes {
+        let _ = write!(s, " {} |", mode_label(m, batch, clients));
+    }
+    let _ = writeln!(s, " errors |\n|---|---|---|---|---|");
+    for (sys, o) in &r.throughput {
+        match o {
+            Err(e) => {
+                let _ = writeln!(s, "| {} | {} | | | |", sys.name(), fail_cell(e));
+            }
+            Ok(v) => {
+                let _ = write!(s, "| {} |", sys.name());
+                for m in modes {
+                    let _ = write!(
+                        s,
+                        " {} |",
+                        cell(v.iter().filter(|t| t.mode == m).map(Throughput::rate).collect())
+                    );
+                }
+                let failed: usize = v.iter().map(|t| t.failed).sum();
+                let err = v.iter().find_map(|t| t.error.clone()).map(|e| format!(" ({})", fail_cell(&e)));
+                let _ = writeln!(s, " {failed}{} |", err.unwrap_or_default());
+            }
+        }
+    }
+
+    let _ = writeln!(s, "\n## End-to-end lateness (delivery − due, ms)\n");
+    let _ = writeln!(
+        s,
+        "Paced producer, random delays, consumers pop and ack. Negative lateness means delivered early. \
+         `missing` counts acknowledged produces not delivered before the deadline.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| system | target msgs/s | achieved msgs/s | produced | produce errors | delivered | missing | early | \
+         duplicates | p50 | p99 | p99.9 | max | min |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for (sys, o) in &r.e2e {
+        match o {
+            Err(e) => {
+                let _ = writeln!(s, "| {} | {} ||||||||||||", sys.name(), fail_cell(e));
+            }
+            Ok(v) => {
+                for rate in rates {
+                    let runs: Vec<&E2e> = v.iter().filter(|x| x.rate == *rate).collect();
+                    if runs.is_empty() {
+                        continue;
+                    }
+                    let f = |g: &dyn Fn(&E2e) -> f64| cell(runs.iter().map(|x| g(x)).collect());
+                    let pct = |q: f64| {
+                        cell(
+                            runs.iter()
+                                .filter_map(|x| percentile(&x.lateness, q))
+                                .map(|l| l as f64)
+                                .collect(),
+                        )
+                    };
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                        sys.name(),
+                        num(*rate as f64),
+                        f(&|x| x.achieved_rate),
+                        f(&|x| x.produced as f64),
+                        f(&|x| x.produce_failed as f64),
+                        f(&|x| x.delivered as f64),
+                        f(&|x| x.missing as f64),
+                        f(&|x| x.early as f64),
+                        f(&|x| x.duplicates as f64),
+                        pct(50.0),
+                        pct(99.0),
+                        pct(99.9),
+                        pct(100.0),
+                        cell(runs.iter().filter_map(|x| x.lateness.first()).map(|l| *l as f64).collect()),
+                    );
+                }
+            }
+        }
+    }
+
+    let _ = writeln!(s, "\n## Pending capacity (messages due in 1 h)\n");
+    let _ = writeln!(
+        s,
+        "RssAnon from /proc/PID/status (anonymous memory; mapped file pages are page cache and do not count). \
+         Disk is every data file of the server: allocated blocks, and apparent size in brackets.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| system | pending | fill msgs/s | RssAnon growth (MiB) | RssAnon bytes/msg | disk MiB (apparent) | \
+         disk bytes/msg (apparent) |\n|---|---|---|---|---|---|---|"
+    );
+    for (sys, o) in &r.capacity {
+        match o {
+            Err(e) => {
+                let _ = writeln!(s, "| {} | {} ||||||", sys.name(), fail_cell(e));
+            }
+            Ok(v) => {
+                let f = |g: &dyn Fn(&Capacity) -> f64| cell(v.iter().map(g).collect());
+                let grow = |c: &Capacity| c.rss_after.saturating_sub(c.rss_before) as f64;
+                let n = |c: &Capacity| c.pending.max(1) as f64;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} ({}) | {} ({}) |",
+                    sys.name(),
+                    f(&|c| c.pending as f64),
+                    f(&|c| c.fill_rate),
+                    f(&|c| grow(c) / 1048576.0),
+                    f(&|c| grow(c) / n(c)),
+                    f(&|c| c.disk_alloc as f64 / 1048576.0),
+                    f(&|c| c.disk_apparent as f64 / 1048576.0),
+                    f(&|c| c.disk_alloc as f64 / n(c)),
+                    f(&|c| c.disk_apparent as f64 / n(c)),
+                );
+            }
+        }
+    }
+
+    let _ = writeln!(s, "\n## Crash (SIGKILL under produce/pop/ack load, restart, drain)\n");
+    let _ = writeln!(
+        s,
+        "`lost` = acknowledged produces never delivered; `twice` = messages delivered two or more times \
+         (at-least-once redelivery of messages reserved at the kill is expected); `after ack` = delivered again \
+         after its ack had succeeded.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| system | acked produces | lost | twice | after ack | restart → answers (ms) | restart → first pop (ms) |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    for (sys, o) in &r.crash {
+        match o {
+            Err(e) => {
+                let _ = writeln!(s, "| {} | {} ||||||", sys.name(), fail_cell(e));
+            }
+            Ok(v) => {
+                let f = |g: &dyn Fn(&Crash) -> f64| cell(v.iter().map(g).collect());
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    sys.name(),
+                    f(&|c| c.acked as f64),
+                    f(&|c| c.lost as f64),
+                    f(&|c| c.twice as f64),
+                    f(&|c| c.after_ack as f64),
+                    f(&|c| c.ready_ms),
+                    if v.iter().any(|c| c.first_pop_ms.is_none()) {
+                        "never".to_string()
+                    } else {
+                        f(&|c| c.first_pop_ms.unwrap_or(0.0))
+                    },
+                );
+            }
+        }
+    }
+
+    let _ = writeln!(s, "\n## Targets of issue 5, checked against this run\n");
+    for line in targets(r, rates) {
+        let _ = writeln!(s, "- {line}");
+    }
+    s
+}
+
+fn sys(engine: Engine, strict: bool) -> System {
+    System { engine, strict }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "FAIL"
+    }
+}
+
+/// One line per target: PASS, FAIL (delayd loses or misses), or not measured.
+pub fn targets(r: &Results, rates: &[u64]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (d, l, what) in [
+        (sys(Engine::Delayd, false), sys(Engine::RedisLua, false), "delayd-async ≥ 2× redis-lua-everysec"),
+        (sys(Engine::Delayd, true), sys(Engine::RedisLua, true), "delayd-sync ≥ 2× redis-lua-always"),
+    ] {
+        for m in [Mode::Single, Mode::Batch1, Mode::BatchN] {
+            match (median_rate(r, d, m), median_rate(r, l, m)) {
+                (Some(a), Some(b)) => out.push(format!(
+                    "{}: {what}, produce {:?}: {} vs {} msgs/s = {:.2}×",
+                    verdict(a >= 2.0 * b),
+                    m,
+                    num(a),
+                    num(b),
+                    a / b.max(1e-9)
+                )),
+                _ => out.push(format!("not measured: {what}, produce {m:?}")),
+            }
+        }
+    }
+    for (i, rate) in rates.iter().enumerate() {
+        let limit = if i == 0 { 5 } else { 10 };
+        for strict in [true, false] {
+            let s = sys(Engine::Delayd, strict);
+            let Some((_, Ok(v))) = r.e2e.iter().find(|(x, _)| *x == s) else {
+                out.push(format!("not measured: {} lateness at {rate} msgs/s", s.name()));
+                continue;
+            };
+            let runs: Vec<&E2e> = v.iter().filter(|x| x.rate == *rate).collect();
+            let p99 =
+                spread(runs.iter().filter_map(|x| percentile(&x.lateness, 99.0)).map(|l| l as f64).collect());
+            let early: usize = runs.iter().map(|x| x.early).sum();
+            let missing: usize = runs.iter().map(|x| x.missing).sum();
+            match p99 {
+                Some((p, _, _)) => out.push(format!(
+                    "{}: {} at {rate} msgs/s: p99 {p} ms (target ≤ {limit}), {early} early, {missing} missing",
+                    verdict(p <= limit as f64 && early == 0 && missing == 0),
+                    s.name()
+                )),
+                None => out.push(format!("not measured: {} lateness at {rate} msgs/s", s.name())),
+            }
+        }
+    }
+    let per_msg = |s: System| -> Option<f64> {
+        let (_, o) = r.capacity.iter().find(|(x, _)| *x == s)?;
+        let v = o.as_ref().ok()?;
+        spread(
+            v.iter()
+                .map(|c| c.rss_after.saturating_sub(c.rss_before) as f64 / c.pending.max(1) as f64)
+                .collect(),
+        )
+        .map(|x| x.0)
+    };
+    let redis_best =
+        [sys(Engine::RedisLua, false), sys(Engine::RedisLua, true), sys(Engine::RedisPlain, false)]
+            .into_iter()
+            .filter_map(per_msg)
+            .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.min(b))));
+    for strict in [true, false] {
+        let d = sys(Engine::Delayd, strict);
+        match (per_msg(d), redis_best) {
+            (Some(a), Some(b)) => out.push(format!(
+                "{}: {} RssAnon per pending message {:.1} B ≤ 1/10 of redis-server's {:.1} B",
+                verdict(a * 10.0 <= b),
+                d.name(),
+                a,
+                b
+            )),
+            _ => out.push(format!("not measured: {} RssAnon per pending message vs redis", d.name())),
+        }
+    }
+    match r.crash.iter().find(|(x, _)| *x == sys(Engine::Delayd, true)) {
+        Some((_, Ok(v))) => {
+            let lost: usize = v.iter().map(|c| c.lost).sum();
+            out.push(format!(
+                "{}: delayd-sync lost {lost} acknowledged messages after SIGKILL",
+                verdict(lost == 0)
+            ));
+        }
+        _ => out.push("not measured: delayd-sync crash".to_string()),
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50));
+        assert_eq!(percentile(&v, 99.0), Some(99));
+        assert_eq!(percentile(&v, 100.0), Some(100));
+        assert_eq!(percentile(&v, 0.0), Some(1));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn spread_gives_median_min_max() {
+        assert_eq!(spread(vec![3.0, 1.0, 2.0]), Some((2.0, 1.0, 3.0)));
+        assert_eq!(spread(vec![4.0, 1.0]), Some((2.5, 1.0, 4.0)));
+        assert_eq!(cell(vec![1234.0, 1000.0, 2000.0]), "1,234 (1,000–2,000)");
+        assert_eq!(cell(vec![7.0]), "7");
+    }
+}

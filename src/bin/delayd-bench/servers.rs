@@ -1,0 +1,319 @@
+//! Starting, killing and restarting the servers under test, and reading their memory and disk use.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::systems::{Engine, System};
+
+/// A process-unique scratch directory, removed on drop.
+pub struct ScratchDir {
+    path: PathBuf,
+}
+
+impl ScratchDir {
+    /// Creates a fresh directory under the system temp dir (or `base` when given).
+    pub fn new(base: Option<&Path>, label: &str) -> std::io::Result<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let root = base.map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
+        let path = root.join(format!("delayd-bench-{}-{}-{}", std::process::id(), n, label));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self { path })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Removals still running in the background; `finish_cleanup` waits for them.
+static CLEANUP: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        // Deleting a data dir just written through a mapping can take seconds on ext4 while its
+        // pages are written back; do it off the benchmark's path.
+        let path = std::mem::take(&mut self.path);
+        let h = std::thread::spawn(move || {
+            let _ = std::fs::remove_dir_all(&path);
+        });
+        CLEANUP.lock().unwrap_or_else(|e| e.into_inner()).push(h);
+    }
+}
+
+/// Waits until every scratch directory is gone.
+pub fn finish_cleanup() {
+    let handles = std::mem::take(&mut *CLEANUP.lock().unwrap_or_else(|e| e.into_inner()));
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+/// Where to find the server programs.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// The delayd binary.
+    pub delayd: PathBuf,
+    /// redis-server, when installed.
+    pub redis: Option<PathBuf>,
+    /// Parent of the scratch directories.
+    pub tmp_base: Option<PathBuf>,
+    /// Extra `DELAYD_*` settings for every delayd started.
+    pub delayd_env: Vec<(String, String)>,
+}
+
+/// Asks the kernel for a free loopback port. Another process could take it before we bind it again,
+/// but on a benchmark machine that race is rare and shows up as a clear start-up error.
+pub fn free_port() -> std::io::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Looks a program up on PATH.
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// A running server under test with its own data directory and port.
+pub struct Server {
+    /// What runs here.
+    pub system: System,
+    /// Loopback port it listens on.
+    pub port: u16,
+    child: Option<Child>,
+    program: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    data: ScratchDir,
+    log_path: PathBuf,
+}
+
+impl Server {
+    /// Starts a fresh server for `system` and waits until it answers.
+    pub async fn start(system: System, progs: &Programs) -> Result<Server, String> {
+        let data = ScratchDir::new(progs.tmp_base.as_deref(), &system.name())
+            .map_err(|e| format!("cannot create a temp dir: {e}"))?;
+        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let log_path = data.path().join("server.log");
+        let (program, args, envs) = match system.engine {
+            Engine::Delayd => {
+                let dir = data.path().join("data");
+                let args = vec![
+                    "--listen".to_string(),
+                    format!("127.0.0.1:{port}"),
+                    "--data-dir".to_string(),
+                    dir.display().to_string(),
+                ];
+                let mut envs = vec![
+                    ("DELAYD_FLUSH".to_string(), if system.strict { "sync" } else { "async" }.to_string()),
+                    ("DELAYD_LOG_LEVEL".to_string(), "warn".to_string()),
+                ];
+                envs.extend(progs.delayd_env.iter().cloned());
+                (progs.delayd.clone(), args, envs)
+            }
+            Engine::RedisLua | Engine::RedisPlain => {
+                let Some(redis) = progs.redis.clone() else {
+                    return Err("redis-server is not installed".to_string());
+                };
+                let dir = data.path().join("redis");
+                std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                let args: Vec<String> = [
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    &dir.display().to_string(),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    if system.strict { "always" } else { "everysec" },
+                    "--save",
+                    "",
+                    "--daemonize",
+                    "no",
+                    "--protected-mode",
+                    "yes",
+                    "--loglevel",
+                    "warning",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                (redis, args, Vec::new())
+            }
+        };
+        let mut server = Server { system, port, child: None, program, args, envs, data, log_path };
+        server.spawn_and_wait().await?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| format!("cannot open {}: {e}", self.log_path.display()))?;
+        let log2 = log.try_clone().map_err(|e| format!("cannot clone log handle: {e}"))?;
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).stdin(Stdio::null()).stdout(log).stderr(log2);
+        for (k, v) in &self.envs {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.program.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Spawns the process and waits until it answers its protocol; returns how long that took.
+    pub async fn spawn_and_wait(&mut self) -> Result<Duration, String> {
+        let t0 = Instant::now();
+        self.spawn()?;
+        let deadline = t0 + Duration::from_secs(60);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(format!(
+                        "{} exited during start-up ({status}); its log says:\n{}",
+                        self.program.display(),
+                        self.log_tail()
+                    ));
+                }
+            }
+            if self.answers().await {
+                return Ok(t0.elapsed());
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                return Err(format!(
+                    "{} did not answer on port {} within 60 s; its log says:\n{}",
+                    self.program.display(),
+                    self.port,
+                    self.log_tail()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn answers(&self) -> bool {
+        match self.system.engine {
+            Engine::Delayd => {
+                let url = format!("http://127.0.0.1:{}/healthz", self.port);
+                let client = reqwest::Client::builder().timeout(Duration::from_millis(500)).build();
+                match client {
+                    Ok(c) => matches!(c.get(url).send().await, Ok(r) if r.status().is_success()),
+                    Err(_) => false,
+                }
+            }
+            Engine::RedisLua | Engine::RedisPlain => {
+                let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) else {
+                    return false;
+                };
+                let Ok(mut con) = client.get_multiplexed_async_connection().await else {
+                    return false;
+                };
+                // While the AOF loads, Redis answers LOADING errors; that is not ready yet.
+                redis::cmd("PING").query_async::<String>(&mut con).await.is_ok()
+            }
+        }
+    }
+
+    /// The last lines of the server's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait up to 10 s for a clean exit, else SIGKILL.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => return,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Anonymous resident memory of the server process in bytes (RssAnon in /proc/PID/status).
+    pub fn rss_anon_bytes(&self) -> Option<u64> {
+        let pid = self.pid()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status.lines().find_map(|l| {
+            let rest = l.strip_prefix("RssAnon:")?;
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    }
+
+    /// (allocated, apparent) bytes of the server's data files, the log excluded.
+    pub fn disk_bytes(&self) -> (u64, u64) {
+        let mut total = (0, 0);
+        let sub = match self.system.engine {
+            Engine::Delayd => "data",
+            _ => "redis",
+        };
+        dir_usage(&self.data.path().join(sub), &mut total);
+        total
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn dir_usage(dir: &Path, total: &mut (u64, u64)) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for entry in rd.flatten() {
+        let Ok(md) = entry.metadata() else { continue };
+        if md.is_dir() {
+            dir_usage(&entry.path(), total);
+        } else {
+            total.0 += md.blocks() * 512;
+            total.1 += md.len();
+        }
+    }
+}
+
+/// `redis-server --version`, for the report.
+pub fn redis_version(redis: &Path) -> String {
+    Command::new(redis)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string())
+}

@@ -1,0 +1,116 @@
+//! Smoke test of `delayd-bench --quick`: the tool starts the real servers, runs every workload and
+//! writes its tables and chart. It checks that the tool works, never how fast anything is.
+
+use std::path::Path;
+use std::process::Command;
+
+const DELAYD: [&str; 2] = ["delayd-sync", "delayd-async"];
+const REDIS: [&str; 4] =
+    ["redis-lua-always", "redis-lua-everysec", "redis-plain-always", "redis-plain-everysec"];
+
+fn redis_installed() -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("redis-server").is_file()))
+        .unwrap_or(false)
+}
+
+/// The table rows of one `## ` section.
+fn section<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
+    let start = md.find(heading).unwrap_or_else(|| panic!("no section {heading:?} in:\n{md}"));
+    let rest = &md[start + heading.len()..];
+    let end = rest.find("\n## ").unwrap_or(rest.len());
+    rest[..end].lines().filter(|l| l.starts_with("| ") && !l.starts_with("| system")).collect()
+}
+
+fn cells(row: &str) -> Vec<String> {
+    row.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect()
+}
+
+/// Parses a table number such as `1,234` or `12 (10–14)` (the median).
+fn number(cell: &str) -> f64 {
+    let first = cell.split_whitespace().next().unwrap_or("");
+    first.replace(',', "").parse().unwrap_or_else(|_| panic!("not a number: {cell:?}"))
+}
+
+fn rows_for<'a>(rows: &[&'a str], system: &str) -> Vec<&'a str> {
+    rows.iter().copied().filter(|r| cells(r)[0] == system).collect()
+}
+
+#[test]
+fn quick_run_writes_every_table_and_a_png() {
+    let out = tempfile::tempdir().expect("temp dir");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
+        .arg("--quick")
+        .arg("--out")
+        .arg(out.path())
+        .arg("--delayd-bin")
+        .arg(env!("CARGO_BIN_EXE_delayd"))
+        .arg("--tmp-dir")
+        .arg(scratch.path())
+        .output()
+        .expect("run delayd-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "delayd-bench failed ({}):\n{stderr}\n{stdout}", output.status);
+
+    let results = out.path().join("results.md");
+    let chart = out.path().join("bench.png");
+    assert!(stdout.contains(&format!("results: {}", results.display())), "{stdout}");
+    assert!(stdout.contains(&format!("chart:   {}", chart.display())), "{stdout}");
+    let md = std::fs::read_to_string(&results).expect("results.md");
+
+    let redis = redis_installed();
+    let mut present: Vec<&str> = DELAYD.to_vec();
+    if redis {
+        present.extend(REDIS);
+    } else {
+        assert!(md.contains("apt-get install redis-server"), "missing redis not reported:\n{md}");
+        for s in REDIS {
+            assert!(!md.contains(&format!("| {s} |")), "{s} reported without redis-server:\n{md}");
+        }
+    }
+
+    let produce = section(&md, "## Produce throughput");
+    let e2e = section(&md, "## End-to-end lateness");
+    let capacity = section(&md, "## Pending capacity");
+    let crash = section(&md, "## Crash");
+    for s in &present {
+        let p = rows_for(&produce, s);
+        assert_eq!(p.len(), 1, "{s} produce row:\n{md}");
+        for c in &cells(p[0])[1..4] {
+            assert!(number(c) > 0.0, "{s}: produce rate {c:?}");
+        }
+
+        let e = rows_for(&e2e, s);
+        let rates: Vec<f64> = e.iter().map(|r| number(&cells(r)[1])).collect();
+        assert_eq!(rates, vec![100.0, 500.0], "{s} end-to-end rows:\n{md}");
+        for r in &e {
+            let c = cells(r);
+            assert!(number(&c[3]) > 0.0 && number(&c[5]) > 0.0, "{s}: nothing produced or delivered: {r}");
+            // p50, p99, p99.9, max, min are all filled in.
+            for v in &c[9..14] {
+                number(v);
+            }
+        }
+
+        let cap = rows_for(&capacity, s);
+        assert_eq!(cap.len(), 1, "{s} capacity row:\n{md}");
+        assert_eq!(number(&cells(cap[0])[1]), 2000.0, "{s}: pending count");
+        assert!(number(&cells(cap[0])[5]) > 0.0, "{s}: no disk use measured");
+
+        let cr = rows_for(&crash, s);
+        assert_eq!(cr.len(), 1, "{s} crash row:\n{md}");
+        let c = cells(cr[0]);
+        assert!(number(&c[1]) > 0.0, "{s}: nothing acknowledged before the kill");
+        for v in &c[2..6] {
+            number(v);
+        }
+    }
+    assert!(md.contains("## Targets of issue 5"));
+
+    let png = std::fs::read(&chart).expect("bench.png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(png.len() > 10_000, "suspiciously small PNG: {} bytes", png.len());
+    assert!(Path::new(&chart).metadata().map(|m| m.is_file()).unwrap_or(false));
+}
