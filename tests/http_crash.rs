@@ -338,3 +338,18 @@ fn a_store_that_refuses_writes_answers_503_and_keeps_what_was_acknowledged() {
     }
     assert_eq!(s.post("/v1/topics/full/messages", &json!({"body": "works again"})).0, 201);
 }
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    let mut s = Server::start(&[("DELAYD_LOG_FORMAT", "json"), ("DELAYD_LOG_LEVEL", "info")]);
+    assert_eq!(s.terminate().code(), Some(0));
+    let log = s.log();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "nothing logged");
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+    }
+    assert!(lines.iter().any(|l| l.contains("delayd started")), "{log}");
+}

@@ -5,7 +5,8 @@
 //! a body that is not JSON is read as `application/x-www-form-urlencoded`. Unlike that API, delays
 //! count from the push to the millisecond, so a job never fires early.
 
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
@@ -18,6 +19,20 @@ use crate::error::Error;
 
 /// Longest time-to-run the original API accepts, in seconds.
 const MAX_TTR_S: u64 = 86_400;
+
+/// The raw request body; even a failure to read it (too large, cut off) is a `code: 1` reply with HTTP 200.
+pub(crate) struct CompatBody(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for CompatBody {
+    type Rejection = Json<Value>;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Json<Value>> {
+        match RawBody::from_request(req, state).await {
+            Ok(RawBody(bytes)) => Ok(CompatBody(bytes)),
+            Err(e) => Err(fail(e.message)),
+        }
+    }
+}
 
 fn reply(code: u8, message: &str, data: Value) -> Json<Value> {
     Json(json!({"code": code, "message": message, "data": data}))
@@ -109,7 +124,7 @@ fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, Produc
 }
 
 /// `POST /push {topic, id, delay, ttr, body}`
-pub(crate) async fn push(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
     let m = match fields(&raw) {
         Ok(m) => m,
         Err(e) => return fail(e),
@@ -125,7 +140,7 @@ pub(crate) async fn push(State(st): State<AppState>, RawBody(raw): RawBody) -> J
 }
 
 /// `POST /pop {topic}`: comma-separated topics, long-polls up to `compat_max_wait`.
-pub(crate) async fn pop(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+pub(crate) async fn pop(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
     let topics = match fields(&raw).and_then(|m| string_field(&m, "topic")) {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -163,7 +178,7 @@ fn already_gone(e: &Error) -> bool {
 }
 
 /// `POST /finish {id}`: the job is done; in the original API this removes it in any state.
-pub(crate) async fn finish(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+pub(crate) async fn finish(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
     let id = match id_of(&raw) {
         Ok(id) => id,
         Err(e) => return fail(e),
@@ -180,7 +195,7 @@ pub(crate) async fn finish(State(st): State<AppState>, RawBody(raw): RawBody) ->
 }
 
 /// `POST /delete {id}`
-pub(crate) async fn delete(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+pub(crate) async fn delete(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
     let id = match id_of(&raw) {
         Ok(id) => id,
         Err(e) => return fail(e),
@@ -193,7 +208,7 @@ pub(crate) async fn delete(State(st): State<AppState>, RawBody(raw): RawBody) ->
 }
 
 /// `POST /get {id}`: `data` is the job with `delay` as absolute unix seconds, or null once it is gone.
-pub(crate) async fn get(State(st): State<AppState>, RawBody(raw): RawBody) -> Json<Value> {
+pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
     let id = match id_of(&raw) {
         Ok(id) => id,
         Err(e) => return fail(e),
