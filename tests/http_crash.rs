@@ -39,7 +39,18 @@ const TTR_MS: u64 = 1500;
 
 #[test]
 fn sigkill_under_load_loses_nothing_acknowledged() {
-    let mut s = Server::start(&[("DELAYD_FLUSH", "sync")]);
+    kill_under_load("sync");
+}
+
+/// In async mode the answer comes before the flush, but the bytes are already in the shared mapping, so
+/// killing only the process (not the machine) must lose nothing either.
+#[test]
+fn sigkill_under_load_in_async_mode_loses_nothing_acknowledged() {
+    kill_under_load("async");
+}
+
+fn kill_under_load(flush: &str) {
+    let mut s = Server::start(&[("DELAYD_FLUSH", flush), ("DELAYD_FLUSH_INTERVAL_MS", "200")]);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let base = s.base.clone();
@@ -108,6 +119,9 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
                             g.left_reserved.remove(&id);
                             g.acked.insert(id);
                         }
+                        // On a badly overloaded machine the reservation may expire before the ack:
+                        // then the message is simply due again, which the checks allow.
+                        Ok(r) if r.status() == 404 => {}
                         Ok(r) => panic!("ack of a fresh receipt answered {}", r.status()),
                         Err(_) => return,
                     }
@@ -123,7 +137,7 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
     consumer.join().expect("consumer");
     let seen = Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap();
     eprintln!(
-        "before the kill: {} produced, {} delivered, {} acked, {} left reserved",
+        "{flush}: before the kill: {} produced, {} delivered, {} acked, {} left reserved",
         seen.produced.len(),
         seen.delivered.len(),
         seen.acked.len(),
@@ -168,7 +182,7 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
             assert_eq!(s.ack(m["receipt"].as_str().unwrap()), 200);
         }
     }
-    eprintln!("after the restart: {} delivered", after.len());
+    eprintln!("{flush}: after the restart: {} delivered", after.len());
     let dupes: Vec<_> = after.iter().filter(|(_, n)| **n > 1).collect();
     assert!(dupes.is_empty(), "acked after restart yet delivered again: {dupes:?}");
     for m in s.pop("load", 50, 500, None).0 {
