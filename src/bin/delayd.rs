@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use delayd::config::{Cli, Config, LogFormat};
 use delayd::http::{router, AppState, Limits};
-use delayd::{Broker, Error};
+use delayd::Broker;
 use tokio::sync::Notify;
 use tracing_subscriber::EnvFilter;
 
@@ -29,11 +29,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json_logs = cfg.log_format == LogFormat::Json;
     match runtime.block_on(run(cfg)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("delayd: {e}");
+            // One line either way: JSON for log collectors, plain text for a person at a terminal.
+            if json_logs {
+                tracing::error!("{e}");
+            } else {
+                eprintln!("delayd: {e}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -54,12 +59,8 @@ type Result<T> = std::result::Result<T, String>;
 
 async fn run(cfg: Config) -> Result<()> {
     let dir = cfg.data_dir.display();
-    let broker = Broker::open(cfg.broker_config()).map_err(|e| match e {
-        Error::Config(_) | Error::Unavailable(_) => {
-            format!("cannot open data directory {dir}: {e} (is another delayd running on it?)")
-        }
-        other => format!("cannot open data directory {dir}: {other}"),
-    })?;
+    let broker =
+        Broker::open(cfg.broker_config()).map_err(|e| format!("cannot open data directory {dir}: {e}"))?;
     let served = serve(&cfg, broker.clone()).await;
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
