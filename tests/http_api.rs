@@ -187,8 +187,36 @@ fn nack_follows_the_backoff_then_dead_letters() {
 }
 
 #[test]
+fn expiring_reservations_count_as_attempts_and_dead_letter_too() {
+    let s = Server::start(&[]);
+    s.produce("exp", &json!({"id": "exp-1", "body": "b", "max_attempts": 2}));
+    for attempt in 1..=2 {
+        let (msgs, _) = s.pop("exp", 1, 5000, Some(200));
+        assert_eq!(msgs.len(), 1, "attempt {attempt} never delivered");
+        assert_eq!(msgs[0]["attempt"], attempt);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.get("/v1/messages/exp-1").1["state"] != "dead" {
+        assert!(Instant::now() < deadline, "not dead: {}", s.get("/v1/messages/exp-1").1);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (dead, _) = s.pop("exp.dlq", 1, 5000, None);
+    assert_eq!(dead.len(), 1, "never reached the dead-letter topic");
+    assert_eq!(dead[0]["id"], "exp-1");
+    assert!(s.pop("exp", 1, 300, None).0.is_empty(), "a dead message is not in its topic any more");
+}
+
+#[test]
 fn cancel_and_look_up() {
     let s = Server::start(&[]);
+    s.produce("c", &json!({"id": "c-ready", "body": "r"}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.get("/v1/messages/c-ready").1["state"] != "ready" {
+        assert!(Instant::now() < deadline, "{}", s.get("/v1/messages/c-ready").1);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.delete("/v1/messages/c-ready").0, 200);
+    assert_eq!(s.get("/v1/messages/c-ready").1["state"], "cancelled");
     s.produce("c", &json!({"id": "c-1", "body": "x", "delay_ms": 400}));
     let (st, v) = s.delete("/v1/messages/c-1");
     assert_eq!(st, 200, "{v}");
