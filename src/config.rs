@@ -325,7 +325,11 @@ impl Config {
         if let Some(step) = self.backoff.iter().find(|s| **s > self.max_delay) {
             return bad(
                 "backoff",
-                format!("step {} exceeds max_delay {}", fmt_ms(*step), fmt_ms(self.max_delay)),
+                format!(
+                    "step {} exceeds max_delay {}; shorten backoff (DELAYD_BACKOFF) or raise max_delay",
+                    fmt_ms(*step),
+                    fmt_ms(self.max_delay)
+                ),
             );
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > 1 << 30 {

@@ -264,7 +264,10 @@ fn file_env_and_flags_layer_in_order() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("delayd.toml");
     std::fs::write(&file, "levels = \"1s 5s\"\nmax_batch = 2\nlisten = \"127.0.0.1:1\"\n").unwrap();
-    let s = Server::start_with_args(&[("DELAYD_LEVELS", "1s 2s 3s")], &["--config", file.to_str().unwrap()]);
+    let s = Server::start_with_args(
+        &[("DELAYD_LEVELS", "1s 2s 3s"), ("DELAYD_MAX_DELAY", "1h"), ("DELAYD_BACKOFF", "1s 1m")],
+        &["--config", file.to_str().unwrap()],
+    );
     // --listen 127.0.0.1:0 (a flag) beat the file's port 1, or the server would not be up.
     let (_, stats) = s.get("/v1/stats");
     let levels: Vec<u64> =
@@ -273,6 +276,10 @@ fn file_env_and_flags_layer_in_order() {
     let three: Vec<_> = (0..3).map(|i| json!({"body": i.to_string()})).collect();
     let (st, _) = s.post("/v1/topics/x/messages/batch", &json!({ "messages": three }));
     assert_eq!(st, 413, "max_batch from the file applies");
+    let (st, v) = s.post("/v1/topics/x/messages", &json!({"body": "b", "delay_ms": 3_600_001}));
+    assert_eq!(st, 400, "DELAYD_MAX_DELAY=1h applies: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("max_delay 1h"), "{v}");
+    assert_eq!(s.post("/v1/topics/x/messages", &json!({"body": "b", "delay_ms": 3_600_000})).0, 201);
 }
 
 /// Makes every directory under `root` immutable (no file can be created in it), and undoes it on drop.
