@@ -338,6 +338,8 @@ fn a_store_that_refuses_writes_answers_503_and_keeps_what_was_acknowledged() {
     assert_eq!(s.get("/healthz").0, 200, "the server must keep answering");
     let (st, v) = s.post("/v1/topics/full/messages", &json!({"body": "more"}));
     assert_eq!(st, 503, "after a failed write the store stays read-only until restart: {v}");
+    let (st, v) = s.get("/v1/messages/before-0");
+    assert_eq!(st, 200, "look-ups keep working while writes are refused: {v}");
     drop(guard);
 
     s.restart();
