@@ -91,6 +91,7 @@ pub(crate) async fn produce(
     Ok((status, Json(produced_json(&produced))).into_response())
 }
 
+/// The body of a batch produce.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BatchBody {
@@ -218,6 +219,7 @@ fn receipt(r: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The body of an ack.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AckBody {
@@ -234,6 +236,7 @@ pub(crate) async fn ack(
     Ok(Json(json!({"acked": true})))
 }
 
+/// The body of a nack.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NackBody {
