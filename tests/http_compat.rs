@@ -80,6 +80,9 @@ fn any_content_type_and_form_bodies_are_accepted() {
     assert_eq!(v["code"], 0, "{v}");
     let v = call(&s, "/push", None, r#"{"topic":"b","id":"f-4","delay":0,"ttr":5,"body":"n"}"#);
     assert_eq!(v["code"], 0, "{v}");
+    // The original answers on these paths whatever the method.
+    let (st, v) = common::answer(s.http().put(s.url("/get")).body(r#"{"id":"f-4"}"#).send());
+    assert_eq!((st, &v["data"]["id"]), (200, &json!("f-4")), "{v}");
 
     // Comma-separated topics pop from either.
     let mut got = Vec::new();

@@ -15,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use tokio::sync::watch;
 
@@ -114,11 +114,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages/{id}", get(native::get_message).delete(native::cancel))
         .route("/v1/stats", get(native::stats))
         .route("/metrics", get(metrics::handler))
-        .route("/push", post(compat::push))
-        .route("/pop", post(compat::pop))
-        .route("/finish", post(compat::finish))
-        .route("/delete", post(compat::delete))
-        .route("/get", post(compat::get))
+        // The original serves these paths for any method; so must a drop-in.
+        .route("/push", any(compat::push))
+        .route("/pop", any(compat::pop))
+        .route("/finish", any(compat::finish))
+        .route("/delete", any(compat::delete))
+        .route("/get", any(compat::get))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
