@@ -111,7 +111,7 @@ fn long_poll_returns_when_a_message_lands() {
 
 #[test]
 fn unacked_message_comes_back_after_its_ttr_with_attempt_plus_one() {
-    let s = Server::start(&[]);
+    let s = Server::start(&[("DELAYD_DEFAULT_TTR", "400ms")]);
     let id = s.produce("ttr", &json!({"body": "b"}))["id"].as_str().unwrap().to_string();
     let popped_from = now_ms();
     let (first, _) = s.pop("ttr", 1, 2000, Some(300));
@@ -135,6 +135,16 @@ fn unacked_message_comes_back_after_its_ttr_with_attempt_plus_one() {
     assert_eq!(again[0]["id"], "own-ttr");
     assert_eq!(again[0]["attempt"], 2);
     assert!(at >= t0 + 200);
+    assert_eq!(s.ack(&receipt(&again[0])), 200);
+
+    // Neither sets one: the configured default_ttr (400ms here) applies.
+    s.produce("ttr", &json!({"id": "default-ttr", "body": "b"}));
+    let t0 = now_ms();
+    assert_eq!(s.pop("ttr", 1, 2000, None).0.len(), 1);
+    let (again, at) = s.pop("ttr", 1, 5000, None);
+    assert_eq!(again[0]["id"], "default-ttr");
+    assert_eq!(again[0]["attempt"], 2);
+    assert!(at >= t0 + 400, "back after {}ms, default_ttr is 400ms", at - t0);
 }
 
 #[test]
