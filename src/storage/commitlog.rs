@@ -74,9 +74,17 @@ impl CommitLog {
     ) -> Result<(CommitLog, RecoveryReport)> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let mut segments = Vec::new();
-        for base in list_numbered(dir)? {
-            let file = MappedFile::open_existing(&dir.join(segment_name(base)))?;
-            segments.push(Segment { base, file });
+        let bases = list_numbered(dir)?;
+        for (i, base) in bases.iter().enumerate() {
+            let path = dir.join(segment_name(*base));
+            // The newest segment may be short if power failed between its creation and its
+            // preallocation: extend it (the tail is zeroes, i.e. unwritten).
+            let file = if i + 1 == bases.len() {
+                MappedFile::open(&path, segment_bytes)?
+            } else {
+                MappedFile::open_existing(&path)?
+            };
+            segments.push(Segment { base: *base, file });
         }
         for pair in segments.windows(2) {
             if pair[0].end() != pair[1].base {
@@ -141,6 +149,15 @@ impl CommitLog {
             }
         };
         let end = offset;
+        if reason.as_deref() == Some("unsupported record version") {
+            return Err(Error::Corrupt {
+                file: self.dir.display().to_string(),
+                offset: end,
+                reason:
+                    "record written by a newer delayd (unknown record version); upgrade instead of truncating"
+                        .into(),
+            });
+        }
         let after = self.count_valid_records_after(end);
         let mut report =
             RecoveryReport { end, bad_offset: bad, reason, records_after_bad: after, bytes_dropped: 0 };
@@ -516,6 +533,28 @@ mod tests {
         assert_eq!(report.end, offs[20]);
         assert_eq!(report.records_after_bad, 29);
         assert_eq!(offsets(&log), offs[..20].to_vec());
+    }
+
+    #[test]
+    fn a_short_newest_segment_is_extended_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut offs = vec![];
+        {
+            let (mut log, _) = open(dir.path(), 1024, RecoveryMode::Strict).unwrap();
+            while list_numbered(dir.path()).unwrap().len() < 2 {
+                offs.push(log.append(&rec(offs.len() as u64, 0)).unwrap());
+            }
+            log.flush().unwrap();
+        }
+        // Power failed after the new segment was created but before it was preallocated/written.
+        let last = *list_numbered(dir.path()).unwrap().last().unwrap();
+        let f = fs::OpenOptions::new().write(true).open(dir.path().join(segment_name(last))).unwrap();
+        f.set_len(0).unwrap();
+        drop(f);
+        let (mut log, _) = open(dir.path(), 1024, RecoveryMode::Strict).unwrap();
+        assert_eq!(offsets(&log), offs[..offs.len() - 1].to_vec());
+        let at = log.append(&rec(999, 0)).unwrap();
+        assert!(matches!(log.read(at).unwrap().0, Record::Hop(h) if h.msg_offset == 999));
     }
 
     proptest! {

@@ -149,6 +149,12 @@ impl IdIndex {
         self.used == 0
     }
 
+    /// Sets the used-slot count after a recount.
+    pub fn set_len(&mut self, used: u64) {
+        self.used = used;
+        self.file.write_at(16, &used.to_le_bytes());
+    }
+
     /// Number of slots in the table.
     pub fn capacity(&self) -> u64 {
         self.slots

@@ -152,6 +152,7 @@ impl DirLock {
             return Err(Error::io(format!("flock {}", path.display()), err));
         }
         use std::io::Write;
+        let _ = file.set_len(0);
         let mut f = &file;
         let _ = f.write_all(format!("{}\n", std::process::id()).as_bytes());
         Ok(DirLock { _file: file })

@@ -183,7 +183,14 @@ impl Store {
                 warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
                 return Ok(false);
             }
-            let mut cq = ConsumeQueue::open(&path, per_file, Some(q.len))?;
+            let mut cq = match ConsumeQueue::open(&path, per_file, Some(q.len)) {
+                Ok(cq) => cq,
+                Err(Error::Corrupt { file, reason, .. }) => {
+                    warn!(%file, %reason, "damaged consume queue; rebuilding all queues from the commit log");
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            };
             if cq.len() < q.len {
                 warn!(queue = %q.name, "consume queue shorter than its checkpoint; rebuilding");
                 return Ok(false);
@@ -214,16 +221,20 @@ impl Store {
                 match kind {
                     QueueKind::Level => {
                         if let Ok(ms) = name.parse::<u64>() {
-                            if !self.levels.contains_key(&ms) {
-                                let cq = ConsumeQueue::open(&e.path(), per_file, Some(0))?;
-                                self.levels.insert(ms, LevelQueue { cq, cursor: 0 });
+                            if let std::collections::btree_map::Entry::Vacant(v) = self.levels.entry(ms) {
+                                let Ok(cq) = ConsumeQueue::open(&e.path(), per_file, Some(0)) else {
+                                    return Ok(false);
+                                };
+                                v.insert(LevelQueue { cq, cursor: 0 });
                             }
                         }
                     }
                     QueueKind::Topic => {
                         if let Some(topic) = name.strip_prefix("t-") {
                             if !self.topics.contains_key(topic) {
-                                let cq = ConsumeQueue::open(&e.path(), per_file, Some(0))?;
+                                let Ok(cq) = ConsumeQueue::open(&e.path(), per_file, Some(0)) else {
+                                    return Ok(false);
+                                };
                                 self.topics.insert(
                                     topic.to_string(),
                                     TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 },
@@ -237,10 +248,17 @@ impl Store {
         Ok(true)
     }
 
-    fn index_is_ahead_of_log(&self) -> bool {
+    /// Walks every slot: true if one holds state from past the log end. Also recounts the slots,
+    /// since the header's count may have been written back before or after them.
+    fn index_is_ahead_of_log(&mut self) -> bool {
         let end = self.log.end();
         let mut ahead = false;
-        self.index.for_each(|s| ahead |= s.last_offset >= end || s.msg_offset >= end);
+        let mut used = 0;
+        self.index.for_each(|s| {
+            ahead |= s.last_offset >= end || s.msg_offset >= end;
+            used += 1;
+        });
+        self.index.set_len(used);
         ahead
     }
 
