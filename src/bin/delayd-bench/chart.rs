@@ -190,6 +190,7 @@ fn lateness_panel<DB: DrawingBackend>(
 fn bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
+    legend_at: SeriesLabelPosition,
     groups: &[String],
     values: &[(System, Vec<Option<f64>>)],
     labels: bool,
@@ -203,7 +204,7 @@ fn bars<DB: DrawingBackend>(
     if labels {
         b.caption(title, ("sans-serif", 22)).x_label_area_size(40).y_label_area_size(70);
     }
-    let mut chart = b.build_cartesian_2d(0i32..width, ((min / 2.0)..(max * 3.0)).log_scale()).map_err(err)?;
+    let mut chart = b.build_cartesian_2d(0i32..width, ((min / 2.0)..(max * 8.0)).log_scale()).map_err(err)?;
     let group_label = |x: &i32| {
         if *x % (nsys + 1) == nsys / 2 {
             groups.get((*x / (nsys + 1)) as usize).cloned().unwrap_or_default()
@@ -256,7 +257,7 @@ fn bars<DB: DrawingBackend>(
             .configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
+            .position(legend_at)
             .draw()
             .map_err(err)?;
     }
@@ -286,7 +287,7 @@ fn throughput_panel<DB: DrawingBackend>(
             (*s, vals)
         })
         .collect();
-    bars(area, "Produce throughput (msgs/s, log)", &groups, &values, labels)
+    bars(area, "Produce throughput (msgs/s, log)", SeriesLabelPosition::UpperLeft, &groups, &values, labels)
 }
 
 fn memory_panel<DB: DrawingBackend>(
@@ -308,7 +309,14 @@ fn memory_panel<DB: DrawingBackend>(
             (*s, vec![rss, disk])
         })
         .collect();
-    bars(area, "Pending capacity (bytes per message, log)", &groups, &values, labels)
+    bars(
+        area,
+        "Pending capacity (bytes per message, log)",
+        SeriesLabelPosition::UpperMiddle,
+        &groups,
+        &values,
+        labels,
+    )
 }
 
 #[cfg(test)]

@@ -119,14 +119,14 @@ fn params(cli: &Cli) -> Params {
             seed: cli.seed,
             body_bytes: cli.body_bytes,
             repeats: 3,
-            single_count: 2_000,
+            single_count: 1_000,
             batch_size: 100,
             batch1_count: 20_000,
             clients: 8,
             batchn_count: 80_000,
-            time_cap: Duration::from_secs(10),
+            time_cap: Duration::from_secs(5),
             rates: vec![1_000, 10_000],
-            e2e_secs: 5.0,
+            e2e_secs: 4.0,
             delay_min_ms: 1_000,
             delay_max_ms: 5_000,
             e2e_repeats: 1,
@@ -137,7 +137,7 @@ fn params(cli: &Cli) -> Params {
             crash_ttr_ms: 2_000,
             crash_rate: 2_000,
             consumers: 16,
-            grace_ms: 10_000,
+            grace_ms: 5_000,
             lua_tick: Duration::from_millis(cli.lua_tick_ms),
         }
     };
@@ -183,6 +183,14 @@ fn utc_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The 1-minute load average: other work on the machine skews every figure, so the report shows it.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 fn machine() -> String {
@@ -240,6 +248,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<bool, String> {
+    let run_started = std::time::Instant::now();
     let p = params(&cli);
     let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
     let mut systems = selected(&cli.systems, &all_systems)?;
@@ -304,6 +313,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     r.header = vec![
         format!("Date: {}", utc_now()),
         format!("Machine: {}", machine()),
+        format!("1-minute load average at start: {}", loadavg()),
         format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
         format!(
             "delayd: {} ({profile}), defaults{}",
@@ -470,6 +480,11 @@ async fn run(cli: Cli) -> Result<bool, String> {
         std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
             .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
     }
+    r.header.push(format!(
+        "1-minute load average at end: {}; whole run took {:.0} s",
+        loadavg(),
+        run_started.elapsed().as_secs_f64()
+    ));
     std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
         .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
     match chart::draw(&chart_path, &r, &p.rates, &systems) {
