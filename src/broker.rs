@@ -390,7 +390,10 @@ impl Broker {
         let flush_every = Duration::from_millis(shared.config.flush_interval_ms.max(1));
         let handle = std::thread::Builder::new()
             .name("delayd-engine".into())
-            .spawn(move || run_engine(engine, rx, clock, flush, flush_every, weak))
+            .spawn({
+                let metrics = metrics.clone();
+                move || run_engine(engine, rx, clock, flush, flush_every, weak, metrics)
+            })
             .map_err(|e| Error::io("spawn engine thread", e))?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         Ok(Broker { shared, metrics })
@@ -523,6 +526,62 @@ impl Broker {
     }
 }
 
+/// A batch's replies, released once the log is durable up to `end`.
+struct SyncJob {
+    files: Vec<std::fs::File>,
+    replies: Vec<Pending>,
+}
+
+/// The group-commit flusher: fdatasyncs the log for every batch handed to it, coalescing batches
+/// that queued up meanwhile, then releases their replies. Running it beside the engine lets the
+/// engine apply the next batch while the disk works on the previous one.
+fn run_flusher(
+    rx: std::sync::mpsc::Receiver<SyncJob>,
+    poison: Arc<Mutex<Option<String>>>,
+    metrics: Arc<Metrics>,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            jobs.push(more);
+        }
+        let started = Instant::now();
+        // Later jobs hold the same segments; one fdatasync per distinct file covers them all.
+        let mut seen: Vec<(u64, u64)> = Vec::new();
+        let mut failure: Option<Error> = None;
+        for job in &jobs {
+            for f in &job.files {
+                let id = match f.metadata() {
+                    Ok(m) => {
+                        use std::os::unix::fs::MetadataExt;
+                        (m.dev(), m.ino())
+                    }
+                    Err(_) => (0, 0),
+                };
+                if id != (0, 0) && seen.contains(&id) {
+                    continue;
+                }
+                seen.push(id);
+                if failure.is_none() {
+                    if let Err(e) = f.sync_data() {
+                        failure = Some(Error::io("fdatasync commit log", e));
+                    }
+                }
+            }
+        }
+        metrics.flush_us.observe(started.elapsed().as_micros() as u64);
+        if let Some(e) = &failure {
+            error!(error = %e, "commit log flush failed; refusing further writes");
+            poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+        }
+        for job in jobs {
+            for p in job.replies {
+                p.send(failure.as_ref());
+            }
+        }
+    }
+}
+
 fn run_engine(
     mut engine: Engine,
     rx: flume::Receiver<Command>,
@@ -530,12 +589,42 @@ fn run_engine(
     flush: FlushMode,
     flush_every: Duration,
     shared: std::sync::Weak<Shared>,
+    metrics: Arc<Metrics>,
 ) {
     let mut last_checkpoint = Instant::now();
     let mut last_flush = Instant::now();
     let mut batch: Vec<Command> = Vec::with_capacity(MAX_BATCH);
     let mut pending: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
     let mut shutdown: Option<oneshot::Sender<Result<()>>> = None;
+    let poison: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    // Bounded: when the disk falls behind, the engine waits instead of queueing without limit.
+    let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
+    let flusher = {
+        let (poison, metrics) = (poison.clone(), metrics.clone());
+        std::thread::Builder::new()
+            .name("delayd-flusher".into())
+            .spawn(move || run_flusher(sync_rx, poison, metrics))
+    };
+    let (mut sync_tx, flusher) = match flusher {
+        Ok(h) => (Some(sync_tx), Some(h)),
+        Err(e) => {
+            error!(error = %e, "could not start the flusher thread; flushing inline");
+            (None, None)
+        }
+    };
+    let (cp_tx, cp_rx) = std::sync::mpsc::sync_channel::<crate::storage::checkpoint::CheckpointJob>(1);
+    let checkpointer = {
+        let poison = poison.clone();
+        std::thread::Builder::new().name("delayd-checkpoint".into()).spawn(move || {
+            while let Ok(job) = cp_rx.recv() {
+                if let Err(e) = job.run() {
+                    error!(error = %e, "checkpoint failed; refusing further writes");
+                    poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+                }
+            }
+        })
+    };
+    let mut handed_off = engine.log_end();
     loop {
         // Sleep until the next due timer (to the microsecond), the next checkpoint or async flush,
         // or a request: whichever comes first.
@@ -557,6 +646,9 @@ fn run_engine(
                 Ok(cmd) => batch.push(cmd),
                 Err(_) => break,
             }
+        }
+        if let Some(why) = poison.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            engine.poison(why);
         }
         for cmd in batch.drain(..) {
             match cmd {
@@ -585,19 +677,51 @@ fn run_engine(
         if let Err(e) = engine.run_due(FIRE_SLICE) {
             error!(error = %e, "scheduler failed");
         }
-        let mut flush_err = None;
-        if flush == FlushMode::Sync || last_flush.elapsed() >= flush_every || shutdown.is_some() {
-            if engine.dirty() {
-                if let Err(e) = engine.flush() {
-                    error!(error = %e, "commit log flush failed; refusing further writes");
-                    flush_err = Some(e);
+        let end = engine.log_end();
+        match (flush, sync_tx.as_ref()) {
+            (FlushMode::Sync, Some(tx)) if end > handed_off => {
+                // Replies wait for the flusher; the engine goes on with the next batch.
+                let job = engine
+                    .log_handles(handed_off, end)
+                    .map(|files| SyncJob { files, replies: std::mem::take(&mut pending) });
+                match job {
+                    Ok(job) => {
+                        if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
+                            let e = Error::Unavailable("flusher stopped".into());
+                            engine.poison(e.to_string());
+                            job.replies.into_iter().for_each(|p| p.send(Some(&e)));
+                        }
+                    }
+                    Err(e) => {
+                        engine.poison(e.to_string());
+                        pending.drain(..).for_each(|p| p.send(Some(&e)));
+                    }
+                }
+                handed_off = end;
+            }
+            (FlushMode::Sync, _) => {
+                // Nothing appended (or no flusher thread): flush inline if needed, answer now.
+                let mut flush_err = None;
+                if engine.dirty() && end > handed_off {
+                    if let Err(e) = engine.flush() {
+                        error!(error = %e, "commit log flush failed; refusing further writes");
+                        flush_err = Some(e);
+                    }
+                    handed_off = end;
+                }
+                pending.drain(..).for_each(|p| p.send(flush_err.as_ref()));
+            }
+            (FlushMode::Async, _) => {
+                pending.drain(..).for_each(|p| p.send(None));
+                if last_flush.elapsed() >= flush_every || shutdown.is_some() {
+                    if engine.dirty() {
+                        if let Err(e) = engine.flush() {
+                            error!(error = %e, "commit log flush failed; refusing further writes");
+                        }
+                    }
+                    last_flush = Instant::now();
                 }
             }
-            last_flush = Instant::now();
-        }
-        let sync_err = if flush == FlushMode::Sync { flush_err.as_ref() } else { None };
-        for p in pending.drain(..) {
-            p.send(sync_err);
         }
         let touched = engine.take_touched();
         if !touched.is_empty() {
@@ -614,14 +738,30 @@ fn run_engine(
             break;
         }
         if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-            if let Err(e) = engine.checkpoint() {
-                error!(error = %e, "checkpoint failed");
+            // The fdatasyncs run on the checkpoint thread; if the last one is still running, this
+            // round is skipped rather than stalling the schedulers.
+            match engine.checkpoint_job() {
+                Ok(job) => {
+                    if cp_tx.try_send(job).is_err() {
+                        tracing::debug!("previous checkpoint still running; skipped");
+                    }
+                }
+                Err(e) => error!(error = %e, "checkpoint failed"),
             }
             last_checkpoint = Instant::now();
         }
     }
-    // Refuse whatever is still queued, then leave the data dir clean.
+    // Refuse whatever is still queued; let the flusher answer what it holds; then leave the data
+    // dir clean with a final, synchronous checkpoint.
     rx.drain().for_each(drop);
+    sync_tx.take();
+    if let Some(h) = flusher {
+        let _ = h.join();
+    }
+    drop(cp_tx);
+    if let Ok(h) = checkpointer {
+        let _ = h.join();
+    }
     let r = engine.close();
     match &r {
         Ok(()) => info!("engine stopped cleanly"),

@@ -215,6 +215,27 @@ impl Engine {
         self.store.checkpoint(&cursors)
     }
 
+    /// Captures a checkpoint for a background thread to make durable and write.
+    pub fn checkpoint_job(&mut self) -> Result<crate::storage::checkpoint::CheckpointJob> {
+        let cursors = self.level_cursors();
+        self.store.checkpoint_job(&cursors)
+    }
+
+    /// Offset one past the last appended record.
+    pub fn log_end(&self) -> u64 {
+        self.store.log.end()
+    }
+
+    /// Handles on the segment files holding `[from, to)` of the log, for a background flusher.
+    pub fn log_handles(&self, from: u64, to: u64) -> Result<Vec<std::fs::File>> {
+        self.store.log.handles(from, to)
+    }
+
+    /// Refuses every later write: a flush failed somewhere else, and nothing more may be acknowledged.
+    pub fn poison(&mut self, why: String) {
+        self.poisoned.get_or_insert(why);
+    }
+
     /// Checkpoints and leaves the clean-shutdown marker.
     pub fn close(self) -> Result<()> {
         let cursors = self.level_cursors();
@@ -782,5 +803,24 @@ impl Engine {
     /// The store, for white-box tests.
     pub fn store_for_tests(&self) -> &Store {
         &self.store
+    }
+}
+
+#[doc(hidden)]
+impl Engine {
+    /// Commit-log end offset (benchmarks).
+    pub fn log_end_for_bench(&self) -> u64 {
+        self.store.log.end()
+    }
+
+    /// Entries written to all queues so far (benchmarks).
+    pub fn queue_entries_for_bench(&self) -> u64 {
+        self.store.levels.values().map(|q| q.cq.len()).sum::<u64>()
+            + self.store.topics.values().map(|q| q.cq.len()).sum::<u64>()
+    }
+
+    /// Hops performed so far (benchmarks).
+    pub fn hops_for_bench(&self) -> usize {
+        self.metrics.hops.load(std::sync::atomic::Ordering::Relaxed) as usize
     }
 }

@@ -134,6 +134,26 @@ impl Checkpoint {
     }
 }
 
+/// A checkpoint to write once its files are durable: built on the engine thread, run on another.
+pub struct CheckpointJob {
+    /// The state to record.
+    pub checkpoint: Checkpoint,
+    /// Files whose writes the checkpoint covers.
+    pub files: Vec<fs::File>,
+    /// Where the checkpoint goes.
+    pub path: std::path::PathBuf,
+}
+
+impl CheckpointJob {
+    /// fdatasyncs every file, then replaces the checkpoint: it never names state not yet on disk.
+    pub fn run(self) -> Result<()> {
+        for f in &self.files {
+            f.sync_data().map_err(|e| Error::io("fdatasync before checkpoint", e))?;
+        }
+        self.checkpoint.store(&self.path)
+    }
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     pos: usize,

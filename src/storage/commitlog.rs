@@ -337,11 +337,22 @@ impl CommitLog {
             let from = self.flushed.max(seg.base);
             let to = self.write_pos.min(seg.end());
             if from < to {
-                seg.file.flush_range((from - seg.base) as usize, (to - from) as usize)?;
+                seg.file.sync_data()?;
             }
         }
         self.flushed = self.write_pos;
         Ok(())
+    }
+
+    /// Handles on the segment files holding `[from, to)`, for an fdatasync on another thread.
+    pub fn handles(&self, from: u64, to: u64) -> Result<Vec<std::fs::File>> {
+        let mut out = Vec::new();
+        for seg in &self.segments {
+            if seg.base < to && seg.end() > from {
+                out.push(seg.file.handle()?);
+            }
+        }
+        Ok(out)
     }
 
     /// Reads and checks the record at `offset`, which must be below [`end`](Self::end).
@@ -533,6 +544,35 @@ mod tests {
         assert_eq!(report.end, offs[20]);
         assert_eq!(report.records_after_bad, 29);
         assert_eq!(offsets(&log), offs[..20].to_vec());
+    }
+
+    #[test]
+    fn a_record_from_a_newer_version_is_refused_even_in_truncate_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let offs: Vec<u64> = {
+            let (mut log, _) = open(dir.path(), 1 << 16, RecoveryMode::Strict).unwrap();
+            let o = (0..5).map(|i| log.append(&rec(i, 0)).unwrap()).collect();
+            log.flush().unwrap();
+            o
+        };
+        let seg = dir.path().join(segment_name(0));
+        let mut bytes = fs::read(&seg).unwrap();
+        let at = offs[3] as usize;
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        bytes[at + 6] = format::RECORD_VERSION + 1;
+        let mut h = crc32fast::Hasher::new();
+        h.update(&bytes[at..at + 8]);
+        h.update(&bytes[at + HEADER_BYTES..at + len]);
+        let crc = h.finalize();
+        bytes[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&seg, &bytes).unwrap();
+        match open(dir.path(), 1 << 16, RecoveryMode::Truncate) {
+            Err(Error::Corrupt { offset, reason, .. }) => {
+                assert_eq!(offset, offs[3]);
+                assert!(reason.contains("newer delayd"), "{reason}");
+            }
+            other => panic!("expected a refusal, got {:?}", other.map(|r| r.1)),
+        }
     }
 
     #[test]

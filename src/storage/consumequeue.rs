@@ -193,6 +193,19 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// Handles on the files written since the last flush or call, for a background fdatasync;
+    /// the caller owns making them durable from then on.
+    pub fn take_dirty_handles(&mut self, out: &mut Vec<std::fs::File>) -> Result<()> {
+        let (from, to) = (self.flushed_len, self.len);
+        if from < to {
+            for i in (from / self.per_file)..=((to - 1) / self.per_file) {
+                out.push(self.files[i as usize].handle()?);
+            }
+        }
+        self.flushed_len = to;
+        Ok(())
+    }
+
     /// Bytes of disk the queue files occupy.
     pub fn disk_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.len()).sum()

@@ -458,10 +458,6 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
     if u16::from_le_bytes([buf[4], buf[5]]) != RECORD_MAGIC {
         return Err(DecodeError::Invalid("bad magic"));
     }
-    if buf[6] != RECORD_VERSION {
-        return Err(DecodeError::Invalid("unsupported record version"));
-    }
-    let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
     if !(HEADER_BYTES..=MAX_RECORD_BYTES).contains(&len) {
         return Err(DecodeError::Invalid("bad record length"));
     }
@@ -472,6 +468,12 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
     if frame_crc(&buf[..len]) != crc {
         return Err(DecodeError::Invalid("crc mismatch"));
     }
+    // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
+    // writer reads as such.
+    if buf[6] != RECORD_VERSION {
+        return Err(DecodeError::Invalid("unsupported record version"));
+    }
+    let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
     Ok((len, kind))
 }
 

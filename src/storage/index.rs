@@ -241,6 +241,11 @@ impl IdIndex {
         }
     }
 
+    /// A second handle on the index file, for a background fdatasync.
+    pub fn handle(&self) -> Result<std::fs::File> {
+        self.file.handle()
+    }
+
     /// Makes the table durable.
     pub fn flush(&self) -> Result<()> {
         self.file.flush()

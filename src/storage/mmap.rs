@@ -94,6 +94,20 @@ impl MappedFile {
         self.map.flush_range(offset, len).map_err(|e| Error::io(format!("msync {}", self.path.display()), e))
     }
 
+    /// Makes the file's written pages durable with fdatasync.
+    ///
+    /// On Linux, msync(MS_SYNC) is itself an fsync of the file range, and writes through a shared
+    /// mapping dirty the page cache like write(2) does, so fdatasync covers them; it skips
+    /// msync's walk of the mapping and measured cheaper here.
+    pub fn sync_data(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+    }
+
+    /// A second handle on the file, so another thread can fdatasync it while the map is written.
+    pub fn handle(&self) -> Result<File> {
+        self.file.try_clone().map_err(|e| Error::io(format!("dup {}", self.path.display()), e))
+    }
+
     /// Makes the whole mapping durable.
     pub fn flush(&self) -> Result<()> {
         self.map.flush().map_err(|e| Error::io(format!("msync {}", self.path.display()), e))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
-use super::checkpoint::{self, Checkpoint, QueueKind, QueueState};
+use super::checkpoint::{self, Checkpoint, CheckpointJob, QueueKind, QueueState};
 use super::commitlog::{CommitLog, RecoveryMode, RecoveryReport};
 use super::consumequeue::{ConsumeQueue, Entry};
 use super::format::{self, Cause, Home, Put, Record, Route, State};
@@ -77,6 +77,8 @@ pub struct Store {
     /// The id index.
     pub index: IdIndex,
     dispatched: u64,
+    /// Log offset the last checkpoint covered: later segments need syncing before the next one.
+    cp_log_end: u64,
     /// Topics that received entries since the last [`take_touched`](Self::take_touched).
     touched: Vec<String>,
 }
@@ -124,6 +126,7 @@ impl Store {
             topics: HashMap::new(),
             index,
             dispatched: 0,
+            cp_log_end: 0,
             touched: Vec::new(),
         };
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
@@ -448,14 +451,11 @@ impl Store {
         self.log.flush()
     }
 
-    /// Flushes everything and records the dispatch position, queue lengths and cursors.
-    ///
-    /// `level_cursors` are the schedulers' handled prefixes (they own that state between checkpoints).
-    pub fn checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
-        self.log.flush()?;
+    /// The state a checkpoint records; `level_cursors` are the schedulers' handled prefixes (they
+    /// own that state between checkpoints).
+    fn snapshot(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Checkpoint {
         let mut queues = Vec::with_capacity(self.levels.len() + self.topics.len());
         for (ms, q) in self.levels.iter_mut() {
-            q.cq.flush()?;
             if let Some(c) = level_cursors.get(ms) {
                 q.cursor = *c;
             }
@@ -481,11 +481,38 @@ impl Store {
                 dead: q.dead,
             });
         }
+        Checkpoint { dispatched: self.dispatched, queues }
+    }
+
+    /// Flushes everything and records the dispatch position, queue lengths and cursors.
+    pub fn checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
+        self.log.flush()?;
+        let cp = self.snapshot(level_cursors);
+        for q in self.levels.values_mut() {
+            q.cq.flush()?;
+        }
         for q in self.topics.values_mut() {
             q.cq.flush()?;
         }
         self.index.flush()?;
-        Checkpoint { dispatched: self.dispatched, queues }.store(&self.dir.join("checkpoint"))
+        self.cp_log_end = self.dispatched;
+        cp.store(&self.dir.join("checkpoint"))
+    }
+
+    /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller
+    /// (a background thread), so the engine never stalls on them.
+    pub fn checkpoint_job(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<CheckpointJob> {
+        let checkpoint = self.snapshot(level_cursors);
+        let mut files = self.log.handles(self.cp_log_end, self.dispatched)?;
+        for q in self.levels.values_mut() {
+            q.cq.take_dirty_handles(&mut files)?;
+        }
+        for q in self.topics.values_mut() {
+            q.cq.take_dirty_handles(&mut files)?;
+        }
+        files.push(self.index.handle()?);
+        self.cp_log_end = self.dispatched;
+        Ok(CheckpointJob { checkpoint, files, path: self.dir.join("checkpoint") })
     }
 
     /// Final checkpoint plus the clean-shutdown marker.
