@@ -1,0 +1,249 @@
+//! Scheduler benchmark (harness = false): lateness percentiles at paced rates, catch-up rate after
+//! downtime, anonymous memory per pending message, and bytes written per delivered message.
+//!
+//! Run: `cargo bench --bench scheduler` (env `PENDING=N` changes the 10,000,000 pending messages of
+//! the memory figure; `QUICK=1` shrinks everything).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use delayd::broker::{Broker, BrokerConfig, FlushMode, PopRequest, ProduceRequest, When};
+use delayd::engine::Engine;
+use delayd::metrics::Metrics;
+use delayd::schedule::clock::{Clock, ManualClock, SystemClock};
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn quick() -> bool {
+    std::env::var("QUICK").is_ok()
+}
+
+fn config(dir: &std::path::Path, flush: FlushMode) -> BrokerConfig {
+    let mut c = BrokerConfig::with_defaults(dir);
+    c.flush = flush;
+    c.segment_bytes = 256 << 20;
+    c
+}
+
+fn req(delay_ms: u64, body: &Bytes) -> ProduceRequest {
+    ProduceRequest {
+        id: None,
+        body: body.clone(),
+        when: When::DelayMs(delay_ms),
+        ttr_ms: None,
+        max_attempts: None,
+        backoff_ms: None,
+    }
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A paced producer (batches every 10 ms) with random 1–3 s delays; one consumer long-polls and
+/// acks. Lateness = pop time − due time, in ms.
+fn lateness(rate: u64, seconds: u64) -> (usize, i64, i64, i64, i64, usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    rt.block_on(async move {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = Broker::open(config(dir.path(), FlushMode::Sync)).expect("open");
+        let total = (rate * seconds) as usize;
+        let consumer = {
+            let b = broker.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(total);
+                let mut acks = Vec::with_capacity(total);
+                let stop = Instant::now() + Duration::from_secs(seconds + 10);
+                while lat.len() < total && Instant::now() < stop {
+                    let got = b
+                        .pop(PopRequest {
+                            topics: vec!["lat".into()],
+                            max: 1000,
+                            wait_ms: 1000,
+                            ttr_ms: None,
+                        })
+                        .await
+                        .expect("pop");
+                    let at = now_ms() as i64;
+                    // Ack in the background: a sequential ack per message (one sync flush each)
+                    // would make the consumer, not the scheduler, the bottleneck.
+                    for d in got {
+                        lat.push(at - d.deliver_at_ms as i64);
+                        let b = b.clone();
+                        acks.push(tokio::spawn(async move { b.ack(&d.receipt).await.expect("ack") }));
+                    }
+                }
+                for a in acks {
+                    a.await.expect("ack task");
+                }
+                lat
+            })
+        };
+        let body = Bytes::from(vec![b'x'; 100]);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let per_tick = (rate / 100).max(1);
+        let start = Instant::now();
+        let mut sent = 0;
+        let mut tick = 0u64;
+        while sent < total {
+            let batch: Vec<ProduceRequest> = (0..per_tick.min((total - sent) as u64))
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    req(1000 + seed % 2000, &body)
+                })
+                .collect();
+            sent += batch.len();
+            broker.produce_batch("lat", batch).await.expect("produce");
+            tick += 1;
+            let next = start + Duration::from_millis(tick * 10);
+            tokio::time::sleep_until(next.into()).await;
+        }
+        let mut lat = consumer.await.expect("consumer");
+        broker.shutdown().await.expect("shutdown");
+        lat.sort_unstable();
+        let early = lat.iter().filter(|l| **l < 0).count();
+        (
+            lat.len(),
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            percentile(&lat, 0.999),
+            *lat.last().unwrap_or(&0),
+            early,
+        )
+    })
+}
+
+/// Produces `n` messages due in 1 s, stops the engine for 3 s, reopens and times firing all of them.
+fn catch_up(n: usize) -> (usize, f64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let body = Bytes::from(vec![b'x'; 100]);
+    {
+        let (mut e, _) = Engine::open(
+            config(dir.path(), FlushMode::Async),
+            Arc::new(SystemClock),
+            Arc::new(Metrics::default()),
+        )
+        .expect("open");
+        for _ in 0..n {
+            e.produce("cu", req(1000, &body)).expect("produce");
+        }
+        e.close().expect("close");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (mut e, _) = Engine::open(
+        config(dir.path(), FlushMode::Async),
+        Arc::new(SystemClock),
+        Arc::new(Metrics::default()),
+    )
+    .expect("reopen");
+    let started = Instant::now();
+    let mut fired = 0;
+    loop {
+        let f = e.run_due(100_000).expect("run");
+        if f == 0 {
+            break;
+        }
+        fired += f;
+    }
+    e.flush().expect("flush");
+    let secs = started.elapsed().as_secs_f64();
+    (fired, fired as f64 / secs)
+}
+
+fn rss_anon_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Anonymous memory growth while `n` messages sit pending on the 1 h level.
+fn pending_memory(n: usize) -> (u64, u64, f64, u64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path(), FlushMode::Async);
+    cfg.segment_bytes = 1 << 30;
+    let (mut e, _) = Engine::open(cfg, Arc::new(SystemClock), Arc::new(Metrics::default())).expect("open");
+    let body = Bytes::from(vec![b'x'; 100]);
+    let before = rss_anon_kib();
+    for i in 0..n {
+        e.produce("mem", req(3_600_000, &body)).expect("produce");
+        if i % 1_000_000 == 999_999 {
+            e.flush().expect("flush");
+        }
+    }
+    e.flush().expect("flush");
+    let after = rss_anon_kib();
+    let disk = e.stats().disk_bytes;
+    let per = (after.saturating_sub(before) * 1024) as f64 / n as f64;
+    (before, after, per, disk)
+}
+
+/// Log and queue bytes per message for a 1h59m59s delay with a 1 KiB body, on the manual clock.
+fn bytes_per_message(n: usize) -> (f64, f64, usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::at_ms(1_700_000_000_000));
+    let (mut e, _) =
+        Engine::open(config(dir.path(), FlushMode::Async), clock.clone(), Arc::new(Metrics::default()))
+            .expect("open");
+    let body = Bytes::from(vec![b'x'; 1024]);
+    let log0 = e.log_end_for_bench();
+    for _ in 0..n {
+        e.produce("b", req(7_199_000, &body)).expect("produce");
+    }
+    let mut delivered = 0;
+    while delivered < n {
+        while e.run_due(usize::MAX).expect("run") > 0 {}
+        for d in e.pop(&["b".to_string()], 1000, None).expect("pop") {
+            e.ack(&d.receipt).expect("ack");
+            delivered += 1;
+        }
+        match e.next_due() {
+            Some(d) => clock.set_ms(d.max(clock.now_ms())),
+            None if delivered < n => clock.advance_ms(1),
+            None => {}
+        }
+    }
+    let log_bytes = (e.log_end_for_bench() - log0) as f64 / n as f64;
+    let cq_bytes = e.queue_entries_for_bench() as f64 * 20.0 / n as f64;
+    (log_bytes, cq_bytes, e.hops_for_bench() / n)
+}
+
+fn main() {
+    // `cargo bench` passes "--bench"; nothing else is expected.
+    let q = quick();
+    println!("# delayd scheduler benchmark\n");
+    println!("| workload | messages | p50 ms | p99 ms | p99.9 ms | max ms | early |");
+    println!("|---|---|---|---|---|---|---|");
+    for rate in [1_000u64, 10_000] {
+        let secs = if q { 1 } else { 10 };
+        let (n, p50, p99, p999, max, early) = lateness(rate, secs);
+        println!("| lateness at {rate}/s (sync) | {n} | {p50} | {p99} | {p999} | {max} | {early} |");
+    }
+    let n = if q { 20_000 } else { 500_000 };
+    let (fired, rate) = catch_up(n);
+    println!("\ncatch-up after 3 s downtime: {fired} overdue messages fired at {rate:.0} msgs/s");
+    let pending = std::env::var("PENDING").ok().and_then(|v| v.parse().ok()).unwrap_or(if q {
+        100_000
+    } else {
+        10_000_000
+    });
+    let (before, after, per, disk) = pending_memory(pending);
+    println!(
+        "pending capacity: {pending} messages on the 1h level: RssAnon {before} KiB -> {after} KiB = {per:.2} bytes/message anonymous; {:.1} bytes/message on disk",
+        disk as f64 / pending as f64
+    );
+    let (log_b, cq_b, hops) = bytes_per_message(if q { 100 } else { 2_000 });
+    println!(
+        "1h59m59s delay, 1 KiB body: {log_b:.0} commit-log bytes + {cq_b:.0} consume-queue bytes per delivered message ({hops} hops each)"
+    );
+}
