@@ -310,3 +310,39 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn removed_levels_drain_after_a_config_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    {
+        let mut e = open(dir.path(), &clock);
+        e.produce("t", req("chained", When::DelayMs(3_725_250))).unwrap();
+        e.produce("t", req("level", When::LevelIndex(4))).unwrap();
+        e.close().unwrap();
+    }
+    // The new list drops 1h, 30s and 1s; entries already on those queues still fire on time,
+    // and later hops use the new levels.
+    let mut cfg = config(dir.path());
+    cfg.levels_ms = vec![2_000, 60_000, 600_000];
+    let mut e = Engine::open(cfg, clock.clone(), Arc::new(Metrics::default())).unwrap().0;
+    let got = run_until(&mut e, &clock, T0 + 4_000_000, 1 << 40);
+    let mut got: Vec<(String, u64, u64)> = got;
+    got.sort();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0], ("chained".into(), T0 + 3_725_250, T0 + 3_725_250));
+    assert_eq!(got[1], ("level".into(), T0 + 30_000, T0 + 30_000));
+}
+
+#[test]
+fn round_policy_uses_the_nearest_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut cfg = config(dir.path());
+    cfg.delay_policy = crate::broker::DelayPolicy::Round;
+    let mut e = Engine::open(cfg, clock.clone(), Arc::new(Metrics::default())).unwrap().0;
+    let p = e.produce("t", req("r", When::DelayMs(4_200))).unwrap();
+    assert_eq!(p.deliver_at_ms, T0 + 5_000);
+    let got = run_until(&mut e, &clock, T0 + 10_000, 1 << 40);
+    assert_eq!(got, vec![("r".to_string(), T0 + 5_000, T0 + 5_000)]);
+}
