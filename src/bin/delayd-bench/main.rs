@@ -51,9 +51,10 @@ struct Cli {
     /// Repeats of each throughput measurement.
     #[arg(long)]
     repeats: Option<usize>,
-    /// Repeats of each end-to-end run.
-    #[arg(long)]
-    e2e_repeats: Option<usize>,
+    /// Repeats of each end-to-end, capacity and crash run (default 1, to keep the run short); capacity
+    /// and crash repeats each get a fresh server.
+    #[arg(long, alias = "e2e-repeats")]
+    slow_repeats: Option<usize>,
     /// Concurrent clients (N) for the concurrent produce case, capacity fill and consumers.
     #[arg(long)]
     clients: Option<usize>,
@@ -144,7 +145,7 @@ fn params(cli: &Cli) -> Params {
     if let Some(v) = cli.repeats {
         p.repeats = v.max(1);
     }
-    if let Some(v) = cli.e2e_repeats {
+    if let Some(v) = cli.slow_repeats {
         p.e2e_repeats = v.max(1);
     }
     if let Some(v) = cli.clients {
@@ -323,7 +324,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
         format!("redis-server: {}", redis.as_deref().map(servers::redis_version).unwrap_or_else(|| "not installed".into())),
         format!(
             "Sizes: seed {}, body {} B, throughput {} single / {} in batches of {} / {} by {} clients, {} repeats; \
-             end-to-end {} s at {:?} msgs/s with delays {}–{} ms, {} consumers; {} pending; crash after {} s \
+             {} repeat(s) of end-to-end, capacity and crash; end-to-end {} s at {:?} msgs/s with delays {}–{} ms, {} consumers; {} pending; crash after {} s \
              load at {} msgs/s with delays {}–{} ms and TTR {} ms; Lua mover tick {} ms{}",
             p.seed,
             p.body_bytes,
@@ -333,6 +334,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
             p.batchn_count,
             p.clients,
             p.repeats,
+            p.e2e_repeats,
             p.e2e_secs,
             p.rates,
             p.delay_min_ms,
@@ -445,28 +447,73 @@ async fn run(cli: Cli) -> Result<bool, String> {
                     r.e2e.push((sys, o));
                 }
                 "capacity" => {
-                    let o = workloads::capacity(&run, &p).await;
-                    match &o {
-                        Ok(c) => eprintln!(
-                            "  {} pending: RssAnon +{} B, disk {} B",
-                            c.pending,
-                            c.rss_after.saturating_sub(c.rss_before),
-                            c.disk_alloc
-                        ),
-                        Err(e) => failure(&mut r, w, sys, e),
+                    let mut v = Vec::new();
+                    let mut error = None;
+                    for rep in 0..p.e2e_repeats {
+                        // Each repeat fills a fresh server, so the baseline is an empty one.
+                        if rep > 0 {
+                            if let Err(e) = run.replace_fresh(&progs, &p).await {
+                                error = Some(e);
+                                break;
+                            }
+                        }
+                        match workloads::capacity(&run, &p).await {
+                            Ok(c) => {
+                                eprintln!(
+                                    "  {} pending: RssAnon +{} B, disk {} B",
+                                    c.pending,
+                                    c.rss_after.saturating_sub(c.rss_before),
+                                    c.disk_alloc
+                                );
+                                v.push(c);
+                            }
+                            Err(e) => {
+                                error = Some(e);
+                                break;
+                            }
+                        }
                     }
-                    r.capacity.push((sys, o.map(|c| vec![c])));
+                    let o = match error {
+                        Some(e) => {
+                            failure(&mut r, w, sys, &e);
+                            Err(e)
+                        }
+                        None => Ok(v),
+                    };
+                    r.capacity.push((sys, o));
                 }
                 _ => {
-                    let o = workloads::crash(&mut run, &p).await;
-                    match &o {
-                        Ok(c) => eprintln!(
-                            "  {} acked, {} lost, {} twice, {} after ack, first pop after {:?} ms",
-                            c.acked, c.lost, c.twice, c.after_ack, c.first_pop_ms
-                        ),
-                        Err(e) => failure(&mut r, w, sys, e),
+                    let mut v = Vec::new();
+                    let mut error = None;
+                    for rep in 0..p.e2e_repeats {
+                        if rep > 0 {
+                            if let Err(e) = run.replace_fresh(&progs, &p).await {
+                                error = Some(e);
+                                break;
+                            }
+                        }
+                        match workloads::crash(&mut run, &p).await {
+                            Ok(c) => {
+                                eprintln!(
+                                    "  {} acked, {} lost, {} twice, {} after ack, first pop after {:?} ms",
+                                    c.acked, c.lost, c.twice, c.after_ack, c.first_pop_ms
+                                );
+                                v.push(c);
+                            }
+                            Err(e) => {
+                                error = Some(e);
+                                break;
+                            }
+                        }
                     }
-                    r.crash.push((sys, o.map(|c| vec![c])));
+                    let o = match error {
+                        Some(e) => {
+                            failure(&mut r, w, sys, &e);
+                            Err(e)
+                        }
+                        None => Ok(v),
+                    };
+                    r.crash.push((sys, o));
                 }
             }
             let stop = run.shutdown().await;

@@ -62,7 +62,7 @@ pub struct Params {
     pub delay_min_ms: u64,
     /// Longest random delay.
     pub delay_max_ms: u64,
-    /// Repeats of each end-to-end run.
+    /// Repeats of each end-to-end, capacity and crash run.
     pub e2e_repeats: usize,
     /// Messages held pending in the capacity workload.
     pub pending: usize,
@@ -190,6 +190,18 @@ impl Running {
         let stop = Arc::new(AtomicBool::new(false));
         let movers = spawn_mover(system, server.port, p.lua_tick, stop.clone());
         Ok(Running { server, stop, movers })
+    }
+
+    /// Replaces this server (and mover) by a fresh one on a new data dir.
+    pub async fn replace_fresh(&mut self, progs: &Programs, p: &Params) -> Result<(), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for m in self.movers.drain(..) {
+            m.abort();
+            let _ = m.await;
+        }
+        self.server.stop();
+        *self = Running::start(self.server.system, progs, p).await?;
+        Ok(())
     }
 
     /// Stops mover and server; returns how long the server took to exit.
