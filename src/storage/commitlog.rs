@@ -196,34 +196,20 @@ impl CommitLog {
                 continue;
             }
             let bytes = seg.file.bytes();
-            let mut pos = from.saturating_sub(seg.base) as usize;
-            if seg.base >= from {
-                pos = 0;
-            } else {
-                pos += 1;
-            }
-            while pos + HEADER_BYTES <= bytes.len() {
-                match next_nonzero(bytes, pos) {
-                    Some(p) => pos = p.saturating_sub(4).max(pos),
-                    None => break,
-                }
-                if pos + HEADER_BYTES > bytes.len() {
-                    break;
-                }
-                if bytes[pos + 4..pos + 6] == format::RECORD_MAGIC.to_le_bytes() {
-                    if let Ok((len, _)) = format::check_frame(&bytes[pos..]) {
-                        found += 1;
-                        pos += len;
-                        continue;
-                    }
-                }
-                pos += 1;
+            let start = if seg.base >= from { 0 } else { (from - seg.base) as usize + 1 };
+            for (region_start, region_end) in seg.file.data_ranges(start) {
+                let mut pos = region_start.max(start);
+                // A frame may run past the end of a data range only into zeroes, which fail its
+                // CRC anyway, so ranges are scanned independently.
+                let bytes = &bytes[..region_end.max(pos).min(bytes.len())];
+                found += count_frames(bytes, &mut pos);
             }
         }
         found
     }
 
     /// Zeroes every non-zero byte at or after `from`; returns how many bytes were cleared.
+
     fn clear_from(&mut self, from: u64) -> Result<u64> {
         let mut cleared = 0;
         for seg in &mut self.segments {
@@ -231,9 +217,8 @@ impl CommitLog {
                 continue;
             }
             let start = from.saturating_sub(seg.base) as usize;
-            let bytes = seg.file.bytes();
-            let Some(last) = bytes[start..].iter().rposition(|b| *b != 0) else { continue };
-            let stop = start + last + 1;
+            let Some(last) = seg.file.last_nonzero(start) else { continue };
+            let stop = last + 1;
             seg.file.bytes_mut()[start..stop].fill(0);
             seg.file.flush_range(start, stop - start)?;
             cleared += (stop - start) as u64;
@@ -401,6 +386,29 @@ impl CommitLog {
     pub fn disk_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.file.len()).sum()
     }
+}
+
+/// Counts valid frames in `bytes` from `pos` on, trying every offset where one could start.
+fn count_frames(bytes: &[u8], pos: &mut usize) -> u64 {
+    let mut found = 0;
+    while *pos + HEADER_BYTES <= bytes.len() {
+        match next_nonzero(bytes, *pos) {
+            Some(p) => *pos = p.saturating_sub(4).max(*pos),
+            None => break,
+        }
+        if *pos + HEADER_BYTES > bytes.len() {
+            break;
+        }
+        if bytes[*pos + 4..*pos + 6] == format::RECORD_MAGIC.to_le_bytes() {
+            if let Ok((len, _)) = format::check_frame(&bytes[*pos..]) {
+                found += 1;
+                *pos += len;
+                continue;
+            }
+        }
+        *pos += 1;
+    }
+    found
 }
 
 fn next_nonzero(bytes: &[u8], from: usize) -> Option<usize> {

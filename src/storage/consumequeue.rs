@@ -105,9 +105,8 @@ impl ConsumeQueue {
         for (i, f) in self.files.iter_mut().enumerate() {
             let first = i as u64 * per_file;
             let start = from.saturating_sub(first).min(per_file) as usize * ENTRY_BYTES;
-            let bytes = f.bytes();
-            if let Some(last) = bytes[start..].iter().rposition(|b| *b != 0) {
-                let stop = start + last + 1;
+            if let Some(last) = f.last_nonzero(start) {
+                let stop = last + 1;
                 f.bytes_mut()[start..stop].fill(0);
                 f.flush_range(start, stop - start)?;
             }

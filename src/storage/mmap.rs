@@ -103,6 +103,53 @@ impl MappedFile {
         self.file.sync_data().map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
     }
 
+    /// Byte ranges at or after `from` that may hold data: the file's allocated, written extents
+    /// (SEEK_DATA/SEEK_HOLE), so recovery scans skip preallocated space without reading it.
+    /// Falls back to the whole rest of the file where the filesystem cannot tell.
+    pub fn data_ranges(&self, from: usize) -> Vec<(usize, usize)> {
+        let len = self.map.len();
+        let fd = self.file.as_raw_fd();
+        let mut out = Vec::new();
+        let mut pos = from;
+        while pos < len {
+            // SAFETY: plain syscalls on an fd we own; offsets are within the file.
+            let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+                    out.push((pos, len));
+                }
+                break;
+            }
+            let data = (data as usize).min(len);
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+            let hole = if hole < 0 { len } else { (hole as usize).min(len) };
+            if hole <= data {
+                break;
+            }
+            out.push((data, hole));
+            pos = hole;
+        }
+        out
+    }
+
+    /// Offset of the last non-zero byte at or after `from`, visiting only data ranges.
+    pub fn last_nonzero(&self, from: usize) -> Option<usize> {
+        let bytes = &self.map[..];
+        for (a, b) in self.data_ranges(from).into_iter().rev() {
+            let region = &bytes[a..b];
+            // Whole 64-byte blocks first (vectorised), then the bytes of the last non-zero block.
+            let mut end = region.len();
+            while end >= 64 && region[end - 64..end].iter().all(|x| *x == 0) {
+                end -= 64;
+            }
+            if let Some(i) = region[..end].iter().rposition(|x| *x != 0) {
+                return Some(a + i);
+            }
+        }
+        None
+    }
+
     /// A second handle on the file, so another thread can fdatasync it while the map is written.
     pub fn handle(&self) -> Result<File> {
         self.file.try_clone().map_err(|e| Error::io(format!("dup {}", self.path.display()), e))
