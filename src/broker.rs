@@ -269,7 +269,6 @@ const FIRE_SLICE: usize = 4096;
 /// whose random slot writes dirty most of its pages under load; every 5 s rather than every 1 s cut
 /// the flush latency of a sustained 64-writer sync load by a fifth (554 -> 454 us) here, and costs
 /// at most 5 s of records to re-dispatch after a crash.
-
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
 enum Command {

@@ -209,7 +209,6 @@ impl CommitLog {
     }
 
     /// Zeroes every non-zero byte at or after `from`; returns how many bytes were cleared.
-
     fn clear_from(&mut self, from: u64) -> Result<u64> {
         let mut cleared = 0;
         for seg in &mut self.segments {
