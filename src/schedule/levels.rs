@@ -7,6 +7,13 @@ use crate::storage::format::Route;
 pub const DEFAULT_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
 
 /// Parses a duration such as `250ms`, `5s`, `10m`, `2h`, `30d` or a plain number of milliseconds.
+///
+/// ```
+/// use delayd::schedule::levels::parse_duration_ms;
+/// assert_eq!(parse_duration_ms("1500").unwrap(), 1500);
+/// assert_eq!(parse_duration_ms("2h").unwrap(), 7_200_000);
+/// assert!(parse_duration_ms("-5s").is_err());
+/// ```
 pub fn parse_duration_ms(s: &str) -> Result<u64> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -78,6 +85,13 @@ pub fn nearest_level(levels: &[u64], delay_ms: u64) -> u64 {
 }
 
 /// The full list of hop durations a chained delay takes if every hop fires on time.
+///
+/// ```
+/// use delayd::schedule::levels::{chain, parse_list_ms, DEFAULT_LEVELS};
+/// let levels = parse_list_ms(DEFAULT_LEVELS).unwrap();
+/// // 1h 2m 5.25s: three full levels, then the 250 ms remainder, exact to the millisecond.
+/// assert_eq!(chain(&levels, 3_725_250), vec![3_600_000, 120_000, 5_000, 250]);
+/// ```
 pub fn chain(levels: &[u64], delay_ms: u64) -> Vec<u64> {
     let mut out = Vec::new();
     let mut left = delay_ms;
