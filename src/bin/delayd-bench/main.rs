@@ -404,13 +404,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                             }
                         }
                     }
-                    let o = match error {
-                        Some(e) => {
-                            failure(&mut r, w, sys, &e);
-                            Err(e)
-                        }
-                        None => Ok(v),
-                    };
+                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
                     r.throughput.push((sys, o));
                 }
                 "e2e" => {
@@ -437,13 +431,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                             }
                         }
                     }
-                    let o = match error {
-                        Some(e) => {
-                            failure(&mut r, w, sys, &e);
-                            Err(e)
-                        }
-                        None => Ok(v),
-                    };
+                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
                     r.e2e.push((sys, o));
                 }
                 "capacity" => {
@@ -473,13 +461,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                             }
                         }
                     }
-                    let o = match error {
-                        Some(e) => {
-                            failure(&mut r, w, sys, &e);
-                            Err(e)
-                        }
-                        None => Ok(v),
-                    };
+                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
                     r.capacity.push((sys, o));
                 }
                 _ => {
@@ -506,13 +488,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                             }
                         }
                     }
-                    let o = match error {
-                        Some(e) => {
-                            failure(&mut r, w, sys, &e);
-                            Err(e)
-                        }
-                        None => Ok(v),
-                    };
+                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
                     r.crash.push((sys, o));
                 }
             }
@@ -549,4 +525,15 @@ async fn run(cli: Cli) -> Result<bool, String> {
     println!("results: {}", results_path.display());
     println!("chart:   {}", chart_path.display());
     Ok(all_ok)
+}
+
+/// A workload's results, or its first error after recording it in the report.
+fn settle<T>(error: Option<String>, v: Vec<T>, on_error: impl FnOnce(&str)) -> Result<Vec<T>, String> {
+    match error {
+        Some(e) => {
+            on_error(&e);
+            Err(e)
+        }
+        None => Ok(v),
+    }
 }
