@@ -323,36 +323,22 @@ enum Pending {
 }
 
 impl Pending {
-    /// Sends the reply, or `err` instead of a success when the flush failed.
+    /// Sends the reply, or an `Unavailable` error instead when the flush covering it failed.
     fn send(self, flush_err: Option<&Error>) {
-        let fail = |e: &Error| Error::Unavailable(e.to_string());
         match self {
-            Pending::Produce(tx, r) => {
-                let _ = tx.send(match flush_err {
-                    Some(e) => Err(fail(e)),
-                    None => r,
-                });
-            }
-            Pending::Pop(tx, r) => {
-                let _ = tx.send(match flush_err {
-                    Some(e) => Err(fail(e)),
-                    None => r,
-                });
-            }
-            Pending::Unit(tx, r) => {
-                let _ = tx.send(match flush_err {
-                    Some(e) => Err(fail(e)),
-                    None => r,
-                });
-            }
-            Pending::Nack(tx, r) => {
-                let _ = tx.send(match flush_err {
-                    Some(e) => Err(fail(e)),
-                    None => r,
-                });
-            }
+            Pending::Produce(tx, r) => answer(tx, r, flush_err),
+            Pending::Pop(tx, r) => answer(tx, r, flush_err),
+            Pending::Unit(tx, r) => answer(tx, r, flush_err),
+            Pending::Nack(tx, r) => answer(tx, r, flush_err),
         }
     }
+}
+
+fn answer<T>(tx: oneshot::Sender<Result<T>>, r: Result<T>, flush_err: Option<&Error>) {
+    let _ = tx.send(match flush_err {
+        Some(e) => Err(Error::Unavailable(e.to_string())),
+        None => r,
+    });
 }
 
 struct Shared {
