@@ -23,13 +23,7 @@ pub struct MappedFile {
 impl MappedFile {
     /// Opens `path`, creating and preallocating it to `len` bytes when new or shorter.
     pub fn open(path: &Path, len: u64) -> Result<MappedFile> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        let file = open_rw(path, true)?;
         let cur = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
         if cur < len {
             preallocate(&file, len).map_err(|e| Error::io(format!("preallocate {}", path.display()), e))?;
@@ -39,11 +33,7 @@ impl MappedFile {
 
     /// Opens an existing file at its current length.
     pub fn open_existing(path: &Path) -> Result<MappedFile> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        let file = open_rw(path, false)?;
         Self::map(path, file)
     }
 
@@ -186,6 +176,17 @@ fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
+/// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
+fn open_rw(path: &Path, create: bool) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))
+}
+
 /// fsyncs a directory so a create, rename or delete in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     let f = File::open(dir).map_err(|e| Error::io(format!("open dir {}", dir.display()), e))?;
@@ -200,13 +201,7 @@ pub struct DirLock {
 impl DirLock {
     /// Takes `flock(LOCK_EX | LOCK_NB)` on `path`; fails at once if another process holds it.
     pub fn acquire(path: &Path) -> Result<DirLock> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        let file = open_rw(path, true)?;
         // SAFETY: plain syscall on an fd we own.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
