@@ -77,6 +77,8 @@ pub struct Store {
     /// The id index.
     pub index: IdIndex,
     dispatched: u64,
+    /// True while open() re-dispatches records that may already be in the index.
+    recovering: bool,
     /// Log offset the last checkpoint covered: later segments need syncing before the next one.
     cp_log_end: u64,
     /// Topics that received entries since the last [`take_touched`](Self::take_touched).
@@ -127,6 +129,7 @@ impl Store {
             index,
             dispatched: 0,
             cp_log_end: 0,
+            recovering: false,
             touched: Vec::new(),
         };
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
@@ -147,7 +150,9 @@ impl Store {
             store.dispatched = dispatched;
         }
         let before = store.dispatched;
+        store.recovering = true;
         report.redispatched = store.dispatch()?;
+        store.recovering = false;
         for q in store.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.len());
         }
@@ -343,7 +348,9 @@ impl Store {
                 let hash = format::id_hash(p.id);
                 let topic = String::from_utf8_lossy(p.topic).into_owned();
                 let (route, deliver_at) = (p.route, p.deliver_at_ms);
-                if self.index.find(hash, |m| m == offset).is_none() {
+                // Live appends are dispatched exactly once and the engine already checked the id, so
+                // only a replay after a crash can meet a Put that is indexed already.
+                if !self.recovering || self.index.find(hash, |m| m == offset).is_none() {
                     let state = if route == Route::Topic { State::Ready } else { State::Delayed };
                     self.index.insert(Slot {
                         hash,
