@@ -43,7 +43,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.await??;
     }
     let secs = started.elapsed().as_secs_f64();
-    let (_, _, sum_us, flushes) = broker.metrics().flush_us.snapshot();
+    let (bounds, counts, sum_us, flushes) = broker.metrics().flush_us.snapshot();
+    let hist: Vec<String> =
+        bounds.iter().zip(&counts).filter(|(_, c)| **c > 0).map(|(b, c)| format!("<={b}us:{c}")).collect();
+    println!("flush time histogram: {} overflow:{}", hist.join(" "), counts.last().copied().unwrap_or(0));
     let n = (per * writers) as f64;
     println!(
         "writers {writers}: {:.0} msgs/s, {flushes} flushes, {:.1} messages per flush, {:.0} us per flush",

@@ -176,6 +176,23 @@ fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
+/// Writes back `[offset, offset + len)` of `file` and waits for it (sync_file_range): data only,
+/// no metadata and no cache flush, so it makes nothing durable by itself.
+pub fn sync_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(std::io::Error::other("range too large"));
+    };
+    let flags =
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain syscall on an fd we own.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     OpenOptions::new()

@@ -8,3 +8,4 @@ pub mod format;
 pub mod index;
 pub mod mmap;
 pub mod store;
+pub mod warmer;
