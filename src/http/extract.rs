@@ -82,9 +82,20 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
-/// Deserializes an already-parsed JSON value into `T`, naming the offending field on error.
-pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(value).map_err(path_error)
+/// Deserializes one element of an already-checked JSON document into `T`, naming the offending
+/// field on error. The element is parsed straight from its text: no intermediate `Value` tree.
+pub fn from_raw<T: DeserializeOwned>(raw: &serde_json::value::RawValue) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        // A line and column inside one element would not point anywhere useful in the request.
+        let (line, column) = (e.inner().line(), e.inner().column());
+        let at = format!(" at line {line} column {column}");
+        let mut err = path_error(e);
+        if let Some(stripped) = err.message.strip_suffix(&at) {
+            err.message = stripped.to_string();
+        }
+        err
+    })
 }
 
 fn path_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::{from_value, JsonBody, PathParam};
+use super::extract::{from_raw, JsonBody, PathParam};
 use super::{now_ms, validate, AppState, Limits};
 use crate::broker::{Delivery, MessageInfo, Nacked, PopRequest, ProduceRequest, Produced, When};
 
@@ -95,7 +95,8 @@ pub(crate) async fn produce(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BatchBody {
-    messages: Vec<Value>,
+    // Kept as text and parsed one by one, so a bad message gets its own error in its slot.
+    messages: Vec<Box<serde_json::value::RawValue>>,
 }
 
 /// `POST /v1/topics/{topic}/messages/batch`
@@ -117,7 +118,7 @@ pub(crate) async fn produce_batch(
     let mut results: Vec<Option<Value>> = Vec::with_capacity(batch.messages.len());
     let mut valid = Vec::new();
     for (i, raw) in batch.messages.into_iter().enumerate() {
-        match from_value::<ProduceBody>(raw).and_then(|b| b.into_request(limits)) {
+        match from_raw::<ProduceBody>(&raw).and_then(|b| b.into_request(limits)) {
             Ok(req) => {
                 results.push(None);
                 valid.push((i, req));
@@ -312,7 +313,20 @@ mod tests {
     }
 
     fn req(v: Value) -> Result<ProduceRequest, ApiError> {
-        super::super::extract::from_value::<ProduceBody>(v)?.into_request(&limits())
+        let raw = serde_json::value::to_raw_value(&v).expect("a Value always serializes");
+        super::super::extract::from_raw::<ProduceBody>(&raw)?.into_request(&limits())
+    }
+
+    #[test]
+    fn a_bad_batch_element_names_its_field_without_a_position_inside_the_element() {
+        let e = req(json!({"body": "x", "delay_ms": "soon"})).unwrap_err();
+        assert_eq!(e.code, "invalid_argument");
+        assert!(e.message.starts_with("invalid delay_ms: invalid type: string \"soon\""), "{}", e.message);
+        assert!(!e.message.contains("line"), "{}", e.message);
+        let e = req(json!({"body": "x", "colour": "red"})).unwrap_err();
+        assert!(e.message.contains("unknown field `colour`") && !e.message.contains("line"), "{}", e.message);
+        let e = req(json!(5)).unwrap_err();
+        assert_eq!(e.code, "invalid_argument", "{}", e.message);
     }
 
     #[test]
