@@ -134,7 +134,7 @@ impl CommitLog {
         log.flushed = report.end;
         log.drop_segments_after(report.end)?;
         log.warmer = Warmer::start(segment_bytes);
-        log.warm_active()?;
+        log.warm_active();
         Ok((log, report))
     }
 
@@ -322,11 +322,19 @@ impl CommitLog {
     }
 
     /// Points the warmer at the last segment, from the write position.
-    fn warm_active(&mut self) -> Result<()> {
-        let (Some(w), Some(seg)) = (&self.warmer, self.segments.last()) else { return Ok(()) };
-        let from = self.write_pos.saturating_sub(seg.base);
-        self.warm_guard = w.segment(seg.base, seg.file.len(), seg.file.handle()?, seg.file.path(), from);
-        Ok(())
+    fn warm_active(&mut self) {
+        let (Some(w), Some(seg)) = (&self.warmer, self.segments.last()) else { return };
+        match seg.file.handle() {
+            Ok(file) => {
+                let from = self.write_pos.saturating_sub(seg.base);
+                self.warm_guard = w.segment(seg.base, seg.file.len(), file, seg.file.path(), from);
+            }
+            Err(e) => {
+                // Only speed is at stake: appends work the same on unwritten extents.
+                warn!(error = %e, "commit-log warmer stopped");
+                self.warmer = None;
+            }
+        }
     }
 
     /// Bytes of zeroes the warmer has written ahead of appends (0 without a warmer).
@@ -347,7 +355,8 @@ impl CommitLog {
         self.segments.push(Segment { base: next, file });
         self.write_pos = next;
         self.flushed = next;
-        self.warm_active()
+        self.warm_active();
+        Ok(())
     }
 
     /// Makes every appended byte durable; one msync per touched segment.
