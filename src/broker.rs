@@ -76,34 +76,21 @@ pub struct BrokerConfig {
     pub index_initial_slots: u64,
     /// What to do when recovery finds a bad record with valid records after it.
     pub recovery: RecoveryMode,
+    /// How long a done or cancelled message stays visible to look-ups and the idempotent produce.
+    pub done_retention_ms: u64,
+    /// Whether expired messages, old segments and read queue files are deleted at all.
+    pub reclaim: bool,
+    /// Most topics the broker creates.
+    pub max_topics: usize,
 }
 
 impl BrokerConfig {
     /// The embedded defaults, with data in `data_dir`.
     pub fn with_defaults(data_dir: impl Into<PathBuf>) -> BrokerConfig {
-        BrokerConfig {
-            data_dir: data_dir.into(),
-            flush: FlushMode::Sync,
-            flush_interval_ms: 10,
-            segment_bytes: 1 << 30,
-            cq_entries_per_file: 262_144,
-            levels_ms: crate::schedule::levels::parse_list_ms(crate::schedule::levels::DEFAULT_LEVELS)
-                .unwrap_or_default(),
-            delay_policy: DelayPolicy::Chain,
-            max_delay_ms: 30 * 86_400_000,
-            default_ttr_ms: 30_000,
-            default_max_attempts: 16,
-            default_backoff_ms: crate::schedule::levels::parse_list_ms(DEFAULT_BACKOFF).unwrap_or_default(),
-            max_body_bytes: 4 << 20,
-            max_wait_ms: 180_000,
-            index_initial_slots: 1 << 20,
-            recovery: RecoveryMode::Strict,
-        }
+        // One source of defaults: the program's embedded configuration.
+        BrokerConfig { data_dir: data_dir.into(), ..crate::config::Config::default().broker_config() }
     }
 }
-
-/// The default nack backoff.
-pub const DEFAULT_BACKOFF: &str = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
 
 /// When a produced message should become ready.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +259,8 @@ const INLINE_FLUSH_MAX: usize = 2;
 /// the flush latency of a sustained 64-writer sync load by a fifth (554 -> 454 us) here, and costs
 /// at most 5 s of records to re-dispatch after a crash.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// Longest sleep between two reclaim rounds.
+const RECLAIM_TICK: Duration = Duration::from_secs(1);
 
 enum Command {
     Produce {
@@ -608,13 +597,21 @@ fn run_engine(
         }
     };
     let (cp_tx, cp_rx) = std::sync::mpsc::sync_channel::<crate::storage::checkpoint::CheckpointJob>(1);
+    // Durable checkpoints come back to the engine: only then may reclaim delete what they replace.
+    let (durable_tx, durable_rx) = std::sync::mpsc::channel::<crate::storage::checkpoint::Checkpoint>();
     let checkpointer = {
         let poison = poison.clone();
         std::thread::Builder::new().name("delayd-checkpoint".into()).spawn(move || {
             while let Ok(job) = cp_rx.recv() {
-                if let Err(e) = job.run() {
-                    error!(error = %e, "checkpoint failed; refusing further writes");
-                    poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+                let cp = job.checkpoint.clone();
+                match job.run() {
+                    Ok(()) => {
+                        let _ = durable_tx.send(cp);
+                    }
+                    Err(e) => {
+                        error!(error = %e, "checkpoint failed; refusing further writes");
+                        poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+                    }
                 }
             }
         })
@@ -632,6 +629,9 @@ fn run_engine(
             let now_us = clock.now_us();
             wait = wait.min(Duration::from_micros((due * 1000).saturating_sub(now_us)));
         }
+        // Reclaim works in slices between requests; when it has nothing to do now it looks again
+        // within a second (final messages reach their retention continuously).
+        wait = wait.min(if engine.maintenance_due() { Duration::ZERO } else { RECLAIM_TICK });
         match rx.recv_timeout(wait) {
             Ok(cmd) => batch.push(cmd),
             Err(flume::RecvTimeoutError::Timeout) => {}
@@ -672,6 +672,12 @@ fn run_engine(
         }
         if let Err(e) = engine.run_due(FIRE_SLICE) {
             error!(error = %e, "scheduler failed");
+        }
+        while let Ok(cp) = durable_rx.try_recv() {
+            engine.checkpoint_durable(&cp);
+        }
+        if let Err(e) = engine.maintain() {
+            error!(error = %e, "reclaim failed");
         }
         let end = engine.log_end();
         match (flush, sync_tx.as_ref()) {

@@ -21,7 +21,7 @@ pub const DEFAULT_BACKOFF: &str = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30
 pub const ENV_PREFIX: &str = "DELAYD_";
 
 /// Every key of the program, in the order `config/delayd.toml` documents them.
-pub const KEYS: [&str; 22] = [
+pub const KEYS: [&str; 25] = [
     "listen",
     "data_dir",
     "flush",
@@ -44,6 +44,9 @@ pub const KEYS: [&str; 22] = [
     "log_level",
     "shutdown_grace",
     "recovery",
+    "done_retention",
+    "reclaim",
+    "max_topics",
 ];
 
 /// Log output format.
@@ -129,6 +132,14 @@ pub struct Config {
     pub shutdown_grace: u64,
     /// On a bad record followed by valid ones: `strict` refuses to start, `truncate` drops the rest.
     pub recovery: RecoveryMode,
+    /// How long a done or cancelled message stays visible to look-ups and idempotent produces, in ms.
+    #[serde(deserialize_with = "de_duration")]
+    pub done_retention: u64,
+    /// Delete expired messages, old segments and read queue files (off only for comparisons).
+    pub reclaim: bool,
+    /// Most topics (dead-letter topics included) the broker creates; produces to a new one past it
+    /// are refused.
+    pub max_topics: usize,
 }
 
 impl Default for Config {
@@ -138,9 +149,9 @@ impl Default for Config {
             data_dir: PathBuf::from("./data"),
             flush: FlushMode::Sync,
             flush_interval_ms: 100,
-            segment_bytes: 1 << 30,
+            segment_bytes: 64 << 20,
             cq_entries_per_file: 300_000,
-            index_initial_slots: 1 << 20,
+            index_initial_slots: 1 << 16,
             levels: parse_duration_list(DEFAULT_LEVELS).unwrap_or_default(),
             delay_policy: DelayPolicy::Chain,
             max_delay: 30 * DAY_MS,
@@ -156,6 +167,9 @@ impl Default for Config {
             log_level: "info".to_string(),
             shutdown_grace: 10_000,
             recovery: RecoveryMode::Strict,
+            done_retention: DAY_MS,
+            reclaim: true,
+            max_topics: 10_000,
         }
     }
 }
@@ -269,6 +283,17 @@ impl Config {
                     _ => return Err("expected strict or truncate".into()),
                 }
             }
+            "done_retention" => self.done_retention = parse_duration(v)?,
+            "reclaim" => {
+                self.reclaim = match v.to_ascii_lowercase().as_str() {
+                    "true" | "on" | "1" => true,
+                    "false" | "off" | "0" => false,
+                    _ => return Err("expected true or false".into()),
+                }
+            }
+            "max_topics" => {
+                self.max_topics = usize::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
+            }
             other => return Err(format!("unknown key {other}")),
         }
         Ok(())
@@ -294,6 +319,9 @@ impl Config {
         }
         if self.index_initial_slots == 0 {
             return bad("index_initial_slots", "must be at least 1".into());
+        }
+        if self.max_topics == 0 {
+            return bad("max_topics", "must be at least 1".into());
         }
         if self.levels.is_empty() {
             return bad("levels", "needs at least one level".into());
@@ -391,6 +419,9 @@ impl Config {
             max_wait_ms: self.max_wait.max(self.compat_max_wait),
             index_initial_slots: self.index_initial_slots,
             recovery: self.recovery,
+            done_retention_ms: self.done_retention,
+            reclaim: self.reclaim,
+            max_topics: self.max_topics,
         }
     }
 }
@@ -531,7 +562,12 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:9277");
         assert_eq!(c.data_dir, PathBuf::from("./data"));
         assert_eq!(c.flush, FlushMode::Sync);
-        assert_eq!(c.segment_bytes, 1 << 30);
+        assert_eq!(c.segment_bytes, 64 << 20);
+        assert_eq!(c.cq_entries_per_file, 300_000);
+        assert_eq!(c.index_initial_slots, 65_536);
+        assert_eq!(c.done_retention, DAY_MS);
+        assert!(c.reclaim);
+        assert_eq!(c.max_topics, 10_000);
         assert_eq!(c.levels.len(), 18);
         assert_eq!(c.levels[0], 1000);
         assert_eq!(*c.levels.last().unwrap(), 7_200_000);
@@ -679,6 +715,9 @@ mod tests {
             ("log_level", "debug"),
             ("shutdown_grace", "1s"),
             ("recovery", "Truncate"),
+            ("done_retention", "3s"),
+            ("reclaim", "off"),
+            ("max_topics", "7"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -709,6 +748,9 @@ mod tests {
             log_level: "debug".into(),
             shutdown_grace: 1000,
             recovery: RecoveryMode::Truncate,
+            done_retention: 3000,
+            reclaim: false,
+            max_topics: 7,
         };
         assert_eq!(c, expected);
         c.validate().unwrap();

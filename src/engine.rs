@@ -22,6 +22,7 @@ use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Put, Record, Route, State, Transition};
 use crate::storage::index::{Slot, SlotRef};
+use crate::storage::reclaim::ReclaimPolicy;
 use crate::storage::store::{dead_letter_topic, OpenReport, Store, StoreConfig};
 
 /// Longest accepted id, in bytes.
@@ -174,15 +175,51 @@ impl Engine {
 
     fn append(&mut self, record: &[u8]) -> Result<u64> {
         self.writable()?;
-        match self.store.append(record) {
-            Ok(at) => Ok(at),
+        let r = self.store.append(record);
+        self.poison_on_io(r)
+    }
+
+    /// Turns a failed write, mapping or deletion into a refusal of every later write: the files
+    /// may be in an unknown state, so nothing more may be acknowledged (never retry a failed flush).
+    fn poison_on_io<T>(&mut self, r: Result<T>) -> Result<T> {
+        match r {
             Err(e @ (Error::Io { .. } | Error::Corrupt { .. })) => {
-                // A failed write or mapping may have left the files in an unknown state: stop
-                // writing rather than acknowledge anything more (never retry a failed flush).
                 self.poisoned = Some(format!("write failed: {e}"));
                 Err(Error::Unavailable(e.to_string()))
             }
-            Err(e) => Err(e),
+            r => r,
+        }
+    }
+
+    /// One bounded round of reclaim: expire final messages past `done_retention`, then move the
+    /// oldest segment towards deletion. Deletions wait for a durable checkpoint.
+    pub fn maintain(&mut self) -> Result<()> {
+        if self.poisoned.is_some() || !self.cfg.reclaim {
+            return Ok(());
+        }
+        let now = self.now();
+        let r = self.store.expire(now.saturating_sub(self.cfg.done_retention_ms));
+        self.poison_on_io(r)?;
+        let policy = ReclaimPolicy { segment_bytes: self.cfg.segment_bytes };
+        let levels = &self.cfg.levels_ms;
+        let plan = |now: u64, target: u64| plan_hop(levels, now, target.saturating_sub(now));
+        let r = self.store.reclaim_step(now, &policy, &plan);
+        self.poison_on_io(r)
+    }
+
+    /// True when [`maintain`](Self::maintain) has work it could do at once.
+    pub fn maintenance_due(&self) -> bool {
+        self.poisoned.is_none() && self.cfg.reclaim && self.store.reclaim_busy(self.now())
+    }
+
+    /// A checkpoint became durable: reclaim may now delete what it no longer needs.
+    pub fn checkpoint_durable(&mut self, cp: &crate::storage::checkpoint::Checkpoint) {
+        if !self.cfg.reclaim {
+            return;
+        }
+        let r = self.store.checkpoint_durable(cp);
+        if let Err(e) = self.poison_on_io(r) {
+            tracing::error!(error = %e, "reclaiming consume-queue files failed; refusing further writes");
         }
     }
 
@@ -303,6 +340,12 @@ impl Engine {
                 )));
             }
         }
+        if !self.store.topics.contains_key(topic) && self.store.topics.len() >= self.cfg.max_topics {
+            return Err(Error::TooManyTopics(format!(
+                "{} topics exist, the most max_topics allows; topic {topic:?} would be new",
+                self.store.topics.len()
+            )));
+        }
         let (deliver_at_ms, route) = self.plan_produce(&req.when, now)?;
         let id = match req.id {
             Some(id) => id,
@@ -379,7 +422,7 @@ impl Engine {
             cause: change.cause,
             home: change.home,
             attempt: change.attempt,
-            time_ms: self.now(),
+            time_ms: change.time_ms,
             deliver_at_ms: change.deliver_at_ms,
             route: change.route,
         });
@@ -409,10 +452,15 @@ impl Engine {
         Ok(out)
     }
 
-    /// The (msg_offset, hash, seq) a queue entry's record refers to.
-    fn timer_of(&self, offset: u64) -> Result<(u64, u64, u32, u64)> {
-        Ok(match self.store.log.read(offset)?.0 {
+    /// The (msg_offset, hash, seq, due) a queue entry's record refers to; `None` when the record
+    /// was reclaimed (its message was carried forward or expired, so the entry is stale).
+    fn timer_of(&self, offset: u64) -> Result<Option<(u64, u64, u32, u64)>> {
+        if offset < self.store.log.start() {
+            return Ok(None);
+        }
+        Ok(Some(match self.store.log.read(offset)?.0 {
             Record::Put(p) => (offset, format::id_hash(p.id), 0, p.deliver_at_ms),
+            Record::Carry(c) => (offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => (t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
             Record::Hop(h) => (h.msg_offset, h.id_hash, h.seq, h.target_ms),
             Record::EndOfSegment => {
@@ -422,11 +470,11 @@ impl Engine {
                     reason: "queue entry points at an end-of-segment marker".into(),
                 })
             }
-        })
+        }))
     }
 
     fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
-        let (msg_offset, hash, seq, _) = self.timer_of(entry.offset)?;
+        let Some((msg_offset, hash, seq, _)) = self.timer_of(entry.offset)? else { return Ok(None) };
         let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
@@ -441,6 +489,7 @@ impl Engine {
         let new_seq = self.transition(
             &slot,
             Change {
+                time_ms: now,
                 state: State::Reserved,
                 cause: Cause::Reserve,
                 home: slot.home,
@@ -464,12 +513,12 @@ impl Engine {
     fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
         let (msg_offset, seq) = decode_receipt(receipt)?;
         let gone = || Error::NotFound("unknown or expired receipt".to_string());
-        if msg_offset >= self.store.log.end() {
+        if msg_offset >= self.store.log.end() || msg_offset < self.store.log.start() {
             return Err(gone());
         }
-        let hash = match self.store.log.read(msg_offset) {
-            Ok((Record::Put(p), _)) => format::id_hash(p.id),
-            _ => return Err(gone()),
+        let hash = match self.store.put_at(msg_offset) {
+            Ok(p) => format::id_hash(p.id),
+            Err(_) => return Err(gone()),
         };
         match self.store.find_offset(hash, msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
@@ -489,6 +538,7 @@ impl Engine {
         self.transition(
             slot,
             Change {
+                time_ms: now,
                 state: State::Done,
                 cause: Cause::Ack,
                 home: slot.home,
@@ -555,6 +605,7 @@ impl Engine {
     fn retry(&mut self, slot: &Slot, cause: Cause, now: u64, delay: u64) -> Result<()> {
         let change = if delay == 0 {
             Change {
+                time_ms: now,
                 state: ready_state(slot.home),
                 cause,
                 home: slot.home,
@@ -564,6 +615,7 @@ impl Engine {
             }
         } else {
             Change {
+                time_ms: now,
                 state: State::Delayed,
                 cause,
                 home: slot.home,
@@ -580,6 +632,7 @@ impl Engine {
         self.transition(
             slot,
             Change {
+                time_ms: now,
                 state: State::Dead,
                 cause: Cause::DeadLetter,
                 home: Home::DeadLetter,
@@ -604,6 +657,7 @@ impl Engine {
                 self.transition(
                     &slot,
                     Change {
+                        time_ms: now,
                         state: State::Cancelled,
                         cause: Cause::Cancel,
                         home: slot.home,
@@ -621,11 +675,7 @@ impl Engine {
     /// Looks a message up by id.
     pub fn get(&self, id: &str) -> Result<MessageInfo> {
         let (_, slot) = self.by_id(id)?;
-        let deliver_at_ms = match self.store.log.read(slot.last_offset)?.0 {
-            Record::Put(p) => p.deliver_at_ms,
-            Record::Transition(t) => t.deliver_at_ms,
-            _ => 0,
-        };
+        let deliver_at_ms = self.store.deliver_at(&slot)?;
         let p = self.store.put_at(slot.msg_offset)?;
         Ok(MessageInfo {
             id: id.to_string(),
@@ -695,7 +745,7 @@ impl Engine {
     }
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
-        let (msg_offset, hash, seq, target) = self.timer_of(entry.offset)?;
+        let Some((msg_offset, hash, seq, target)) = self.timer_of(entry.offset)? else { return Ok(()) };
         let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(()) };
         let action = match slot.state {
             _ if slot.seq != seq => return Ok(()),
@@ -722,6 +772,7 @@ impl Engine {
                 self.transition(
                     &slot,
                     Change {
+                        time_ms: now,
                         state: ready_state(slot.home),
                         cause: Cause::Due,
                         home: slot.home,
@@ -790,6 +841,8 @@ fn ready_state(home: Home) -> State {
 }
 
 struct Change {
+    /// The clock reading the change was decided on; it also planned `deliver_at_ms` and `route`.
+    time_ms: u64,
     state: State,
     cause: Cause,
     home: Home,

@@ -17,6 +17,9 @@ pub enum Error {
     /// A body or batch exceeds a configured limit.
     #[error("{0}")]
     TooLarge(String),
+    /// A produce would create a topic past `max_topics`.
+    #[error("{0}")]
+    TooManyTopics(String),
     /// The store refuses writes (a failed flush poisons it, the disk is full) or is shutting down.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -53,6 +56,7 @@ impl Error {
             Error::NotFound(_) => "not_found",
             Error::Conflict(_) => "conflict",
             Error::TooLarge(_) => "too_large",
+            Error::TooManyTopics(_) => "too_many_topics",
             Error::Unavailable(_) => "unavailable",
             Error::Corrupt { .. } => "corrupt_data",
             Error::Config(_) => "bad_config",

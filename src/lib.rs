@@ -20,6 +20,8 @@ mod engine_tests;
 pub mod error;
 pub mod http;
 pub mod metrics;
+#[cfg(test)]
+mod reclaim_tests;
 pub mod schedule;
 pub mod storage;
 

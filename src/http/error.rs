@@ -75,6 +75,7 @@ impl From<Error> for ApiError {
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::TooManyTopics(_) => StatusCode::TOO_MANY_REQUESTS,
             // Disk full, a poisoned store after a failed flush, shutting down: the client may retry later.
             Error::Unavailable(_) | Error::Io { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::Corrupt { .. } | Error::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -110,6 +111,7 @@ mod tests {
             (Error::NotFound("no such id".into()), 404, "not_found"),
             (Error::Conflict("differs".into()), 409, "conflict"),
             (Error::TooLarge("big".into()), 413, "too_large"),
+            (Error::TooManyTopics("full".into()), 429, "too_many_topics"),
             (Error::Unavailable("disk full".into()), 503, "unavailable"),
             (Error::io("flush", std::io::Error::other("EIO")), 503, "io_error"),
             (Error::Corrupt { file: "f".into(), offset: 3, reason: "crc".into() }, 500, "corrupt_data"),

@@ -428,6 +428,41 @@ impl CommitLog {
         self.segments[i].file.bytes().get(pos..pos + len)
     }
 
+    /// The oldest segment as `[base, end)`, if it is sealed (a newer segment follows it).
+    pub fn sealed_head(&self) -> Option<(u64, u64)> {
+        (self.segments.len() > 1).then(|| (self.segments[0].base, self.segments[0].end()))
+    }
+
+    /// Number of segment files.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Deletes the oldest segment, which must be sealed and end at or before `upto`; returns the
+    /// bytes freed.
+    ///
+    /// The caller guarantees nothing live is left in it and a durable checkpoint covers its end,
+    /// so recovery never needs its records again.
+    pub fn drop_head(&mut self, upto: u64) -> Result<u64> {
+        if self.segments.len() < 2 || self.segments[0].end() > upto {
+            return Ok(0);
+        }
+        let seg = self.segments.remove(0);
+        let (path, bytes) = (seg.file.path().to_path_buf(), seg.file.len());
+        drop(seg);
+        fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+        sync_dir(&self.dir)?;
+        Ok(bytes)
+    }
+
+    /// Length of the record at `offset` from its header alone (no CRC check); 0 if none is there.
+    pub fn record_len(&self, offset: u64) -> u64 {
+        match self.raw(offset, HEADER_BYTES) {
+            Some(h) => u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]])),
+            None => 0,
+        }
+    }
+
     /// Bytes of disk the segment files occupy.
     pub fn disk_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.file.len()).sum()
@@ -680,7 +715,7 @@ mod tests {
         let mut bytes = fs::read(&seg).unwrap();
         let at = offs[3] as usize;
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        bytes[at + 6] = format::RECORD_VERSION + 1;
+        bytes[at + 6] = format::RECORD_VERSION_CARRY + 1;
         let mut h = crc32fast::Hasher::new();
         h.update(&bytes[at..at + 8]);
         h.update(&bytes[at + HEADER_BYTES..at + len]);

@@ -7,8 +7,11 @@ use crate::error::{Error, Result};
 
 /// First two bytes after the length of every record; never zero so a zero-filled region never decodes.
 pub const RECORD_MAGIC: u16 = 0xD71A;
-/// Version of the record layouts below.
+/// Version written in records of the original kinds (Put, Transition, Hop, EndOfSegment).
 pub const RECORD_VERSION: u8 = 1;
+/// Version of records of kinds added later (Carry): a delayd that knows only version 1 refuses to
+/// start on them instead of taking them for damage.
+pub const RECORD_VERSION_CARRY: u8 = 2;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
 /// Largest record the log accepts (a frame must also fit in one segment).
@@ -29,6 +32,8 @@ pub enum Kind {
     Transition = 2,
     /// A timer moved to its next delay level; the message state is unchanged.
     Hop = 3,
+    /// A live message copied forward out of an old segment, with its current state.
+    Carry = 4,
     /// Closes a segment: the next record starts at the next segment.
     EndOfSegment = 0x7F,
 }
@@ -39,6 +44,7 @@ impl Kind {
             1 => Some(Kind::Put),
             2 => Some(Kind::Transition),
             3 => Some(Kind::Hop),
+            4 => Some(Kind::Carry),
             0x7F => Some(Kind::EndOfSegment),
             _ => None,
         }
@@ -211,6 +217,30 @@ pub struct Hop {
     pub route: Route,
 }
 
+/// A live message re-put at the end of the log so the segment holding its Put can be deleted.
+///
+/// From its dispatch on, the message lives at the Carry's offset: transitions, hops and receipts
+/// name that offset, and records naming `prev_msg_offset` are stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carry<'a> {
+    /// Offset of the Put or Carry this one replaces.
+    pub prev_msg_offset: u64,
+    /// The message's sequence number (unchanged by carrying).
+    pub seq: u32,
+    /// Deliveries so far.
+    pub attempt: u32,
+    /// The message's state (never Reserved or final: those are not carried).
+    pub state: State,
+    /// Which topic queue the message belongs to.
+    pub home: Home,
+    /// Unix ms of the carry.
+    pub time_ms: u64,
+    /// Delayed: when it becomes ready; Ready or Dead: when it became ready.
+    pub deliver_at_ms: u64,
+    /// The message as produced; its `route` is the entry the carry makes (topic or level).
+    pub put: Put<'a>,
+}
+
 /// A decoded record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
@@ -220,6 +250,8 @@ pub enum Record<'a> {
     Transition(Transition),
     /// See [`Hop`].
     Hop(Hop),
+    /// See [`Carry`].
+    Carry(Carry<'a>),
     /// End of segment.
     EndOfSegment,
 }
@@ -231,6 +263,7 @@ impl Record<'_> {
             Record::Put(p) => p.route,
             Record::Transition(t) => t.route,
             Record::Hop(h) => h.route,
+            Record::Carry(c) => c.put.route,
             Record::EndOfSegment => Route::None,
         }
     }
@@ -340,6 +373,46 @@ impl<'a> Dec<'a> {
             _ => Err(DecodeError::Invalid("unknown route")),
         }
     }
+    fn home(&mut self) -> Result<Home, DecodeError> {
+        match self.u8()? {
+            0 => Ok(Home::Main),
+            1 => Ok(Home::DeadLetter),
+            _ => Err(DecodeError::Invalid("unknown home")),
+        }
+    }
+    fn put(&mut self) -> Result<Put<'a>, DecodeError> {
+        let created_ms = self.u64()?;
+        let deliver_at_ms = self.u64()?;
+        let ttr_ms = self.u64()?;
+        let max_attempts = self.u32()?;
+        let request_kind = self.u8()?;
+        let request_value = self.u64()?;
+        let route = self.route()?;
+        let n = self.u16()? as usize;
+        let id = self.take(n)?;
+        let n = self.u16()? as usize;
+        let topic = self.take(n)?;
+        let n = self.u16()? as usize;
+        let mut backoff_ms = Vec::with_capacity(n.min(self.buf.len() / 8));
+        for _ in 0..n {
+            backoff_ms.push(self.u64()?);
+        }
+        let n = self.u32()? as usize;
+        let body = self.take(n)?;
+        Ok(Put {
+            created_ms,
+            deliver_at_ms,
+            ttr_ms,
+            max_attempts,
+            request_kind,
+            request_value,
+            route,
+            id,
+            topic,
+            backoff_ms,
+            body,
+        })
+    }
     fn done(&self) -> Result<(), DecodeError> {
         if self.pos == self.buf.len() {
             Ok(())
@@ -353,7 +426,7 @@ fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8>
     let mut e = Enc(Vec::with_capacity(HEADER_BYTES + payload_len));
     e.u32(0);
     e.u16(RECORD_MAGIC);
-    e.u8(RECORD_VERSION);
+    e.u8(if kind == Kind::Carry { RECORD_VERSION_CARRY } else { RECORD_VERSION });
     e.u8(kind as u8);
     e.u32(0);
     fill(&mut e);
@@ -372,8 +445,8 @@ fn frame_crc(record: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Encodes a Put record. Fails if a field exceeds its width.
-pub fn encode_put(p: &Put<'_>) -> Result<Vec<u8>> {
+/// Checks a Put's field widths and returns its payload length.
+fn put_payload_len(p: &Put<'_>, extra: usize) -> Result<usize> {
     if p.id.len() > MAX_ID_BYTES || p.id.is_empty() {
         return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_BYTES} bytes")));
     }
@@ -383,30 +456,70 @@ pub fn encode_put(p: &Put<'_>) -> Result<Vec<u8>> {
     if p.backoff_ms.len() > u16::MAX as usize {
         return Err(Error::invalid("backoff", "too many steps"));
     }
-    let payload =
-        8 * 3 + 4 + 1 + 8 + ROUTE_BYTES + 2 + p.id.len() + 2 + p.topic.len() + 2 + 8 * p.backoff_ms.len();
-    let total = HEADER_BYTES + payload + 4 + p.body.len();
+    let payload = extra
+        + 8 * 3
+        + 4
+        + 1
+        + 8
+        + ROUTE_BYTES
+        + 2
+        + p.id.len()
+        + 2
+        + p.topic.len()
+        + 2
+        + 8 * p.backoff_ms.len()
+        + 4
+        + p.body.len();
+    let total = HEADER_BYTES + payload;
     if total > MAX_RECORD_BYTES {
         return Err(Error::TooLarge(format!("record of {total} bytes exceeds {MAX_RECORD_BYTES}")));
     }
-    Ok(frame(Kind::Put, total - HEADER_BYTES, |e| {
-        e.u64(p.created_ms);
-        e.u64(p.deliver_at_ms);
-        e.u64(p.ttr_ms);
-        e.u32(p.max_attempts);
-        e.u8(p.request_kind);
-        e.u64(p.request_value);
-        e.route(p.route);
-        e.u16(p.id.len() as u16);
-        e.0.extend_from_slice(p.id);
-        e.u16(p.topic.len() as u16);
-        e.0.extend_from_slice(p.topic);
-        e.u16(p.backoff_ms.len() as u16);
+    Ok(payload)
+}
+
+impl Enc {
+    fn put(&mut self, p: &Put<'_>) {
+        self.u64(p.created_ms);
+        self.u64(p.deliver_at_ms);
+        self.u64(p.ttr_ms);
+        self.u32(p.max_attempts);
+        self.u8(p.request_kind);
+        self.u64(p.request_value);
+        self.route(p.route);
+        self.u16(p.id.len() as u16);
+        self.0.extend_from_slice(p.id);
+        self.u16(p.topic.len() as u16);
+        self.0.extend_from_slice(p.topic);
+        self.u16(p.backoff_ms.len() as u16);
         for b in &p.backoff_ms {
-            e.u64(*b);
+            self.u64(*b);
         }
-        e.u32(p.body.len() as u32);
-        e.0.extend_from_slice(p.body);
+        self.u32(p.body.len() as u32);
+        self.0.extend_from_slice(p.body);
+    }
+}
+
+/// Encodes a Put record. Fails if a field exceeds its width.
+pub fn encode_put(p: &Put<'_>) -> Result<Vec<u8>> {
+    let payload = put_payload_len(p, 0)?;
+    Ok(frame(Kind::Put, payload, |e| e.put(p)))
+}
+
+/// Bytes a Carry record adds in front of the Put fields it repeats.
+pub const CARRY_EXTRA_BYTES: usize = 8 + 4 + 4 + 1 + 1 + 8 + 8;
+
+/// Encodes a Carry record. Fails if a field exceeds its width.
+pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
+    let payload = put_payload_len(&c.put, CARRY_EXTRA_BYTES)?;
+    Ok(frame(Kind::Carry, payload, |e| {
+        e.u64(c.prev_msg_offset);
+        e.u32(c.seq);
+        e.u32(c.attempt);
+        e.u8(c.state as u8);
+        e.u8(c.home as u8);
+        e.u64(c.time_ms);
+        e.u64(c.deliver_at_ms);
+        e.put(&c.put);
     }))
 }
 
@@ -470,10 +583,13 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
-    if buf[6] != RECORD_VERSION {
+    if buf[6] != RECORD_VERSION && buf[6] != RECORD_VERSION_CARRY {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
+    if (kind == Kind::Carry) != (buf[6] == RECORD_VERSION_CARRY) {
+        return Err(DecodeError::Invalid("record kind and version do not match"));
+    }
     Ok((len, kind))
 }
 
@@ -497,49 +613,23 @@ pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
             prev_state: d.state()?,
             state: d.state()?,
             cause: Cause::from_u8(d.u8()?).ok_or(DecodeError::Invalid("unknown cause"))?,
-            home: match d.u8()? {
-                0 => Home::Main,
-                1 => Home::DeadLetter,
-                _ => return Err(DecodeError::Invalid("unknown home")),
-            },
+            home: d.home()?,
             attempt: d.u32()?,
             time_ms: d.u64()?,
             deliver_at_ms: d.u64()?,
             route: d.route()?,
         }),
-        Kind::Put => {
-            let created_ms = d.u64()?;
-            let deliver_at_ms = d.u64()?;
-            let ttr_ms = d.u64()?;
-            let max_attempts = d.u32()?;
-            let request_kind = d.u8()?;
-            let request_value = d.u64()?;
-            let route = d.route()?;
-            let n = d.u16()? as usize;
-            let id = d.take(n)?;
-            let n = d.u16()? as usize;
-            let topic = d.take(n)?;
-            let n = d.u16()? as usize;
-            let mut backoff_ms = Vec::with_capacity(n);
-            for _ in 0..n {
-                backoff_ms.push(d.u64()?);
-            }
-            let n = d.u32()? as usize;
-            let body = d.take(n)?;
-            Record::Put(Put {
-                created_ms,
-                deliver_at_ms,
-                ttr_ms,
-                max_attempts,
-                request_kind,
-                request_value,
-                route,
-                id,
-                topic,
-                backoff_ms,
-                body,
-            })
-        }
+        Kind::Put => Record::Put(d.put()?),
+        Kind::Carry => Record::Carry(Carry {
+            prev_msg_offset: d.u64()?,
+            seq: d.u32()?,
+            attempt: d.u32()?,
+            state: d.state()?,
+            home: d.home()?,
+            time_ms: d.u64()?,
+            deliver_at_ms: d.u64()?,
+            put: d.put()?,
+        }),
     };
     d.done()?;
     Ok((rec, len))
@@ -591,6 +681,23 @@ mod tests {
                 deliver_at_ms: d, route: r };
             let buf = encode_transition(&tr);
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Transition(tr), buf.len()));
+        }
+
+        #[test]
+        fn carry_round_trips(
+            prev in any::<u64>(), seq in any::<u32>(), att in any::<u32>(), s in state(), dl in any::<bool>(),
+            t in any::<u64>(), d in any::<u64>(), r in route(),
+            id in proptest::collection::vec(any::<u8>(), 1..40),
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let c = Carry { prev_msg_offset: prev, seq, attempt: att, state: s,
+                home: if dl { Home::DeadLetter } else { Home::Main }, time_ms: t, deliver_at_ms: d,
+                put: Put { created_ms: 1, deliver_at_ms: 2, ttr_ms: 3, max_attempts: 4, request_kind: 1,
+                    request_value: 5, route: r, id: &id, topic: b"t.dlq", backoff_ms: vec![9], body: &body } };
+            let buf = encode_carry(&c).unwrap();
+            prop_assert_eq!(buf.len(), encode_put(&c.put).unwrap().len() + CARRY_EXTRA_BYTES);
+            let n = buf.len();
+            prop_assert_eq!(decode(&buf).unwrap(), (Record::Carry(c), n));
         }
 
         #[test]

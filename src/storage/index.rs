@@ -197,6 +197,29 @@ impl IdIndex {
         Ok(())
     }
 
+    /// Removes the slot found by [`find`](Self::find), shifting later members of its probe run back
+    /// so lookups need no tombstones.
+    pub fn remove(&mut self, at: SlotRef) {
+        let mask = self.slots - 1;
+        let mut hole = at.0;
+        let mut i = (hole + 1) & mask;
+        while let Some(s) = self.slot_at(i) {
+            let home = s.hash & mask;
+            // `s` may fill the hole only if its home is not cyclically within (hole, i].
+            let stays = if hole <= i { hole < home && home <= i } else { hole < home || home <= i };
+            if !stays {
+                self.update(SlotRef(hole), s);
+                hole = i;
+            }
+            i = (i + 1) & mask;
+        }
+        let pos = HEADER_BYTES + hole as usize * SLOT_BYTES;
+        self.file.write_at(pos, &[0u8; SLOT_BYTES]);
+        self.used = self.used.saturating_sub(1);
+        let used = self.used;
+        self.file.write_at(16, &used.to_le_bytes());
+    }
+
     fn place(&mut self, slot: Slot) {
         let mask = self.slots - 1;
         let mut i = slot.hash & mask;
@@ -304,6 +327,26 @@ mod tests {
         for i in 0..1000u64 {
             assert_eq!(idx.find(i % 37, |o| o == i).unwrap().1.msg_offset, i);
         }
+    }
+
+    #[test]
+    fn removal_keeps_every_other_slot_findable() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ix = IdIndex::open(&dir.path().join("ids"), 64).unwrap();
+        // Few distinct hashes modulo 64 make long, wrapping probe runs.
+        let keys: Vec<(u64, u64)> = (0..40u64).map(|i| ((i % 5) * 64 + 62 + (i % 3), i)).collect();
+        for (h, o) in &keys {
+            ix.insert(slot(*h, *o)).unwrap();
+        }
+        for (n, (h, o)) in keys.iter().enumerate().filter(|(n, _)| n % 2 == 0) {
+            let (at, _) = ix.find(*h, |m| m == *o).unwrap();
+            ix.remove(at);
+            assert!(ix.find(*h, |m| m == *o).is_none(), "removed key {n} still found");
+        }
+        for (n, (h, o)) in keys.iter().enumerate() {
+            assert_eq!(ix.find(*h, |m| m == *o).is_some(), n % 2 == 1, "key {n}");
+        }
+        assert_eq!(ix.len(), 20);
     }
 
     #[test]

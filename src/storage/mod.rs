@@ -7,5 +7,6 @@ pub mod consumequeue;
 pub mod format;
 pub mod index;
 pub mod mmap;
+pub mod reclaim;
 pub mod store;
 pub mod warmer;

@@ -76,13 +76,21 @@ pub struct Store {
     pub topics: HashMap<String, TopicQueue>,
     /// The id index.
     pub index: IdIndex,
-    dispatched: u64,
+    pub(super) dispatched: u64,
     /// True while open() re-dispatches records that may already be in the index.
     recovering: bool,
     /// Log offset the last checkpoint covered: later segments need syncing before the next one.
     cp_log_end: u64,
     /// Topics that received entries since the last [`take_touched`](Self::take_touched).
     touched: Vec<String>,
+    /// Bytes of the Put or Carry records of every indexed message (what reclaim must keep).
+    pub(super) live_bytes: u64,
+    /// Log offset up to which final messages were checked for expiry.
+    pub(super) expiry: u64,
+    /// `dispatched` of the newest checkpoint known to be durable: nothing before it is replayed.
+    pub(super) durable: u64,
+    /// Where reclaiming the oldest segment stands.
+    pub(super) reclaim: super::reclaim::Reclaim,
 }
 
 fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
@@ -131,6 +139,10 @@ impl Store {
             cp_log_end: 0,
             recovering: false,
             touched: Vec::new(),
+            live_bytes: 0,
+            expiry: 0,
+            durable: 0,
+            reclaim: Default::default(),
         };
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         if cp.dispatched > store.log.end() {
@@ -157,9 +169,15 @@ impl Store {
             q.cursor = q.cursor.min(q.cq.len());
         }
         for q in store.topics.values_mut() {
-            q.cursor = q.cursor.min(q.cq.len());
+            q.cursor = q.cursor.min(q.cq.len()).max(q.cq.first());
+        }
+        for q in store.levels.values_mut() {
+            q.cursor = q.cursor.max(q.cq.first());
         }
         store.touched.clear();
+        store.live_bytes = store.count_live_bytes();
+        store.expiry = store.log.start();
+        store.durable = store.dispatched;
         info!(
             clean = report.clean,
             rebuilt = report.rebuilt,
@@ -284,19 +302,21 @@ impl Store {
         self.index = IdIndex::open(&index_path, self.cfg.index_initial_slots)?;
         self.dispatched = self.log.start();
         let per_file = self.cfg.cq_entries_per_file;
-        // Rebuilt queues are identical to the lost ones, so the readers' cursors stay meaningful.
+        // The log may have lost its oldest segments since the queues were made, so rebuilt queues
+        // need not match the old ones entry for entry: readers start again at entry 0. That is
+        // safe because every entry is checked against the index slot (seq and state) when read,
+        // so entries of messages already handled are skipped, never delivered twice or early.
         for q in &cp.queues {
             match q.kind {
                 QueueKind::Level => {
                     if let Ok(ms) = q.name.parse::<u64>() {
                         let cq = ConsumeQueue::open(&level_dir(&self.dir, ms), per_file, Some(0))?;
-                        self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
+                        self.levels.insert(ms, LevelQueue { cq, cursor: 0 });
                     }
                 }
                 QueueKind::Topic => {
                     let cq = ConsumeQueue::open(&topic_dir(&self.dir, &q.name), per_file, Some(0))?;
-                    self.topics
-                        .insert(q.name.clone(), TopicQueue { cq, cursor: q.cursor, reserved: 0, dead: 0 });
+                    self.topics.insert(q.name.clone(), TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 });
                 }
             }
         }
@@ -361,9 +381,45 @@ impl Store {
                         state,
                         home: Home::Main,
                     })?;
+                    self.live_bytes += u64::from(size);
                 }
                 self.route(route, &topic, Entry { offset, size, tag: deliver_at })?;
             }
+            Record::Carry(c) => {
+                let hash = format::id_hash(c.put.id);
+                let topic = String::from_utf8_lossy(c.put.topic).into_owned();
+                let (prev, route, deliver_at) = (c.prev_msg_offset, c.put.route, c.deliver_at_ms);
+                let slot = Slot {
+                    hash,
+                    msg_offset: offset,
+                    last_offset: offset,
+                    seq: c.seq,
+                    attempt: c.attempt.min(u32::from(u16::MAX)) as u16,
+                    state: c.state,
+                    home: c.home,
+                };
+                if let Some((at, old)) = self.index.find(hash, |m| m == prev) {
+                    if old.last_offset < offset {
+                        self.index.update(at, slot);
+                        let prev_len = self.log.record_len(prev);
+                        self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
+                    }
+                } else if self.index.find(hash, |m| m == offset).is_none() {
+                    // The replaced record is gone (a rebuild from a reclaimed log): the Carry alone
+                    // holds the message.
+                    self.index.insert(slot)?;
+                    self.live_bytes += u64::from(size);
+                }
+                let queue = match c.home {
+                    Home::Main => topic,
+                    Home::DeadLetter => dead_letter_topic(&topic),
+                };
+                self.route(route, &queue, Entry { offset, size, tag: deliver_at })?;
+            }
+            // Records of a message whose Put or Carry is in a reclaimed segment are history: the
+            // message was carried forward (a later Carry holds it) or expired.
+            Record::Transition(t) if t.msg_offset < self.log.start() => {}
+            Record::Hop(h) if h.msg_offset < self.log.start() => {}
             Record::Transition(t) => {
                 let topic = self.topic_of(t.msg_offset)?;
                 if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
@@ -375,7 +431,7 @@ impl Store {
                         slot.home = t.home;
                         self.index.update(at, slot);
                     }
-                } else {
+                } else if !self.recovering {
                     warn!(
                         offset,
                         msg_offset = t.msg_offset,
@@ -425,12 +481,32 @@ impl Store {
         Ok(())
     }
 
-    /// Reads the Put record at `msg_offset`.
+    /// Reads the message whose Put (or Carry) record is at `msg_offset`.
     pub fn put_at(&self, msg_offset: u64) -> Result<Put<'_>> {
         match self.log.read(msg_offset)?.0 {
             Record::Put(p) => Ok(p),
+            Record::Carry(c) => Ok(c.put),
             _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
         }
+    }
+
+    /// The due time the slot's last state change set: when a delayed message becomes ready, when a
+    /// reservation expires, or when a ready message became ready.
+    pub fn deliver_at(&self, slot: &Slot) -> Result<u64> {
+        Ok(match self.log.read(slot.last_offset)?.0 {
+            Record::Put(p) => p.deliver_at_ms,
+            Record::Transition(t) => t.deliver_at_ms,
+            Record::Carry(c) => c.deliver_at_ms,
+            Record::Hop(h) => h.target_ms,
+            Record::EndOfSegment => 0,
+        })
+    }
+
+    /// Sum of the record sizes of every indexed message (recount after recovery).
+    fn count_live_bytes(&self) -> u64 {
+        let mut sum = 0;
+        self.index.for_each(|s| sum += self.log.record_len(s.msg_offset));
+        sum
     }
 
     fn topic_of(&self, msg_offset: u64) -> Result<String> {
@@ -503,7 +579,8 @@ impl Store {
         }
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
-        cp.store(&self.dir.join("checkpoint"))
+        cp.store(&self.dir.join("checkpoint"))?;
+        self.checkpoint_durable(&cp)
     }
 
     /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller

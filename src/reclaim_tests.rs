@@ -1,0 +1,361 @@
+//! Reclaim tests on a manual clock: expiry, carrying forward, segment and queue-file deletion, and
+//! a model of the whole store under random operations with crashes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use crate::broker::{BrokerConfig, MessageState, ProduceRequest, When};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::schedule::clock::{Clock, ManualClock};
+
+const T0: u64 = 1_700_000_000_000;
+const RETENTION_MS: u64 = 10_000;
+
+fn config(dir: &std::path::Path) -> BrokerConfig {
+    let mut c = BrokerConfig::with_defaults(dir);
+    c.segment_bytes = 64 << 10;
+    c.cq_entries_per_file = 64;
+    c.index_initial_slots = 64;
+    c.done_retention_ms = RETENTION_MS;
+    c.default_ttr_ms = c.max_delay_ms;
+    c.default_max_attempts = 10_000;
+    c
+}
+
+fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
+    Engine::open(config(dir), clock.clone(), Arc::new(Metrics::default())).unwrap().0
+}
+
+fn req(id: &str, body_len: usize, when: When) -> ProduceRequest {
+    let mut body = format!("body of {id} ").into_bytes();
+    body.resize(body_len.max(body.len()), b'.');
+    ProduceRequest {
+        id: Some(id.to_string()),
+        body: Bytes::from(body),
+        when,
+        ttr_ms: None,
+        max_attempts: None,
+        backoff_ms: None,
+    }
+}
+
+fn topics() -> Vec<String> {
+    vec!["t".to_string()]
+}
+
+/// Fires due timers and lets reclaim run to rest, with a durable checkpoint in between (as the
+/// broker's checkpointer does every few seconds).
+fn settle(e: &mut Engine) {
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    for _ in 0..10_000 {
+        e.maintain().unwrap();
+        e.checkpoint().unwrap();
+        if !e.maintenance_due() {
+            break;
+        }
+    }
+}
+
+fn segment_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("commitlog")).unwrap().count()
+}
+
+#[test]
+fn done_ids_expire_after_the_retention_and_may_be_produced_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    e.produce("t", req("a", 10, When::Now)).unwrap();
+    e.produce("t", req("c", 10, When::DelayMs(60_000))).unwrap();
+    let d = e.pop(&topics(), 10, None).unwrap();
+    e.ack(&d[0].receipt).unwrap();
+    e.cancel("c").unwrap();
+    clock.advance_ms(RETENTION_MS - 1);
+    settle(&mut e);
+    assert_eq!(e.get("a").unwrap().state, MessageState::Done, "still within the retention");
+    assert!(!e.produce("t", req("a", 10, When::Now)).unwrap().created, "idempotent within the retention");
+    clock.advance_ms(2);
+    settle(&mut e);
+    assert!(matches!(e.get("a"), Err(Error::NotFound(_))));
+    assert!(matches!(e.get("c"), Err(Error::NotFound(_))));
+    // The id is free: a different body is a new message, not a conflict.
+    let p = e.produce("t", req("a", 99, When::Now)).unwrap();
+    assert!(p.created);
+    let d = e.pop(&topics(), 10, None).unwrap();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].body.len(), 99);
+    // The cancelled message's timer finds nothing and fires nothing.
+    clock.advance_ms(60_000);
+    settle(&mut e);
+    assert!(e.pop(&topics(), 10, None).unwrap().is_empty());
+    // Expiry survives a restart without its index: the rebuilt index forgets the same ids.
+    drop(e);
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let mut e = open(dir.path(), &clock);
+    settle(&mut e);
+    assert!(matches!(e.get("c"), Err(Error::NotFound(_))));
+    assert_eq!(e.get("a").unwrap().state, MessageState::Reserved);
+}
+
+#[test]
+fn long_delays_are_carried_forward_and_old_segments_and_queue_files_are_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let ten_days = 10 * 86_400_000;
+    e.produce("t", req("long", 500, When::DelayMs(ten_days))).unwrap();
+    e.produce("t", req("ready", 500, When::Now)).unwrap();
+    let mut max_segments = 0;
+    // 2,000 short messages of ~1 KiB, each delivered and acked: ~30 segments of history.
+    for round in 0..200u64 {
+        for i in 0..10 {
+            e.produce("t", req(&format!("s{round}-{i}"), 1000, When::DelayMs(1_000))).unwrap();
+        }
+        clock.advance_ms(1_000);
+        while e.run_due(usize::MAX).unwrap() > 0 {}
+        for d in e.pop(&["u".to_string()], 100, None).unwrap() {
+            e.ack(&d.receipt).unwrap();
+        }
+        // "ready" sits unpopped in topic t; the short ones go through topic t as well.
+        let ds = e.pop(&topics(), 100, None).unwrap();
+        for d in ds {
+            if d.id == "ready" {
+                e.nack(&d.receipt, Some(0)).unwrap();
+            } else {
+                e.ack(&d.receipt).unwrap();
+            }
+        }
+        settle(&mut e);
+        max_segments = max_segments.max(segment_files(dir.path()));
+    }
+    clock.advance_ms(RETENTION_MS + 1);
+    settle(&mut e);
+    let store = e.store_for_tests();
+    let stats = store.reclaim_stats();
+    assert!(stats.segments_deleted >= 20, "{stats:?}");
+    assert!(stats.carried >= 1, "the long delay was carried: {stats:?}");
+    assert!(stats.queue_files_deleted > 0, "{stats:?}");
+    assert!(max_segments <= 6, "the log stayed small: at most {max_segments} segments");
+    assert!(store.log.start() > 0);
+    let live = store.live_bytes();
+    assert!(live < 4_000, "only two messages are live: {live} bytes");
+    assert_eq!(e.get("long").unwrap().state, MessageState::Delayed);
+    assert_eq!(e.get("ready").unwrap().state, MessageState::Ready);
+    // After a restart the carried message is still there and fires on time, never early.
+    drop(e);
+    let mut e = open(dir.path(), &clock);
+    let due = T0 + ten_days;
+    let ds = e.pop(&topics(), 100, None).unwrap();
+    assert_eq!(ds.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), vec!["ready"]);
+    e.ack(&ds[0].receipt).unwrap();
+    loop {
+        let next = e.next_due().expect("the long delay still has a timer");
+        assert!(next <= due);
+        clock.set_ms(next.max(clock.now_ms()));
+        while e.run_due(usize::MAX).unwrap() > 0 {}
+        let ds = e.pop(&topics(), 100, None).unwrap();
+        if let Some(d) = ds.first() {
+            assert_eq!((d.id.as_str(), d.deliver_at_ms), ("long", due));
+            assert_eq!(clock.now_ms(), due, "fired exactly on time");
+            break;
+        }
+        settle(&mut e);
+    }
+}
+
+/// What the model expects of one id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Deliverable from this time on.
+    Pending(u64),
+    /// Popped; the receipt index says which delivery.
+    Reserved,
+    /// Acked or cancelled at this time.
+    Final(u64),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Produce { id: u8, delay_s: u64, body: usize },
+    Advance { ms: u64 },
+    Pop,
+    Ack { pick: usize },
+    Nack { pick: usize, delay_s: u64 },
+    Cancel { id: u8 },
+    Crash,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..40, prop_oneof![Just(0u64), 1u64..10, 100u64..100_000], 10usize..3000)
+            .prop_map(|(id, delay_s, body)| Op::Produce { id, delay_s, body }),
+        3 => prop_oneof![1u64..2_000, 5_000u64..30_000, 1_000_000u64..5_000_000].prop_map(|ms| Op::Advance { ms }),
+        3 => Just(Op::Pop),
+        3 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
+        1 => (any::<usize>(), 0u64..5).prop_map(|(pick, delay_s)| Op::Nack { pick, delay_s }),
+        1 => (0u8..40).prop_map(|id| Op::Cancel { id }),
+        1 => Just(Op::Crash),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Random produce/pop/ack/nack/cancel/time steps with reclaim running, crashes (the engine
+    /// dropped without a clean close, as SIGKILL leaves it) and reopens: what the store delivers
+    /// and reports always matches the model of acknowledged operations.
+    #[test]
+    fn the_store_with_reclaim_and_crashes_matches_the_model(ops in proptest::collection::vec(op(), 1..150)) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::at_ms(T0));
+        let small = |dir: &std::path::Path, clock: &Arc<ManualClock>| {
+            // Small segments, so a short run rolls and reclaims many of them.
+            let c = BrokerConfig { segment_bytes: 16 << 10, ..config(dir) };
+            Engine::open(c, clock.clone(), Arc::new(Metrics::default())).unwrap().0
+        };
+        let mut e = small(dir.path(), &clock);
+        let mut deleted = 0;
+        let mut model: BTreeMap<String, Expect> = BTreeMap::new();
+        let mut receipts: Vec<(String, String)> = vec![];
+        let mut gen: BTreeMap<String, u32> = BTreeMap::new();
+        for op in ops {
+            let now = clock.now_ms();
+            match op {
+                Op::Produce { id, delay_s, body } => {
+                    let id = format!("m{id}");
+                    let expired = matches!(model.get(&id), Some(Expect::Final(t)) if now >= t + RETENTION_MS);
+                    let fresh = !model.contains_key(&id) || expired;
+                    // A new generation gets a new body, so a stale id with new content is a conflict.
+                    let g = *gen.entry(id.clone()).and_modify(|g| if fresh { *g += 1 }).or_insert(0);
+                    let r = e.produce("t", req(&format!("{id}-{g}"), body, When::DelayMs(delay_s * 1000)).with_id(&id));
+                    if fresh {
+                        let p = r.unwrap();
+                        prop_assert!(p.created, "{id} is new");
+                        model.insert(id, Expect::Pending(now + delay_s * 1000));
+                    } else {
+                        // A remembered id: an idempotent answer or a conflict, never a new message.
+                        prop_assert!(r.map(|p| !p.created).unwrap_or(true));
+                    }
+                }
+                Op::Advance { ms } => {
+                    clock.advance_ms(ms);
+                    settle(&mut e);
+                }
+                Op::Pop => {
+                    for d in e.pop(&topics(), 100, None).unwrap() {
+                        let exp = model.get(&d.id).copied();
+                        match exp {
+                            Some(Expect::Pending(at)) => {
+                                prop_assert!(now >= at, "{} delivered early: now {now}, due {at}", d.id);
+                                prop_assert!(d.deliver_at_ms >= at);
+                            }
+                            other => prop_assert!(false, "{} delivered while {other:?}", d.id),
+                        }
+                        model.insert(d.id.clone(), Expect::Reserved);
+                        receipts.push((d.id, d.receipt));
+                    }
+                }
+                Op::Ack { pick } => {
+                    if !receipts.is_empty() {
+                        let (id, receipt) = receipts.remove(pick % receipts.len());
+                        if model.get(&id) == Some(&Expect::Reserved) {
+                            e.ack(&receipt).unwrap();
+                            model.insert(id, Expect::Final(now));
+                        } else {
+                            prop_assert!(e.ack(&receipt).is_err());
+                        }
+                    }
+                }
+                Op::Nack { pick, delay_s } => {
+                    if !receipts.is_empty() {
+                        let (id, receipt) = receipts.remove(pick % receipts.len());
+                        if model.get(&id) == Some(&Expect::Reserved) {
+                            e.nack(&receipt, Some(delay_s * 1000)).unwrap();
+                            model.insert(id, Expect::Pending(now + delay_s * 1000));
+                        }
+                    }
+                }
+                Op::Cancel { id } => {
+                    let id = format!("m{id}");
+                    match model.get(&id).copied() {
+                        Some(Expect::Pending(_)) | Some(Expect::Reserved) => {
+                            e.cancel(&id).unwrap();
+                            model.insert(id.clone(), Expect::Final(now));
+                            receipts.retain(|(r, _)| *r != id);
+                        }
+                        Some(Expect::Final(t)) if now < t + RETENTION_MS => {
+                            // Already final and still remembered: never resurrected.
+                            let _ = e.cancel(&id);
+                        }
+                        _ => {}
+                    }
+                }
+                Op::Crash => {
+                    deleted += e.store_for_tests().reclaim_stats().segments_deleted;
+                    drop(e);
+                    e = small(dir.path(), &clock);
+                    // The broker's loop runs reclaim at once after a start.
+                    settle(&mut e);
+                }
+            }
+            // Every remembered id answers as the model says.
+            let now = clock.now_ms();
+            for (id, exp) in &model {
+                let got = e.get(id);
+                match exp {
+                    // Time only moves with a reclaim round after it, so expiry is exact.
+                    Expect::Final(t) if now >= t + RETENTION_MS => {
+                        prop_assert!(matches!(got, Err(Error::NotFound(_))), "{id} outlived its retention: {got:?}");
+                    }
+                    Expect::Final(_) => {
+                        let info = got.unwrap();
+                        prop_assert!(matches!(info.state, MessageState::Done | MessageState::Cancelled), "{id}: {:?}", info.state);
+                    }
+                    Expect::Reserved => prop_assert_eq!(got.unwrap().state, MessageState::Reserved),
+                    Expect::Pending(_) => {
+                        let s = got.unwrap().state;
+                        prop_assert!(matches!(s, MessageState::Delayed | MessageState::Ready), "{id}: {s:?}");
+                    }
+                }
+            }
+        }
+        // Drain: everything pending is delivered exactly once, on time; nothing final comes back.
+        let last_due = model.values().filter_map(|x| match x { Expect::Pending(at) => Some(*at), _ => None }).max();
+        while let Some(last) = last_due.filter(|l| clock.now_ms() <= *l + 60_000) {
+            clock.set_ms((clock.now_ms() + 600_000).min(last + 60_001));
+            settle(&mut e);
+            for d in e.pop(&topics(), 1000, None).unwrap() {
+                let now = clock.now_ms();
+                match model.get(&d.id).copied() {
+                    Some(Expect::Pending(at)) => prop_assert!(now >= at, "{} early", d.id),
+                    other => prop_assert!(false, "{} delivered while {other:?}", d.id),
+                }
+                e.ack(&d.receipt).unwrap();
+                model.insert(d.id.clone(), Expect::Final(now));
+            }
+            if !model.values().any(|x| matches!(x, Expect::Pending(_))) {
+                break;
+            }
+        }
+        deleted += e.store_for_tests().reclaim_stats().segments_deleted;
+        eprintln!("segments deleted: {deleted}, carried: {}", e.store_for_tests().reclaim_stats().carried);
+        let left: Vec<_> = model.iter().filter(|(_, x)| matches!(x, Expect::Pending(_))).collect();
+        prop_assert!(left.is_empty(), "never delivered: {left:?}");
+    }
+}
+
+trait WithId {
+    fn with_id(self, id: &str) -> Self;
+}
+
+impl WithId for ProduceRequest {
+    fn with_id(mut self, id: &str) -> Self {
+        self.id = Some(id.to_string());
+        self
+    }
+}

@@ -1,0 +1,332 @@
+//! Reclaim: expiring final messages from the id index, carrying live messages out of the oldest
+//! commit-log segment, and deleting segments and consume-queue files nothing needs any more.
+//!
+//! Every step is bounded (a slice of records per call) so the engine thread never stalls on it,
+//! and every deletion waits for a durable checkpoint that covers what replaces the deleted bytes:
+//! recovery never needs a file that is gone. See storage-format.md, "Reclaim".
+
+use tracing::{debug, info};
+
+use super::checkpoint::{Checkpoint, QueueKind};
+use super::format::{self, Carry, Put, Record, Route, State};
+use super::index::Slot;
+use super::store::Store;
+use crate::error::Result;
+
+/// Records examined per scan or expiry step; at most a few milliseconds of work.
+const SCAN_SLICE: usize = 4096;
+/// Bytes of records examined or copied per step, whichever limit comes first.
+const BYTES_SLICE: u64 = 4 << 20;
+/// Messages carried per step.
+const CARRY_SLICE: usize = 512;
+/// How long a head segment that cannot be reclaimed yet rests before it is scanned again.
+const RESCAN_MS: u64 = 1_000;
+
+/// Where reclaiming the oldest segment stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Phase {
+    /// Nothing examined yet.
+    #[default]
+    Start,
+    /// Counting what the head still holds, from `pos`.
+    Scan { pos: u64, live: u64, pinned: u64 },
+    /// Copying the head's live messages to the end of the log, from `pos`.
+    Carry { pos: u64 },
+    /// Nothing live is left: delete once a durable checkpoint covers `need`.
+    Free { need: u64 },
+    /// Something pinned the head (a reservation, a final message within retention, a timer about
+    /// to fire) or carrying would not pay yet: look again at `until_ms`.
+    Rest { until_ms: u64 },
+}
+
+/// Progress and totals of reclaim.
+#[derive(Debug, Default)]
+pub struct Reclaim {
+    head: u64,
+    phase: Phase,
+    /// The last expiry pass stopped on its budget, not on a record too young to expire.
+    expiry_behind: bool,
+    /// Totals since start, for metrics and the write-amplification figure.
+    pub stats: ReclaimStats,
+}
+
+/// Counters of what reclaim did since the broker started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimStats {
+    /// Messages copied forward.
+    pub carried: u64,
+    /// Bytes of Carry records written.
+    pub carried_bytes: u64,
+    /// Commit-log segments deleted.
+    pub segments_deleted: u64,
+    /// Bytes of segment files deleted.
+    pub segment_bytes_deleted: u64,
+    /// Consume-queue files deleted.
+    pub queue_files_deleted: u64,
+    /// Final messages removed from the id index after `done_retention`.
+    pub expired: u64,
+}
+
+/// What a message at the head still needs.
+enum Holds {
+    /// Not indexed any more (expired, or carried already).
+    Nothing,
+    /// Live and movable: this many record bytes.
+    Carryable(u64),
+    /// Live but must stay where it is for now.
+    Pinned,
+}
+
+/// How eager reclaim is.
+#[derive(Debug, Clone, Copy)]
+pub struct ReclaimPolicy {
+    /// Bytes per new segment (the unit of the log-size bound).
+    pub segment_bytes: u64,
+}
+
+impl ReclaimPolicy {
+    /// Carry when at most half the head is live (each byte copied frees at least one), or when
+    /// the log holds more than twice the live bytes plus two segments (the bound reclaim keeps).
+    fn should_carry(&self, head_len: u64, head_live: u64, log_bytes: u64, live_bytes: u64) -> bool {
+        head_live * 2 <= head_len
+            || log_bytes > live_bytes.saturating_mul(2).saturating_add(2 * self.segment_bytes)
+    }
+}
+
+impl Store {
+    /// Bytes of every indexed message's Put or Carry record.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// What reclaim did so far.
+    pub fn reclaim_stats(&self) -> ReclaimStats {
+        self.reclaim.stats
+    }
+
+    /// True when a reclaim step has work it could do right now.
+    pub fn reclaim_busy(&self, now_ms: u64) -> bool {
+        if self.reclaim.expiry_behind {
+            return true;
+        }
+        match self.reclaim.phase {
+            Phase::Start | Phase::Scan { .. } | Phase::Carry { .. } => self.log.sealed_head().is_some(),
+            Phase::Free { need } => self.durable >= need,
+            Phase::Rest { until_ms } => now_ms >= until_ms,
+        }
+    }
+
+    /// Called once a checkpoint is durable: nothing before its dispatch position is replayed any
+    /// more, and queue files wholly behind its cursors are never read again.
+    pub fn checkpoint_durable(&mut self, cp: &Checkpoint) -> Result<()> {
+        self.durable = self.durable.max(cp.dispatched);
+        for q in &cp.queues {
+            let cq = match q.kind {
+                QueueKind::Level => {
+                    q.name.parse::<u64>().ok().and_then(|ms| self.levels.get_mut(&ms)).map(|l| &mut l.cq)
+                }
+                QueueKind::Topic => self.topics.get_mut(&q.name).map(|t| &mut t.cq),
+            };
+            if let Some(cq) = cq {
+                self.reclaim.stats.queue_files_deleted += cq.drop_before(q.cursor)? as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes from the index final messages whose final transition is older than `cutoff_ms`;
+    /// returns how many records it looked at (0 when caught up).
+    pub fn expire(&mut self, cutoff_ms: u64) -> Result<usize> {
+        self.expiry = self.expiry.max(self.log.start());
+        let (mut seen, mut bytes) = (0, 0u64);
+        self.reclaim.expiry_behind = false;
+        loop {
+            if seen >= SCAN_SLICE || bytes >= BYTES_SLICE {
+                self.reclaim.expiry_behind = true;
+                break;
+            }
+            let Some((offset, rec, next)) = self.log.next(self.expiry)? else { break };
+            if next > self.dispatched {
+                break;
+            }
+            let final_of = match rec {
+                // Records are appended in time order, so the first too-young one ends the pass.
+                Record::Transition(t) if t.time_ms > cutoff_ms => break,
+                Record::Put(p) if p.created_ms > cutoff_ms => break,
+                Record::Carry(c) if c.time_ms > cutoff_ms => break,
+                Record::Transition(t) if t.state.is_final() => Some((t.id_hash, t.msg_offset)),
+                _ => None,
+            };
+            if let Some((hash, msg_offset)) = final_of {
+                if let Some((at, slot)) = self.index.find(hash, |m| m == msg_offset) {
+                    // Only the final transition itself expires the message; the slot could not
+                    // have changed after it, but a damaged index is not trusted to say so.
+                    if slot.last_offset == offset && slot.state.is_final() {
+                        let len = self.log.record_len(msg_offset);
+                        self.index.remove(at);
+                        self.live_bytes = self.live_bytes.saturating_sub(len);
+                        self.reclaim.stats.expired += 1;
+                    }
+                }
+            }
+            seen += 1;
+            bytes += next - offset;
+            self.expiry = next;
+        }
+        Ok(seen)
+    }
+
+    fn holds(&self, msg_offset: u64, hash: u64, now_ms: u64) -> Result<Holds> {
+        let Some((_, slot)) = self.index.find(hash, |m| m == msg_offset) else { return Ok(Holds::Nothing) };
+        Ok(match slot.state {
+            State::Ready | State::Dead => Holds::Carryable(self.log.record_len(msg_offset)),
+            // A timer about to fire would only be planned again; let it fire first.
+            State::Delayed if self.deliver_at(&slot)? > now_ms => {
+                Holds::Carryable(self.log.record_len(msg_offset))
+            }
+            // A reservation's receipt names the Put offset, and final messages stay readable until
+            // they expire: both keep their segment.
+            State::Delayed | State::Reserved | State::Done | State::Cancelled => Holds::Pinned,
+        })
+    }
+
+    /// One bounded step of reclaiming the oldest segment. `plan` gives the level entry for a
+    /// delayed message due at `target` (arguments: now, target).
+    pub fn reclaim_step(
+        &mut self,
+        now_ms: u64,
+        policy: &ReclaimPolicy,
+        plan: &dyn Fn(u64, u64) -> Route,
+    ) -> Result<()> {
+        let Some((base, end)) = self.log.sealed_head() else { return Ok(()) };
+        if self.reclaim.head != base || self.reclaim.phase == Phase::Start {
+            self.reclaim.head = base;
+            self.reclaim.phase = Phase::Scan { pos: base, live: 0, pinned: 0 };
+        }
+        self.reclaim.phase = match self.reclaim.phase {
+            Phase::Start => Phase::Scan { pos: base, live: 0, pinned: 0 },
+            Phase::Rest { until_ms } if now_ms < until_ms => return Ok(()),
+            Phase::Rest { .. } => Phase::Scan { pos: base, live: 0, pinned: 0 },
+            Phase::Scan { pos, live, pinned } => self.scan(now_ms, policy, base, end, pos, live, pinned)?,
+            Phase::Carry { pos } => self.carry(now_ms, plan, base, end, pos)?,
+            Phase::Free { need } if self.durable < need => return Ok(()),
+            Phase::Free { .. } => {
+                let freed = self.log.drop_head(end)?;
+                if freed > 0 {
+                    self.reclaim.stats.segments_deleted += 1;
+                    self.reclaim.stats.segment_bytes_deleted += freed;
+                    info!(base, end, freed, "commit-log segment reclaimed");
+                }
+                Phase::Start
+            }
+        };
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn scan(
+        &mut self,
+        now_ms: u64,
+        policy: &ReclaimPolicy,
+        base: u64,
+        end: u64,
+        mut pos: u64,
+        mut live: u64,
+        mut pinned: u64,
+    ) -> Result<Phase> {
+        let mut seen = 0;
+        let start = pos;
+        while seen < SCAN_SLICE && pos - start < BYTES_SLICE {
+            let Some((offset, rec, next)) = self.log.next(pos)? else { break };
+            if offset >= end {
+                pos = end;
+                break;
+            }
+            let msg = match &rec {
+                Record::Put(p) => Some(format::id_hash(p.id)),
+                Record::Carry(c) => Some(format::id_hash(c.put.id)),
+                _ => None,
+            };
+            if let Some(hash) = msg {
+                match self.holds(offset, hash, now_ms)? {
+                    Holds::Nothing => {}
+                    Holds::Carryable(n) => live += n,
+                    Holds::Pinned => pinned += 1,
+                }
+            }
+            pos = next;
+            seen += 1;
+        }
+        if pos < end && self.log.next(pos)?.is_some_and(|(o, _, _)| o < end) {
+            return Ok(Phase::Scan { pos, live, pinned });
+        }
+        let head_len = end - base;
+        Ok(if live == 0 && pinned == 0 {
+            debug!(base, "head segment holds nothing live");
+            Phase::Free { need: self.dispatched.max(end) }
+        } else if pinned == 0 && policy.should_carry(head_len, live, self.log.disk_bytes(), self.live_bytes) {
+            debug!(base, live, "carrying the head segment's live messages forward");
+            Phase::Carry { pos: base }
+        } else {
+            Phase::Rest { until_ms: now_ms + RESCAN_MS }
+        })
+    }
+
+    fn carry(
+        &mut self,
+        now_ms: u64,
+        plan: &dyn Fn(u64, u64) -> Route,
+        base: u64,
+        end: u64,
+        mut pos: u64,
+    ) -> Result<Phase> {
+        let (mut moved, mut bytes) = (0, 0u64);
+        while moved < CARRY_SLICE && bytes < BYTES_SLICE {
+            let Some((offset, rec, next)) = self.log.next(pos)? else { break };
+            if offset >= end {
+                pos = end;
+                break;
+            }
+            pos = next;
+            let hash = match &rec {
+                Record::Put(p) => format::id_hash(p.id),
+                Record::Carry(c) => format::id_hash(c.put.id),
+                _ => continue,
+            };
+            if !matches!(self.holds(offset, hash, now_ms)?, Holds::Carryable(_)) {
+                continue;
+            }
+            let Some((_, slot)) = self.index.find(hash, |m| m == offset) else { continue };
+            let record = self.carry_record(&slot, now_ms, plan)?;
+            bytes += record.len() as u64;
+            self.append(&record)?;
+            self.reclaim.stats.carried += 1;
+            self.reclaim.stats.carried_bytes += record.len() as u64;
+            moved += 1;
+        }
+        if pos < end && self.log.next(pos)?.is_some_and(|(o, _, _)| o < end) {
+            return Ok(Phase::Carry { pos });
+        }
+        // Scan again: a message may have been reserved while the carry was under way.
+        Ok(Phase::Scan { pos: base, live: 0, pinned: 0 })
+    }
+
+    fn carry_record(&self, slot: &Slot, now_ms: u64, plan: &dyn Fn(u64, u64) -> Route) -> Result<Vec<u8>> {
+        let deliver_at_ms = self.deliver_at(slot)?;
+        let route = match slot.state {
+            State::Delayed => plan(now_ms, deliver_at_ms),
+            _ => Route::Topic,
+        };
+        let put = self.put_at(slot.msg_offset)?;
+        format::encode_carry(&Carry {
+            prev_msg_offset: slot.msg_offset,
+            seq: slot.seq,
+            attempt: u32::from(slot.attempt),
+            state: slot.state,
+            home: slot.home,
+            time_ms: now_ms,
+            deliver_at_ms,
+            put: Put { route, ..put },
+        })
+    }
+}
