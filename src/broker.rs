@@ -246,6 +246,12 @@ pub struct Stats {
     pub topics: Vec<TopicStats>,
     /// Bytes used by the data directory's files.
     pub disk_bytes: u64,
+    /// Bytes of the commit-log segment files.
+    pub log_bytes: u64,
+    /// Bytes of the records of every message still indexed (live or final within retention).
+    pub live_bytes: u64,
+    /// What reclaim did since start.
+    pub reclaim: crate::storage::reclaim::ReclaimStats,
 }
 
 /// Largest number of requests the engine takes into one batch (one flush).

@@ -824,7 +824,14 @@ impl Engine {
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));
-        Stats { levels, topics, disk_bytes: self.store.disk_bytes() }
+        Stats {
+            levels,
+            topics,
+            disk_bytes: self.store.disk_bytes(),
+            log_bytes: self.store.log.disk_bytes(),
+            live_bytes: self.store.live_bytes(),
+            reclaim: self.store.reclaim_stats(),
+        }
     }
 
     /// Entries the level schedulers hold in memory (bounded by the read-ahead window).

@@ -111,8 +111,40 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         &m.flush_us,
     );
 
-    header(&mut out, "delayd_disk_bytes", "gauge", "Bytes used by the data directory's files.");
-    let _ = writeln!(out, "delayd_disk_bytes {}", stats.disk_bytes);
+    let r = &stats.reclaim;
+    let reclaim_counters = [
+        ("delayd_carried_total", "Live messages carried forward out of an old segment.", r.carried),
+        (
+            "delayd_carried_bytes_total",
+            "Bytes of Carry records written (reclaim's extra writes).",
+            r.carried_bytes,
+        ),
+        ("delayd_segments_deleted_total", "Commit-log segments deleted by reclaim.", r.segments_deleted),
+        (
+            "delayd_segment_bytes_deleted_total",
+            "Bytes of commit-log segments deleted.",
+            r.segment_bytes_deleted,
+        ),
+        (
+            "delayd_queue_files_deleted_total",
+            "Consume-queue files deleted behind their reader.",
+            r.queue_files_deleted,
+        ),
+        ("delayd_expired_total", "Final messages forgotten after done_retention.", r.expired),
+    ];
+    for (name, help, v) in reclaim_counters {
+        header(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let gauges = [
+        ("delayd_disk_bytes", "Bytes used by the data directory's files.", stats.disk_bytes),
+        ("delayd_log_bytes", "Bytes of commit-log segment files.", stats.log_bytes),
+        ("delayd_live_bytes", "Bytes of the records of every message not yet expired.", stats.live_bytes),
+    ];
+    for (name, help, v) in gauges {
+        header(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
     out
 }
 
@@ -137,6 +169,9 @@ mod tests {
             ],
             topics: vec![TopicStats { topic: "orders".into(), ready: 5, reserved: 1, dead_lettered: 2 }],
             disk_bytes: 4096,
+            log_bytes: 2048,
+            live_bytes: 100,
+            reclaim: crate::storage::reclaim::ReclaimStats { carried: 7, ..Default::default() },
         };
         let text = render(&m, &stats);
         for line in [
@@ -159,6 +194,9 @@ mod tests {
             "delayd_flush_duration_us_bucket{le=\"250\"} 0",
             "delayd_flush_duration_us_bucket{le=\"500\"} 1",
             "delayd_disk_bytes 4096",
+            "delayd_log_bytes 2048",
+            "delayd_live_bytes 100",
+            "delayd_carried_total 7",
             "# TYPE delayd_lateness_ms histogram",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");

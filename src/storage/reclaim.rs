@@ -51,7 +51,7 @@ pub struct Reclaim {
 }
 
 /// Counters of what reclaim did since the broker started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReclaimStats {
     /// Messages copied forward.
     pub carried: u64,

@@ -398,17 +398,25 @@ impl Store {
                     state: c.state,
                     home: c.home,
                 };
-                if let Some((at, old)) = self.index.find(hash, |m| m == prev) {
-                    if old.last_offset < offset {
-                        self.index.update(at, slot);
-                        let prev_len = self.log.record_len(prev);
-                        self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
+                let here = self.index.find(hash, |m| m == offset).is_some();
+                match self.index.find(hash, |m| m == prev) {
+                    // A replay re-inserted the message at its old record while the slot had moved
+                    // on to this Carry already: drop the resurrected copy, the moved slot is newer.
+                    Some((at, _)) if here => self.index.remove(at),
+                    Some((at, old)) => {
+                        if old.last_offset < offset {
+                            self.index.update(at, slot);
+                            let prev_len = self.log.record_len(prev);
+                            self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
+                        }
                     }
-                } else if self.index.find(hash, |m| m == offset).is_none() {
+                    None if here => {}
                     // The replaced record is gone (a rebuild from a reclaimed log): the Carry alone
                     // holds the message.
-                    self.index.insert(slot)?;
-                    self.live_bytes += u64::from(size);
+                    None => {
+                        self.index.insert(slot)?;
+                        self.live_bytes += u64::from(size);
+                    }
                 }
                 let queue = match c.home {
                     Home::Main => topic,
