@@ -159,3 +159,41 @@ fn sigkill_while_carrying_forward_and_deleting_segments_loses_nothing() {
         assert!(!acked.contains(m["id"].as_str().unwrap()), "acked {m} came back");
     }
 }
+
+#[test]
+fn done_ids_expire_after_done_retention_and_topics_are_capped() {
+    let s = Server::start(&[("DELAYD_DONE_RETENTION", "2s"), ("DELAYD_MAX_TOPICS", "3")]);
+    s.produce("t", &json!({"id": "order-1", "body": "first"}));
+    let (got, _) = s.pop("t", 1, 0, None);
+    assert_eq!(s.ack(got[0]["receipt"].as_str().unwrap()), 200);
+    let (status, v) = s.get("/v1/messages/order-1");
+    assert_eq!((status, v["state"].as_str()), (200, Some("done")));
+    // Within the retention a retry with other content is a conflict; the same content is idempotent.
+    let (status, _) = s.post("/v1/topics/t/messages", &json!({"id": "order-1", "body": "second"}));
+    assert_eq!(status, 409);
+    let (status, v) = s.post("/v1/topics/t/messages", &json!({"id": "order-1", "body": "first"}));
+    assert_eq!(status, 200, "{v}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _) = s.get("/v1/messages/order-1");
+        if status == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "order-1 still visible long after done_retention");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Forgotten: the same id is a new message with the new content.
+    let (status, v) = s.post("/v1/topics/t/messages", &json!({"id": "order-1", "body": "second"}));
+    assert_eq!(status, 201, "{v}");
+    let (got, _) = s.pop("t", 10, 1000, None);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["body"], "second");
+    assert_eq!(got[0]["attempt"], 1);
+
+    // max_topics: "t" plus two more; the fourth is refused, an existing one still works.
+    s.produce("u", &json!({"body": "x"}));
+    s.produce("v", &json!({"body": "x"}));
+    let (status, v) = s.post("/v1/topics/w/messages", &json!({"body": "x"}));
+    Server::assert_error(status, &v, 429, "too_many_topics");
+    s.produce("u", &json!({"body": "y"}));
+}
