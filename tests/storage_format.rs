@@ -1,17 +1,27 @@
 //! Checks `storage-format.md` against real files.
 //!
-//! A data directory is written through the public broker API (small segments, small queue files and
-//! a small index so that segments roll, queues span files and the index grows), then every file in
-//! it is parsed by the reader in `mod reader`, which was written from the document alone: its own
-//! CRC-32, its own id hash, its own structs; nothing from delayd's storage modules. The reader then
-//! replays the commit log with the document's dispatch rules and requires the consume queues, the
-//! id index and the checkpoint to be exactly what that replay predicts.
+//! Data directories are written by the real broker, then every file in them is parsed by the reader
+//! in `mod reader`, which was written from the document alone: its own CRC-32, its own id hash, its
+//! own structs; nothing from delayd's storage modules. The reader then replays the commit log with
+//! the document's dispatch rules and requires the consume queues, the id index and the checkpoint to
+//! be exactly what that replay predicts (within what reclaim may have deleted).
+//!
+//! * `a_data_dir_parses_with_only_the_format_document` goes through the in-process broker API with
+//!   small segments, small queue files and a small index, so that segments roll, queues span files
+//!   and the index grows, and reaches every record kind a client can cause.
+//! * `a_reclaimed_data_dir_parses_with_only_the_format_document` runs the `delayd` binary with small
+//!   segments and a one-second `done_retention` until reclaim has carried live messages forward and
+//!   deleted the oldest segment and consume-queue files, so the log starts past 0, queues start past
+//!   file 0, Carry records exist and expired messages have left the index.
+
+mod common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use delayd::broker::{Broker, BrokerConfig, MessageState, Nacked, PopRequest, ProduceRequest, When};
+use serde_json::json;
 
 /// An independent reader of a delayd data directory, per `storage-format.md`.
 mod reader {
@@ -62,6 +72,16 @@ mod reader {
         h ^ (h >> 31)
     }
 
+    /// The level entry for a timer `remaining_ms` away at `now_ms`: the largest configured level
+    /// `<= remaining`, due at `now + level`; below the smallest level, the smallest one due at
+    /// `now + remaining`.
+    pub fn plan_hop(levels: &[u64], now_ms: u64, remaining_ms: u64) -> Route {
+        match levels.iter().rev().find(|l| **l <= remaining_ms) {
+            Some(l) => Route::Level { level_ms: *l, due_ms: now_ms + l },
+            None => Route::Level { level_ms: levels[0], due_ms: now_ms + remaining_ms },
+        }
+    }
+
     fn le16(b: &[u8], at: usize) -> u16 {
         u16::from_le_bytes([b[at], b[at + 1]])
     }
@@ -74,6 +94,10 @@ mod reader {
 
     fn all_zero(b: &[u8]) -> bool {
         b.iter().all(|x| *x == 0)
+    }
+
+    fn utf8(b: &[u8]) -> String {
+        String::from_utf8(b.to_vec()).expect("delayd writes topics as ASCII")
     }
 
     /// Sorted `(number, path)` of the entries of `dir` named by exactly `digits` ASCII digits;
@@ -105,19 +129,26 @@ mod reader {
         Level { level_ms: u64, due_ms: u64 },
     }
 
+    /// The Put payload layout: a Put's payload, and a Carry's after its own 34 bytes.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Msg {
+        pub created_ms: u64,
+        pub deliver_at_ms: u64,
+        pub ttr_ms: u64,
+        pub max_attempts: u32,
+        pub request_kind: u8,
+        pub request_value: u64,
+        pub route: Route,
+        pub id: Vec<u8>,
+        pub topic: Vec<u8>,
+        pub backoff_ms: Vec<u64>,
+        pub body: Vec<u8>,
+    }
+
     /// A decoded record.
     #[derive(Debug, Clone)]
     pub enum Rec {
-        Put {
-            deliver_at_ms: u64,
-            max_attempts: u32,
-            request_kind: u8,
-            route: Route,
-            id: Vec<u8>,
-            topic: Vec<u8>,
-            backoff_ms: Vec<u64>,
-            body: Vec<u8>,
-        },
+        Put(Msg),
         Transition {
             msg_offset: u64,
             id_hash: u64,
@@ -127,6 +158,7 @@ mod reader {
             cause: u8,
             home: u8,
             attempt: u32,
+            time_ms: u64,
             deliver_at_ms: u64,
             route: Route,
         },
@@ -134,7 +166,18 @@ mod reader {
             msg_offset: u64,
             id_hash: u64,
             seq: u32,
+            target_ms: u64,
             route: Route,
+        },
+        Carry {
+            prev_msg_offset: u64,
+            seq: u32,
+            attempt: u32,
+            state: u8,
+            home: u8,
+            time_ms: u64,
+            deliver_at_ms: u64,
+            msg: Msg,
         },
         EndOfSegment,
     }
@@ -142,7 +185,12 @@ mod reader {
     pub const KIND_PUT: u8 = 1;
     pub const KIND_TRANSITION: u8 = 2;
     pub const KIND_HOP: u8 = 3;
+    pub const KIND_CARRY: u8 = 4;
     pub const KIND_EOS: u8 = 0x7F;
+
+    /// Record versions: Carry is version 2, every other kind version 1.
+    pub const VERSION: u8 = 1;
+    pub const VERSION_CARRY: u8 = 2;
 
     pub const STATE_DELAYED: u8 = 1;
     pub const STATE_READY: u8 = 2;
@@ -152,6 +200,10 @@ mod reader {
     pub const STATE_DEAD: u8 = 6;
     pub const CAUSE_DEAD_LETTER: u8 = 6;
     pub const HOME_DEAD_LETTER: u8 = 1;
+
+    fn is_final(state: u8) -> bool {
+        state == STATE_DONE || state == STATE_CANCELLED
+    }
 
     struct Cur<'a> {
         b: &'a [u8],
@@ -199,32 +251,53 @@ mod reader {
                 t => Err(format!("unknown route tag {t}")),
             }
         }
+        /// The Put payload layout, from `created_ms` to the body.
+        fn msg(&mut self) -> Result<Msg, String> {
+            let created_ms = self.u64()?;
+            let deliver_at_ms = self.u64()?;
+            let ttr_ms = self.u64()?;
+            let max_attempts = self.u32()?;
+            let request_kind = self.enum_u8("request kind", 0..=3)?;
+            let request_value = self.u64()?;
+            let route = self.route()?;
+            let n = self.u16()? as usize;
+            let id = self.take(n)?.to_vec();
+            let n = self.u16()? as usize;
+            let topic = self.take(n)?.to_vec();
+            let n = self.u16()? as usize;
+            let backoff_ms = (0..n).map(|_| self.u64()).collect::<Result<Vec<_>, _>>()?;
+            let n = self.u32()? as usize;
+            let body = self.take(n)?.to_vec();
+            Ok(Msg {
+                created_ms,
+                deliver_at_ms,
+                ttr_ms,
+                max_attempts,
+                request_kind,
+                request_value,
+                route,
+                id,
+                topic,
+                backoff_ms,
+                body,
+            })
+        }
     }
 
-    /// What is at the start of a buffer.
-    pub enum Frame {
-        Empty,
-        Record(Rec, usize),
-    }
-
-    /// Decodes the record at the start of `buf` with the document's nine validity rules.
-    pub fn parse_record(buf: &[u8]) -> Result<Frame, String> {
+    /// Decodes the record at the start of `buf` with the document's validity rules, in its order:
+    /// the record and its length, or None for the end of data (an empty header).
+    pub fn parse_record(buf: &[u8]) -> Result<Option<(Rec, usize)>, String> {
+        // 1-2: a header's worth of bytes, or the end of data.
         if buf.len() < 12 {
-            return if all_zero(buf) { Ok(Frame::Empty) } else { Err("truncated header".into()) };
+            return if all_zero(buf) { Ok(None) } else { Err("truncated header".into()) };
         }
         let len = le32(buf, 0) as usize;
         if len == 0 && all_zero(&buf[..12]) {
-            return Ok(Frame::Empty);
+            return Ok(None);
         }
+        // 3-5: magic, length, availability.
         if le16(buf, 4) != 0xD71A {
             return Err("bad magic".into());
-        }
-        if buf[6] != 1 {
-            return Err(format!("unknown version {}", buf[6]));
-        }
-        let kind = buf[7];
-        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_EOS].contains(&kind) {
-            return Err(format!("unknown kind {kind}"));
         }
         if !(12..=64 << 20).contains(&len) {
             return Err(format!("bad len {len}"));
@@ -232,31 +305,29 @@ mod reader {
         if buf.len() < len {
             return Err("truncated record".into());
         }
+        // 6: the CRC, before the version, so that a flipped bit reads as damage.
         let rec = &buf[..len];
         if crc32(&[&rec[0..8], &rec[12..]]) != le32(rec, 8) {
             return Err("crc mismatch".into());
         }
+        // 7-8: a version this reader knows, a known kind, and the version that kind is written with.
+        let (version, kind) = (rec[6], rec[7]);
+        if version != VERSION && version != VERSION_CARRY {
+            return Err(format!("unknown version {version}"));
+        }
+        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_EOS].contains(&kind) {
+            return Err(format!("unknown kind {kind}"));
+        }
+        if (kind == KIND_CARRY) != (version == VERSION_CARRY) {
+            return Err(format!(
+                "kind {kind} with record version {version} (Carry is 2, every other kind 1)"
+            ));
+        }
+        // 9: the payload decodes exactly.
         let mut c = Cur { b: rec, pos: 12 };
         let out = match kind {
             KIND_EOS => Rec::EndOfSegment,
-            KIND_PUT => {
-                let _created_ms = c.u64()?;
-                let deliver_at_ms = c.u64()?;
-                let _ttr_ms = c.u64()?;
-                let max_attempts = c.u32()?;
-                let request_kind = c.u8()?;
-                let _request_value = c.u64()?;
-                let route = c.route()?;
-                let n = c.u16()? as usize;
-                let id = c.take(n)?.to_vec();
-                let n = c.u16()? as usize;
-                let topic = c.take(n)?.to_vec();
-                let n = c.u16()? as usize;
-                let backoff_ms = (0..n).map(|_| c.u64()).collect::<Result<Vec<_>, _>>()?;
-                let n = c.u32()? as usize;
-                let body = c.take(n)?.to_vec();
-                Rec::Put { deliver_at_ms, max_attempts, request_kind, route, id, topic, backoff_ms, body }
-            }
+            KIND_PUT => Rec::Put(c.msg()?),
             KIND_TRANSITION => Rec::Transition {
                 msg_offset: c.u64()?,
                 id_hash: c.u64()?,
@@ -266,26 +337,32 @@ mod reader {
                 cause: c.enum_u8("cause", 1..=7)?,
                 home: c.enum_u8("home", 0..=1)?,
                 attempt: c.u32()?,
-                deliver_at_ms: {
-                    let _time_ms = c.u64()?;
-                    c.u64()?
-                },
+                time_ms: c.u64()?,
+                deliver_at_ms: c.u64()?,
                 route: c.route()?,
             },
-            _ => Rec::Hop {
+            KIND_HOP => Rec::Hop {
                 msg_offset: c.u64()?,
                 id_hash: c.u64()?,
                 seq: c.u32()?,
-                route: {
-                    let _target_ms = c.u64()?;
-                    c.route()?
-                },
+                target_ms: c.u64()?,
+                route: c.route()?,
+            },
+            _ => Rec::Carry {
+                prev_msg_offset: c.u64()?,
+                seq: c.u32()?,
+                attempt: c.u32()?,
+                state: c.enum_u8("state", 1..=6)?,
+                home: c.enum_u8("home", 0..=1)?,
+                time_ms: c.u64()?,
+                deliver_at_ms: c.u64()?,
+                msg: c.msg()?,
             },
         };
         if c.pos != len {
             return Err(format!("{} trailing bytes", len - c.pos));
         }
-        Ok(Frame::Record(out, len))
+        Ok(Some((out, len)))
     }
 
     // ---- commit log -------------------------------------------------------------------------
@@ -302,8 +379,12 @@ mod reader {
     pub struct Log {
         pub records: Vec<LogRec>,
         pub by_offset: HashMap<u64, usize>,
+        /// The first segment's base: offsets below it were reclaimed (references to them are stale).
+        pub start: u64,
         /// One past the last record.
         pub end: u64,
+        /// Segment bases (file names), ascending.
+        pub bases: Vec<u64>,
         pub segments: usize,
         pub end_of_segment_markers: usize,
     }
@@ -315,11 +396,15 @@ mod reader {
         let mut log = Log {
             records: vec![],
             by_offset: HashMap::new(),
+            start: segs[0].0,
             end: 0,
+            bases: segs.iter().map(|(base, _)| *base).collect(),
             segments: segs.len(),
             end_of_segment_markers: 0,
         };
-        let mut expect_base = 0u64;
+        // Reclaim deletes segments from the front, so the first one may start anywhere; from there
+        // on each starts where the previous one ends.
+        let mut expect_base = log.start;
         for (i, (base, path)) in segs.iter().enumerate() {
             let bytes = fs::read(path).unwrap();
             assert_eq!(*base, expect_base, "segment {} does not follow the previous one", path.display());
@@ -329,20 +414,20 @@ mod reader {
             loop {
                 let at = base + pos as u64;
                 match parse_record(&bytes[pos..]) {
-                    Ok(Frame::Empty) => {
+                    Ok(None) => {
                         assert!(last, "end of data at {at} in a segment that is not the last");
                         assert!(all_zero(&bytes[pos..]), "non-zero bytes after the end of data at {at}");
                         log.end = at;
                         break;
                     }
-                    Ok(Frame::Record(Rec::EndOfSegment, len)) => {
+                    Ok(Some((Rec::EndOfSegment, len))) => {
                         assert_eq!(len, 12, "end-of-segment marker at {at} is not 12 bytes");
                         assert!(!last, "end-of-segment marker in the last segment at {at}");
                         assert!(all_zero(&bytes[pos + 12..]), "non-zero bytes after the marker at {at}");
                         log.end_of_segment_markers += 1;
                         break;
                     }
-                    Ok(Frame::Record(rec, len)) => {
+                    Ok(Some((rec, len))) => {
                         log.by_offset.insert(at, log.records.len());
                         log.records.push(LogRec { offset: at, len: len as u32, rec });
                         pos += len;
@@ -363,6 +448,9 @@ mod reader {
         Topic(String),
     }
 
+    /// A consume-queue entry: `(log_offset, size, tag)`.
+    pub type Entry = (u64, u32, u64);
+
     /// What an index slot must hold.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Slot {
@@ -378,20 +466,33 @@ mod reader {
     /// The derived state a replay of the log predicts.
     #[derive(Default)]
     pub struct Model {
+        /// Slots by `msg_offset` (the message's newest Put or Carry), expired messages included.
         pub slots: BTreeMap<u64, Slot>,
-        pub queues: BTreeMap<QKey, Vec<(u64, u32, u64)>>,
+        pub queues: BTreeMap<QKey, Vec<Entry>>,
         pub reserved: BTreeMap<String, u64>,
         pub dead: BTreeMap<String, u64>,
+        /// Id → offset of the newest Put or Carry with that id.
         pub ids: HashMap<Vec<u8>, u64>,
         pub causes_seen: BTreeSet<u8>,
         pub hops: usize,
+        pub carries: usize,
+        /// Routed Transitions and Hops whose message lies below the log's start. Dispatch skips them,
+        /// so they have a queue entry only if they were dispatched before the segment went (a
+        /// running broker), not if the queues were rebuilt since.
+        pub skipped: BTreeSet<u64>,
+        /// A message record below the log's start that a Carry replaced → that Carry's offset.
+        pub carried_from: HashMap<u64, u64>,
+        /// `time_ms` of the final Transition of each message that reached Done or Cancelled.
+        pub final_ms: HashMap<u64, u64>,
+        /// Messages whose id was produced again: they must have expired first.
+        pub superseded: Vec<u64>,
     }
 
     impl Model {
-        fn touch(&mut self, q: QKey) -> &mut Vec<(u64, u32, u64)> {
+        fn touch(&mut self, q: QKey) -> &mut Vec<Entry> {
             self.queues.entry(q).or_default()
         }
-        fn route(&mut self, route: Route, topic_queue: &str, entry: (u64, u32, u64)) {
+        fn route(&mut self, route: Route, topic_queue: &str, entry: Entry) {
             match route {
                 Route::None => {}
                 Route::Topic => self.touch(QKey::Topic(topic_queue.to_string())).push(entry),
@@ -400,32 +501,43 @@ mod reader {
                 }
             }
         }
-    }
-
-    fn put_of(log: &Log, msg_offset: u64) -> (&[u8], &[u8]) {
-        let i = *log.by_offset.get(&msg_offset).unwrap_or_else(|| panic!("no record at {msg_offset}"));
-        match &log.records[i].rec {
-            Rec::Put { id, topic, .. } => (id, topic),
-            other => panic!("record at {msg_offset} should be a Put, is {other:?}"),
+        /// A new message takes `id`: an id comes back only after its previous message expired.
+        fn take_id(&mut self, id: &[u8], at: u64) {
+            if let Some(old) = self.ids.insert(id.to_vec(), at) {
+                let s = &self.slots[&old];
+                assert!(is_final(s.state), "id {id:?} at {at} while its message at {old} is live");
+                self.superseded.push(old);
+            }
         }
     }
 
-    /// Replays the log from the start, checking the cross-record rules as it goes.
+    /// The message record (Put or Carry) at `at`.
+    pub fn msg_of(log: &Log, at: u64) -> &Msg {
+        let i = *log.by_offset.get(&at).unwrap_or_else(|| panic!("no record at {at}"));
+        match &log.records[i].rec {
+            Rec::Put(m) | Rec::Carry { msg: m, .. } => m,
+            other => panic!("record at {at} should be a Put or a Carry, is {other:?}"),
+        }
+    }
+
+    /// Replays the log from its first record, checking the cross-record rules as it goes.
     pub fn replay(log: &Log, levels: &[u64]) -> Model {
         let mut m = Model::default();
         for l in levels {
             m.touch(QKey::Level(*l));
         }
+        // Transitions and Hops that name a message record below the log's start, by that offset.
+        let mut orphans: BTreeMap<u64, Vec<&LogRec>> = BTreeMap::new();
         for r in &log.records {
             let (o, s) = (r.offset, r.len);
             match &r.rec {
-                Rec::Put { deliver_at_ms, route, id, topic, .. } => {
-                    assert!(!id.is_empty() && !topic.is_empty(), "empty id or topic at {o}");
-                    assert!(m.ids.insert(id.clone(), o).is_none(), "id {id:?} produced twice");
-                    assert_ne!(*route, Route::None, "a Put without a queue entry at {o}");
-                    let state = if *route == Route::Topic { STATE_READY } else { STATE_DELAYED };
+                Rec::Put(msg) => {
+                    assert!(!msg.id.is_empty() && !msg.topic.is_empty(), "empty id or topic at {o}");
+                    assert_ne!(msg.route, Route::None, "a Put without a queue entry at {o}");
+                    m.take_id(&msg.id, o);
+                    let state = if msg.route == Route::Topic { STATE_READY } else { STATE_DELAYED };
                     let slot = Slot {
-                        hash: id_hash(id),
+                        hash: id_hash(&msg.id),
                         msg_offset: o,
                         last_offset: o,
                         seq: 0,
@@ -434,8 +546,7 @@ mod reader {
                         dead_letter_home: false,
                     };
                     m.slots.insert(o, slot);
-                    let topic = String::from_utf8(topic.clone()).unwrap();
-                    m.route(*route, &topic, (o, s, *deliver_at_ms));
+                    m.route(msg.route, &utf8(&msg.topic), (o, s, msg.deliver_at_ms));
                 }
                 Rec::Transition {
                     msg_offset,
@@ -446,14 +557,27 @@ mod reader {
                     cause,
                     home,
                     attempt,
+                    time_ms,
                     deliver_at_ms,
                     route,
                 } => {
                     assert!(msg_offset < &o, "transition at {o} points forward");
-                    let (id, topic) = put_of(log, *msg_offset);
-                    assert_eq!(*h, id_hash(id), "transition at {o}: id_hash is not the hash of the id");
-                    let topic = String::from_utf8(topic.to_vec()).unwrap();
-                    let slot = m.slots.get_mut(msg_offset).unwrap();
+                    m.causes_seen.insert(*cause);
+                    if *msg_offset < log.start {
+                        // Its message was carried forward or expired: no index change, no counter,
+                        // no entry in a replay.
+                        orphans.entry(*msg_offset).or_default().push(r);
+                        if *route != Route::None {
+                            m.skipped.insert(o);
+                        }
+                        continue;
+                    }
+                    let msg = msg_of(log, *msg_offset);
+                    assert_eq!(*h, id_hash(&msg.id), "transition at {o}: id_hash is not the hash of the id");
+                    let topic = utf8(&msg.topic);
+                    let slot = m.slots.get_mut(msg_offset).unwrap_or_else(|| {
+                        panic!("transition at {o} names {msg_offset}, where its message no longer lives")
+                    });
                     assert_eq!(*seq, slot.seq + 1, "transition at {o}: seq is not dense");
                     assert_eq!(*prev_state, slot.state, "transition at {o}: prev_state is not the state");
                     slot.last_offset = o;
@@ -461,7 +585,9 @@ mod reader {
                     slot.attempt = (*attempt).min(u32::from(u16::MAX)) as u16;
                     slot.state = *state;
                     slot.dead_letter_home = *home == HOME_DEAD_LETTER;
-                    m.causes_seen.insert(*cause);
+                    if is_final(*state) {
+                        m.final_ms.insert(*msg_offset, *time_ms);
+                    }
                     let queue =
                         if *home == HOME_DEAD_LETTER { format!("{topic}.dlq") } else { topic.clone() };
                     let prev_queue = if *cause == CAUSE_DEAD_LETTER { topic.clone() } else { queue.clone() };
@@ -480,15 +606,144 @@ mod reader {
                     }
                     m.route(*route, &queue, (o, s, *deliver_at_ms));
                 }
-                Rec::Hop { msg_offset, id_hash: h, seq, route } => {
-                    let (id, _) = put_of(log, *msg_offset);
-                    assert_eq!(*h, id_hash(id), "hop at {o}: id_hash is not the hash of the id");
-                    assert!(*seq <= m.slots[msg_offset].seq, "hop at {o} continues a future timer");
-                    assert!(matches!(route, Route::Level { .. }), "hop at {o} is not routed to a level");
+                Rec::Hop { msg_offset, id_hash: h, seq, target_ms, route } => {
+                    assert!(msg_offset < &o, "hop at {o} points forward");
+                    let Route::Level { due_ms, .. } = route else {
+                        panic!("hop at {o} is not routed to a level")
+                    };
+                    assert!(due_ms <= target_ms, "hop at {o} is due after its timer's final time");
                     m.hops += 1;
+                    if *msg_offset < log.start {
+                        orphans.entry(*msg_offset).or_default().push(r);
+                        m.skipped.insert(o);
+                        continue;
+                    }
+                    let msg = msg_of(log, *msg_offset);
+                    assert_eq!(*h, id_hash(&msg.id), "hop at {o}: id_hash is not the hash of the id");
+                    let slot = m.slots.get(msg_offset).unwrap_or_else(|| {
+                        panic!("hop at {o} names {msg_offset}, where its message no longer lives")
+                    });
+                    assert!(*seq <= slot.seq, "hop at {o} continues a future timer");
                     m.route(*route, "", (o, s, 0));
                 }
+                Rec::Carry {
+                    prev_msg_offset: prev,
+                    seq,
+                    attempt,
+                    state,
+                    home,
+                    time_ms,
+                    deliver_at_ms,
+                    msg,
+                } => {
+                    assert!(prev < &o, "carry at {o} points forward");
+                    assert!(!msg.id.is_empty() && !msg.topic.is_empty(), "empty id or topic at {o}");
+                    let dead_letter_home = *home == HOME_DEAD_LETTER;
+                    match *state {
+                        STATE_DELAYED => {
+                            let want = plan_hop(levels, *time_ms, deliver_at_ms.saturating_sub(*time_ms));
+                            assert_eq!(msg.route, want, "carry at {o}: a Delayed message's route");
+                        }
+                        STATE_READY | STATE_DEAD => {
+                            assert_eq!(msg.route, Route::Topic, "carry at {o}: a {state} message's route");
+                            assert!(deliver_at_ms <= time_ms, "carry at {o}: became ready after the carry");
+                            assert_eq!(
+                                *state == STATE_DEAD,
+                                dead_letter_home,
+                                "carry at {o}: Dead exactly when home is DeadLetter"
+                            );
+                        }
+                        other => panic!("carry at {o} of a message in state {other}"),
+                    }
+                    let carried = Slot {
+                        hash: id_hash(&msg.id),
+                        msg_offset: o,
+                        last_offset: o,
+                        seq: *seq,
+                        attempt: (*attempt).min(u32::from(u16::MAX)) as u16,
+                        state: *state,
+                        dead_letter_home,
+                    };
+                    if *prev >= log.start {
+                        let before = msg_of(log, *prev);
+                        assert_eq!(
+                            &Msg { route: before.route, ..msg.clone() },
+                            before,
+                            "carry at {o} does not repeat the message at {prev}"
+                        );
+                        let old = m
+                            .slots
+                            .remove(prev)
+                            .unwrap_or_else(|| panic!("carry at {o}: no message lives at {prev}"));
+                        assert!(old.last_offset < o, "carry at {o}: the slot is ahead of it");
+                        assert_eq!(
+                            Slot { msg_offset: o, last_offset: o, ..old },
+                            carried,
+                            "carry at {o} does not record the state of the message at {prev}"
+                        );
+                        assert_eq!(m.ids.insert(msg.id.clone(), o), Some(*prev), "carry at {o}: id");
+                    } else {
+                        assert!(m.carried_from.insert(*prev, o).is_none(), "two carries replace {prev}");
+                        m.take_id(&msg.id, o);
+                    }
+                    assert!(m.slots.insert(o, carried).is_none());
+                    m.carries += 1;
+                    let topic = utf8(&msg.topic);
+                    let queue = if dead_letter_home { format!("{topic}.dlq") } else { topic };
+                    m.route(msg.route, &queue, (o, s, *deliver_at_ms));
+                }
                 Rec::EndOfSegment => unreachable!("markers are not listed"),
+            }
+        }
+
+        // Records naming a reclaimed message record: they all belong to one message, which was
+        // either carried forward (they precede the Carry, which records the state they left) or
+        // expired (they end in a final state).
+        for (p, recs) in &orphans {
+            let carry = m.carried_from.get(p).map(|c| &log.records[log.by_offset[c]]);
+            let hash = match carry {
+                Some(LogRec { rec: Rec::Carry { msg, .. }, .. }) => id_hash(&msg.id),
+                _ => match recs[0].rec {
+                    Rec::Transition { id_hash, .. } | Rec::Hop { id_hash, .. } => id_hash,
+                    _ => unreachable!(),
+                },
+            };
+            let mut last: Option<(u32, u8, u8, u32)> = None;
+            for r in recs {
+                if let Some(c) = carry {
+                    assert!(
+                        r.offset < c.offset,
+                        "record at {} names {p} after the Carry at {}",
+                        r.offset,
+                        c.offset
+                    );
+                }
+                match r.rec {
+                    Rec::Hop { id_hash: h, .. } => {
+                        assert_eq!(h, hash, "hop at {}: another message", r.offset)
+                    }
+                    Rec::Transition { id_hash: h, seq, prev_state, state, home, attempt, .. } => {
+                        assert_eq!(h, hash, "transition at {}: another message", r.offset);
+                        if let Some((s, st, _, _)) = last {
+                            assert_eq!(seq, s + 1, "transition at {}: seq is not dense", r.offset);
+                            assert_eq!(prev_state, st, "transition at {}: prev_state", r.offset);
+                        }
+                        last = Some((seq, state, home, attempt));
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            match (carry, last) {
+                (Some(LogRec { offset, rec: Rec::Carry { seq, state, home, attempt, .. }, .. }), Some(t)) => {
+                    assert_eq!((*seq, *state, *home, *attempt), t, "carry at {offset}: the state it carries")
+                }
+                (None, Some((_, state, _, _))) => {
+                    assert!(
+                        is_final(state),
+                        "the message at {p} is gone, yet its last transition left it {state}"
+                    )
+                }
+                _ => {}
             }
         }
         m
@@ -496,13 +751,22 @@ mod reader {
 
     // ---- consume queues ---------------------------------------------------------------------
 
-    /// The written entries of the queue in `dir`, and how many files hold them.
-    pub fn read_queue(dir: &Path) -> (Vec<(u64, u32, u64)>, usize) {
+    /// The files of one queue.
+    pub struct Queue {
+        /// Index of the first entry on disk (the first file's name); None when no file is left.
+        pub first: Option<u64>,
+        pub files: usize,
+        /// The written entries from `first` on.
+        pub entries: Vec<Entry>,
+    }
+
+    /// The written entries of the queue in `dir`.
+    pub fn read_queue(dir: &Path) -> Queue {
         let files = numbered(dir, 20);
         let mut entries = vec![];
         let mut per_file = None;
         let mut ended = false;
-        for (k, (first, path)) in files.iter().enumerate() {
+        for (k, (name, path)) in files.iter().enumerate() {
             let bytes = fs::read(path).unwrap();
             assert!(
                 !bytes.is_empty() && bytes.len() % 20 == 0,
@@ -511,7 +775,14 @@ mod reader {
             );
             let n = (bytes.len() / 20) as u64;
             assert_eq!(*per_file.get_or_insert(n), n, "{}: files differ in size", path.display());
-            assert_eq!(*first, k as u64 * n, "{}: files must be named 0, N, 2N, ...", path.display());
+            // Reclaim deletes files from the front: consecutive j·N, (j+1)·N, ... from any j.
+            assert_eq!(files[0].0 % n, 0, "{}: the first file is not named j·N (N = {n})", path.display());
+            assert_eq!(
+                *name,
+                files[0].0 + k as u64 * n,
+                "{}: files must be consecutive j·N, (j+1)·N, ...",
+                path.display()
+            );
             for e in bytes.chunks_exact(20) {
                 let (off, size, tag) = (le64(e, 0), le32(e, 8), le64(e, 12));
                 if size == 0 {
@@ -523,36 +794,54 @@ mod reader {
                 }
             }
         }
-        (entries, files.len())
+        Queue { first: files.first().map(|f| f.0), files: files.len(), entries }
+    }
+
+    /// The topic of the message a Transition names, if its record is still somewhere in the log.
+    fn topic_of(log: &Log, model: &Model, msg_offset: u64) -> Option<String> {
+        let at = if msg_offset >= log.start { msg_offset } else { *model.carried_from.get(&msg_offset)? };
+        Some(utf8(&msg_of(log, at).topic))
     }
 
     /// Checks each entry against the record it points at, per the queue family.
-    pub fn check_queue_entries(log: &Log, key: &QKey, entries: &[(u64, u32, u64)]) {
+    pub fn check_queue_entries(log: &Log, model: &Model, key: &QKey, entries: &[Entry]) {
         for w in entries.windows(2) {
             assert!(w[0].0 < w[1].0, "{key:?}: entries do not ascend in log offset");
         }
         for &(off, size, tag) in entries {
+            if off < log.start {
+                continue; // stale: its record was reclaimed
+            }
             let i =
                 *log.by_offset.get(&off).unwrap_or_else(|| panic!("{key:?}: {off} is not a record boundary"));
             let r = &log.records[i];
             assert_eq!(size, r.len, "{key:?}: entry size is not the record length at {off}");
             match (key, &r.rec) {
-                (QKey::Level(l), Rec::Put { route, .. })
+                (QKey::Level(l), Rec::Put(Msg { route, .. }))
+                | (QKey::Level(l), Rec::Carry { msg: Msg { route, .. }, .. })
                 | (QKey::Level(l), Rec::Transition { route, .. })
                 | (QKey::Level(l), Rec::Hop { route, .. }) => {
                     assert_eq!(*route, Route::Level { level_ms: *l, due_ms: tag }, "{key:?} at {off}");
                 }
-                (QKey::Topic(t), Rec::Put { route, topic, deliver_at_ms, .. }) => {
-                    assert_eq!(*route, Route::Topic, "{key:?} at {off}");
-                    assert_eq!(t.as_bytes(), &topic[..], "{key:?}: Put of another topic at {off}");
+                (QKey::Topic(t), Rec::Put(msg)) => {
+                    assert_eq!(msg.route, Route::Topic, "{key:?} at {off}");
+                    assert_eq!(t.as_bytes(), &msg.topic[..], "{key:?}: Put of another topic at {off}");
+                    assert_eq!(tag, msg.deliver_at_ms, "{key:?}: tag at {off}");
+                }
+                (QKey::Topic(t), Rec::Carry { msg, home, deliver_at_ms, .. }) => {
+                    assert_eq!(msg.route, Route::Topic, "{key:?} at {off}");
+                    let topic = utf8(&msg.topic);
+                    let want = if *home == HOME_DEAD_LETTER { format!("{topic}.dlq") } else { topic };
+                    assert_eq!(t, &want, "{key:?}: carry of another queue at {off}");
                     assert_eq!(tag, *deliver_at_ms, "{key:?}: tag at {off}");
                 }
                 (QKey::Topic(t), Rec::Transition { route, msg_offset, home, deliver_at_ms, .. }) => {
                     assert_eq!(*route, Route::Topic, "{key:?} at {off}");
-                    let (_, topic) = put_of(log, *msg_offset);
-                    let topic = std::str::from_utf8(topic).unwrap();
-                    let want = if *home == HOME_DEAD_LETTER { format!("{topic}.dlq") } else { topic.into() };
-                    assert_eq!(t, &want, "{key:?}: transition of another queue at {off}");
+                    // An expired message's topic went with its Put.
+                    if let Some(topic) = topic_of(log, model, *msg_offset) {
+                        let want = if *home == HOME_DEAD_LETTER { format!("{topic}.dlq") } else { topic };
+                        assert_eq!(t, &want, "{key:?}: transition of another queue at {off}");
+                    }
                     assert_eq!(tag, *deliver_at_ms, "{key:?}: tag at {off}");
                 }
                 (k, rec) => panic!("{k:?}: entry at {off} points at {rec:?}"),
@@ -560,11 +849,40 @@ mod reader {
         }
     }
 
+    /// Checks the queue's entries against the replay: past the entries of reclaimed records (and
+    /// the optional ones of skipped records), the queue ends with exactly the entries the replay
+    /// implies; only entries in files reclaim deleted may be missing from their front.
+    pub fn check_queue_against_replay(log: &Log, model: &Model, key: &QKey, q: &Queue) {
+        let want = model.queues.get(key).map(Vec::as_slice).unwrap_or(&[]);
+        let stale = q.entries.iter().take_while(|e| e.0 < log.start).count();
+        let got: Vec<Entry> =
+            q.entries[stale..].iter().filter(|e| !model.skipped.contains(&e.0)).copied().collect();
+        let missing = want.len().saturating_sub(got.len());
+        assert_eq!(got, want[missing..], "{key:?}: entries differ from the replay of the log");
+        if missing > 0 {
+            let first = q.first.unwrap_or(u64::MAX);
+            assert!(
+                stale == 0 && first > 0 && missing as u64 <= first,
+                "{key:?}: {missing} entries the log implies are missing, not in deleted files (first {first})"
+            );
+        }
+    }
+
     // ---- id index ---------------------------------------------------------------------------
 
-    /// Parses `index/ids` and checks every slot against the log and the replay.
-    /// Returns the slot count.
-    pub fn check_index(path: &Path, log: &Log, model: &Model) -> u64 {
+    /// What the index holds.
+    pub struct Index {
+        pub slots: u64,
+        /// Used slots by `msg_offset`.
+        pub used: BTreeMap<u64, Slot>,
+        /// Messages the replay knows that reclaim expired out of the index.
+        pub expired: BTreeSet<u64>,
+    }
+
+    /// Parses `index/ids` and checks every slot against the log and the replay: every message
+    /// has its slot unless it expired, which only a message final since before `expiry_cutoff_ms`
+    /// can, in log order of the final transitions.
+    pub fn check_index(path: &Path, log: &Log, model: &Model, expiry_cutoff_ms: u64) -> Index {
         let b = fs::read(path).unwrap();
         assert!(b.len() >= 64, "index shorter than its header");
         assert_eq!(&b[0..4], b"DLYI", "index magic");
@@ -595,20 +913,44 @@ mod reader {
                 state: s[30],
                 dead_letter_home: s[31] & 0x02 != 0,
             };
-            let (id, _) = put_of(log, got.msg_offset);
-            assert_eq!(got.hash, id_hash(id), "slot {i}: hash is not the hash of the Put's id");
-            // Linear probing without deletions: every slot from the home slot up to this one is used.
+            let msg = msg_of(log, got.msg_offset);
+            assert_eq!(got.hash, id_hash(&msg.id), "slot {i}: hash is not the hash of the message's id");
+            // Linear probing, and deletion by backward shift (no tombstones): every slot from the
+            // home slot up to this one is used.
             let mut j = got.hash & mask;
             while j != i {
                 assert!(is_used(j), "slot {i}: empty slot {j} between its home slot and itself");
                 j = (j + 1) & mask;
             }
             assert_eq!(model.slots.get(&got.msg_offset), Some(&got), "slot {i} differs from the replay");
-            assert!(found.insert(got.msg_offset, i).is_none(), "two slots for the Put at {}", got.msg_offset);
+            let at = got.msg_offset;
+            assert!(found.insert(at, got).is_none(), "slot {i}: a second slot for the message at {at}");
         }
-        assert_eq!(found.len(), model.slots.len(), "every Put has exactly one slot");
         assert_eq!(used, found.len() as u64, "header `used` is not the number of used slots");
-        slots
+
+        let expired: BTreeSet<u64> = model.slots.keys().filter(|k| !found.contains_key(k)).copied().collect();
+        for k in &expired {
+            let s = &model.slots[k];
+            assert!(is_final(s.state), "the message at {k} (state {}) has no index slot", s.state);
+            let at = model.final_ms[k];
+            assert!(
+                at <= expiry_cutoff_ms,
+                "the message at {k}, final at {at}, expired within done_retention"
+            );
+        }
+        let mut finals: Vec<(u64, u64)> = model
+            .slots
+            .values()
+            .filter(|s| is_final(s.state))
+            .map(|s| (s.last_offset, s.msg_offset))
+            .collect();
+        finals.sort();
+        let walked: BTreeSet<u64> = finals.iter().take(expired.len()).map(|f| f.1).collect();
+        assert_eq!(walked, expired, "expiry walks the log in order: final messages expire in log order");
+        for old in &model.superseded {
+            assert!(expired.contains(old), "an id came back while its message at {old} was still indexed");
+        }
+        Index { slots, used: found, expired }
     }
 
     // ---- checkpoint and clean marker --------------------------------------------------------
@@ -673,16 +1015,32 @@ mod reader {
 
     // ---- the whole directory ----------------------------------------------------------------
 
+    /// What the reader must know about the broker that wrote a directory.
+    pub struct Writer<'a> {
+        /// Configured delay levels (each has a queue; Carry routes are planned on them).
+        pub levels: &'a [u64],
+        /// The broker's process id, which `LOCK` holds.
+        pub pid: u32,
+        /// `done_retention` in ms: only messages final for that long may have left the index.
+        pub done_retention_ms: u64,
+    }
+
     /// What a full check found, for the scenario's own assertions.
     pub struct Report {
         pub log: Log,
         pub model: Model,
-        pub index_slots: u64,
-        pub queue_files: BTreeMap<QKey, usize>,
+        pub index: Index,
+        pub queues: BTreeMap<QKey, Queue>,
+        pub checkpoint: Vec<CpQueue>,
+        /// Queue entries pointing below the log's start (stale: their records were reclaimed).
+        pub stale_entries: usize,
+        /// Queue entries of records the replay skips (their message lies below the log's start).
+        pub skipped_entries: usize,
     }
 
     /// Parses every file of a cleanly shut down data directory and checks it against the document.
-    pub fn check_data_dir(dir: &Path, levels: &[u64]) -> Report {
+    pub fn check_data_dir(dir: &Path, writer: &Writer) -> Report {
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
         // Only the documented names may exist (no temporaries after a clean shutdown).
         for e in fs::read_dir(dir).unwrap() {
             let name = e.unwrap().file_name().into_string().unwrap();
@@ -699,72 +1057,96 @@ mod reader {
 
         let lock = fs::read_to_string(dir.join("LOCK")).unwrap();
         let pid: u32 = lock.lines().next().unwrap().parse().expect("LOCK starts with a decimal pid");
-        assert_eq!(pid, std::process::id(), "the broker ran in this process");
+        assert_eq!(pid, writer.pid, "LOCK holds the pid of the broker that wrote the directory");
 
         let log = read_log(dir);
-        let model = replay(&log, levels);
+        let model = replay(&log, writer.levels);
 
-        // Queues on disk: exactly the ones the replay touched, each with exactly the predicted entries.
-        let mut on_disk = BTreeMap::new();
-        let mut queue_files = BTreeMap::new();
+        // Queues on disk: at least the ones the replay touched (exactly those while the log is
+        // whole), each ending with the predicted entries.
+        let mut queues = BTreeMap::new();
         for e in fs::read_dir(dir.join("cq")).unwrap() {
             let name = e.unwrap().file_name().into_string().unwrap();
             assert!(name == "level" || name == "topic", "unexpected cq/{name}");
         }
         for (ms, path) in numbered(&dir.join("cq").join("level"), 12) {
-            let (entries, files) = read_queue(&path);
-            on_disk.insert(QKey::Level(ms), entries);
-            queue_files.insert(QKey::Level(ms), files);
+            queues.insert(QKey::Level(ms), read_queue(&path));
         }
         if dir.join("cq").join("topic").exists() {
             for e in fs::read_dir(dir.join("cq").join("topic")).unwrap() {
                 let e = e.unwrap();
                 let name = e.file_name().into_string().unwrap();
                 let topic = name.strip_prefix("t-").unwrap_or_else(|| panic!("cq/topic/{name} lacks t-"));
-                let (entries, files) = read_queue(&e.path());
-                on_disk.insert(QKey::Topic(topic.to_string()), entries);
-                queue_files.insert(QKey::Topic(topic.to_string()), files);
+                queues.insert(QKey::Topic(topic.to_string()), read_queue(&e.path()));
             }
         }
-        for (key, entries) in &on_disk {
-            check_queue_entries(&log, key, entries);
+        for (key, q) in &queues {
+            check_queue_entries(&log, &model, key, &q.entries);
         }
-        let disk_keys: Vec<&QKey> = on_disk.keys().collect();
+        let disk_keys: Vec<&QKey> = queues.keys().collect();
         let model_keys: Vec<&QKey> = model.queues.keys().collect();
-        assert_eq!(disk_keys, model_keys, "queue directories vs queues the log implies");
-        for (key, entries) in &on_disk {
-            assert_eq!(entries, &model.queues[key], "{key:?}: entries differ from the replay of the log");
+        if log.start == 0 {
+            assert_eq!(disk_keys, model_keys, "queue directories vs queues the log implies");
+        } else {
+            for k in &model_keys {
+                assert!(queues.contains_key(k), "{k:?}: the log implies a queue that has no directory");
+            }
         }
+        for (key, q) in &queues {
+            check_queue_against_replay(&log, &model, key, q);
+        }
+        let entries = || queues.values().flat_map(|q| q.entries.iter());
+        let stale_entries = entries().filter(|e| e.0 < log.start).count();
+        let skipped_entries = entries().filter(|e| model.skipped.contains(&e.0)).count();
 
-        let index_slots = check_index(&dir.join("index").join("ids"), &log, &model);
+        let cutoff = (now_ms as u64).saturating_sub(writer.done_retention_ms);
+        let index = check_index(&dir.join("index").join("ids"), &log, &model, cutoff);
 
-        let (dispatched, cp) = read_checkpoint(&dir.join("checkpoint"));
+        let (dispatched, checkpoint) = read_checkpoint(&dir.join("checkpoint"));
         assert_eq!(dispatched, log.end, "checkpoint.dispatched after a clean shutdown");
-        let cp_keys: Vec<&QKey> = cp.iter().map(|q| &q.key).collect();
-        assert_eq!(cp_keys, model_keys, "checkpoint lists every queue, levels first, then topics by name");
-        for q in &cp {
-            let entries = &on_disk[&q.key];
-            assert_eq!(q.len, entries.len() as u64, "{:?}: checkpoint len vs entries in the files", q.key);
+        let cp_keys: Vec<&QKey> = checkpoint.iter().map(|q| &q.key).collect();
+        assert_eq!(cp_keys, disk_keys, "checkpoint lists every queue, levels first, then topics by name");
+        for q in &checkpoint {
+            let d = &queues[&q.key];
             assert!(q.cursor <= q.len, "{:?}: cursor past the end", q.key);
+            match d.first {
+                Some(first) => {
+                    let held = first + d.entries.len() as u64;
+                    assert_eq!(q.len, held, "{:?}: checkpoint len vs entries in the files", q.key);
+                    // Only files wholly behind the cursor are deleted.
+                    assert!(first <= q.cursor, "{:?}: file {first} is past the cursor {}", q.key, q.cursor);
+                }
+                None => assert_eq!(q.cursor, q.len, "{:?}: no file left, yet entries unread", q.key),
+            }
             match &q.key {
                 QKey::Level(_) => assert_eq!((q.reserved, q.dead), (0, 0), "{:?}: level counters", q.key),
                 QKey::Topic(t) => {
-                    let want = (
-                        model.reserved.get(t).copied().unwrap_or(0),
-                        model.dead.get(t).copied().unwrap_or(0),
-                    );
-                    assert_eq!((q.reserved, q.dead), want, "{t}: checkpoint counters vs replay");
+                    let reserved = model.reserved.get(t).copied().unwrap_or(0);
+                    let dead = model.dead.get(t).copied().unwrap_or(0);
+                    assert_eq!(q.reserved, reserved, "{t}: checkpoint reserved vs replay");
+                    // `dead` counts ever; a reclaimed log only shows the dead-letterings it kept.
+                    if log.start == 0 {
+                        assert_eq!(q.dead, dead, "{t}: checkpoint dead vs replay");
+                    } else {
+                        assert!(q.dead >= dead, "{t}: checkpoint dead {} < {dead} in the log", q.dead);
+                    }
                 }
             }
         }
         assert_eq!(read_clean_marker(&dir.join("clean_shutdown")), log.end, "clean marker log_end");
-        Report { log, model, index_slots, queue_files }
+        Report { log, model, index, queues, checkpoint, stale_entries, skipped_entries }
     }
 }
-
-use reader::{check_data_dir, crc32, id_hash, QKey, Rec};
+use common::Server;
+use reader::{check_data_dir, crc32, id_hash, QKey, Rec, Route, Writer};
 
 const LEVELS: [u64; 3] = [50, 200, 1000];
+
+/// How the in-process broker of the first scenario was configured, for the reader.
+fn in_process() -> Writer<'static> {
+    let done_retention_ms = BrokerConfig::with_defaults(Path::new("unused")).done_retention_ms;
+    Writer { levels: &LEVELS, pid: std::process::id(), done_retention_ms }
+}
 
 fn config(dir: &Path) -> BrokerConfig {
     let mut c = BrokerConfig::with_defaults(dir);
@@ -890,25 +1272,26 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
     write_scenario(&dir).await;
-    let r = check_data_dir(&dir, &LEVELS);
+    let r = check_data_dir(&dir, &in_process());
 
     // The scenario reached every structure the document describes, so the checks above meant something.
     assert!(r.log.segments >= 3, "segments rolled: {}", r.log.segments);
     assert_eq!(r.log.end_of_segment_markers, r.log.segments - 1);
-    assert!(r.index_slots > 64, "the index grew: {} slots", r.index_slots);
-    assert!(r.queue_files[&QKey::Topic("orders".into())] > 1, "a queue spans files");
+    // Done messages pin their segment for done_retention (a day here): nothing was reclaimed from
+    // the log, so the replay predicts every queue and slot.
+    assert_eq!(r.log.start, 0, "the first segment is still there");
+    assert!(r.index.expired.is_empty() && r.model.carries == 0);
+    assert!(r.index.slots > 64, "the index grew: {} slots", r.index.slots);
+    assert!(r.queues[&QKey::Topic("orders".into())].files > 1, "a queue spans files");
     assert!(r.model.queues.contains_key(&QKey::Topic("dl.dlq".into())), "dead-letter queue exists");
     assert!(r.model.hops > 0, "hop records were written");
     assert_eq!(r.model.causes_seen.iter().copied().collect::<Vec<_>>(), (1..=7).collect::<Vec<u8>>());
     let kinds = |f: fn(&Rec) -> bool| r.log.records.iter().filter(|x| f(&x.rec)).count();
     assert!(kinds(|x| matches!(x, Rec::Transition { .. })) > 0);
-    assert!(kinds(|x| matches!(x, Rec::Put { request_kind: 2, .. })) == 1);
-    assert!(kinds(|x| matches!(x, Rec::Put { request_kind: 3, .. })) == 1);
-    assert!(
-        kinds(|x| matches!(x, Rec::Put { backoff_ms, max_attempts: 1, .. } if backoff_ms == &[100, 200]))
-            == 5
-    );
-    assert!(kinds(|x| matches!(x, Rec::Put { body, .. } if body.len() > 2000)) > 0);
+    assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 2)) == 1);
+    assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 3)) == 1);
+    assert!(kinds(|x| matches!(x, Rec::Put(m) if m.max_attempts == 1 && m.backoff_ms == [100, 200])) == 5);
+    assert!(kinds(|x| matches!(x, Rec::Put(m) if m.body.len() > 2000)) > 0);
 
     // Semantic spot checks through the document's meaning of the index.
     let slot_of = |id: &str| {
@@ -937,7 +1320,7 @@ async fn a_data_dir_parses_with_only_the_format_document() {
         wait_state(&b, "second-run", MessageState::Ready).await;
         b.shutdown().await.unwrap();
     }
-    let r2 = check_data_dir(&dir, &LEVELS);
+    let r2 = check_data_dir(&dir, &in_process());
     assert!(r2.log.end > r.log.end);
     for (old, new) in r.log.records.iter().zip(&r2.log.records) {
         assert_eq!((old.offset, old.len), (new.offset, new.len), "a reopen rewrote the log");
@@ -951,11 +1334,10 @@ async fn a_data_dir_parses_with_only_the_format_document() {
         assert_eq!(b.get("d-4").await.unwrap().state, MessageState::Dead);
         b.shutdown().await.unwrap();
     }
-    let r3 = check_data_dir(&dir, &LEVELS);
+    let r3 = check_data_dir(&dir, &in_process());
 
     // The reader is not vacuous: single-byte damage to each kind of file is caught.
-    let put =
-        r3.log.records.iter().find(|x| matches!(&x.rec, Rec::Put { body, .. } if body.len() > 100)).unwrap();
+    let put = r3.log.records.iter().find(|x| matches!(&x.rec, Rec::Put(m) if m.body.len() > 100)).unwrap();
     let seg = std::fs::read_dir(dir.join("commitlog"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap().parse::<u64>().unwrap())
@@ -963,18 +1345,252 @@ async fn a_data_dir_parses_with_only_the_format_document() {
         .max()
         .unwrap();
     let at = (put.offset - seg) as usize + put.len as usize - 1;
-    must_fail(&dir, &format!("commitlog/{seg:020}"), at, "crc mismatch");
-    must_fail(&dir, "cq/topic/t-orders/00000000000000000000", 12, "tag");
-    must_fail(&dir, "checkpoint", 9, "checkpoint crc");
-    must_fail(&dir, "clean_shutdown", 9, "clean marker crc");
+    must_fail(&dir, &in_process(), &format!("commitlog/{seg:020}"), at, "crc mismatch");
+    let orders = r3.queues[&QKey::Topic("orders".into())].first.unwrap();
+    must_fail(&dir, &in_process(), &format!("cq/topic/t-orders/{orders:020}"), 12, "tag");
+    must_fail(&dir, &in_process(), "checkpoint", 9, "checkpoint crc");
+    must_fail(&dir, &in_process(), "clean_shutdown", 9, "clean marker crc");
     let idx = std::fs::read(dir.join("index/ids")).unwrap();
-    let used = (0..r3.index_slots as usize).find(|i| idx[64 + 32 * i + 31] & 1 != 0).unwrap();
-    must_fail(&dir, "index/ids", 64 + 32 * used + 30, "differs from the replay");
+    let used = (0..r3.index.slots as usize).find(|i| idx[64 + 32 * i + 31] & 1 != 0).unwrap();
+    must_fail(&dir, &in_process(), "index/ids", 64 + 32 * used + 30, "differs from the replay");
+}
+
+// ---- reclaim, on the real binary -----------------------------------------------------------
+
+const RECLAIM_LEVELS: [u64; 5] = [100, 1_000, 10_000, 60_000, 3_600_000];
+
+/// 64 KiB segments (so bodies up to 8 KiB), 64-entry queue files, and done messages forgotten a
+/// second after their ack.
+const RECLAIM_ENV: [(&str, &str); 5] = [
+    ("DELAYD_SEGMENT_BYTES", "64KiB"),
+    ("DELAYD_MAX_BODY_BYTES", "8KiB"),
+    ("DELAYD_CQ_ENTRIES_PER_FILE", "64"),
+    ("DELAYD_DONE_RETENTION", "1s"),
+    ("DELAYD_LEVELS", "100ms 1s 10s 1m 1h"),
+];
+
+/// The smallest numbered file name in `dir`, if any.
+fn first_file(dir: &Path) -> Option<u64> {
+    std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).min()
+}
+
+/// Whether some consume queue of the data dir has lost its first file to reclaim.
+fn a_queue_file_was_reclaimed(data: &Path) -> bool {
+    ["level", "topic"].iter().any(|family| {
+        let queues = std::fs::read_dir(data.join("cq").join(family)).into_iter().flatten().flatten();
+        queues.into_iter().any(|q| first_file(&q.path()).is_some_and(|f| f > 0))
+    })
+}
+
+/// The bytes of the record at `offset`, read from its segment file.
+fn record_bytes(data: &Path, log: &reader::Log, offset: u64, len: u32) -> Vec<u8> {
+    let base = *log.bases.iter().rev().find(|b| **b <= offset).unwrap();
+    let seg = std::fs::read(data.join("commitlog").join(format!("{base:020}"))).unwrap();
+    let at = (offset - base) as usize;
+    seg[at..at + len as usize].to_vec()
+}
+
+/// `rec` with another version byte and a CRC that matches again.
+fn reframe(rec: &[u8], version: u8) -> Vec<u8> {
+    let mut b = rec.to_vec();
+    b[6] = version;
+    let crc = crc32(&[&b[0..8], &b[12..]]);
+    b[8..12].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The Carry records of `id`, oldest first.
+fn carries_of<'a>(r: &'a reader::Report, id: &str) -> Vec<&'a reader::LogRec> {
+    let of_id = |x: &&reader::LogRec| matches!(&x.rec, Rec::Carry { msg, .. } if msg.id == id.as_bytes());
+    r.log.records.iter().filter(of_id).collect()
+}
+
+#[test]
+fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
+    let started = Instant::now();
+    let mut s = Server::start(&RECLAIM_ENV);
+    let data = s.data_dir();
+    // Two messages that outlive the first segment: reclaim has to carry them before deleting it.
+    let long = s.produce("far", &json!({"id": "long", "body": "an hour away", "delay_ms": 3_600_000}));
+    let long_at = long["deliver_at_ms"].as_u64().unwrap();
+    let idle = s.produce("idle", &json!({"id": "idle", "body": "nobody pops this topic"}));
+    let idle_at = idle["deliver_at_ms"].as_u64().unwrap();
+
+    // Short-lived messages (half ready at once, half after a few hundred ms), popped and acked, until
+    // the first segment and some read queue files are gone. Each deletion waits for a durable
+    // checkpoint (every 5 s while records are written), so the churn goes on, slower, meanwhile.
+    let body = ".".repeat(1000);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut churned = 0;
+    while churned < 300
+        || first_file(&data.join("commitlog")) == Some(0)
+        || !a_queue_file_was_reclaimed(&data)
+    {
+        assert!(Instant::now() < deadline, "no reclaim within 60 s ({churned} churned); log:\n{}", s.log());
+        if churned >= 300 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let msgs: Vec<_> = (0..20)
+            .map(|k| {
+                churned += 1;
+                let delay = if k % 2 == 0 { 0 } else { 150 + 10 * k };
+                json!({"id": format!("c-{churned}"), "body": body, "delay_ms": delay})
+            })
+            .collect();
+        let (status, v) = s.post("/v1/topics/churn/messages/batch", &json!({ "messages": msgs }));
+        assert_eq!(status, 201, "batch -> {v}");
+        let (got, _) = s.pop("churn", 100, 200, None);
+        for m in got {
+            assert_eq!(s.ack(m["receipt"].as_str().unwrap()), 200, "ack {}", m["id"]);
+        }
+    }
+    let pid = s.pid();
+    assert!(s.terminate().success(), "clean shutdown; log:\n{}", s.log());
+    let writer = Writer { levels: &RECLAIM_LEVELS, pid, done_retention_ms: 1_000 };
+    let r = check_data_dir(&data, &writer);
+
+    // Segments were deleted from the front; the ones left follow on from the first.
+    assert!(r.log.start > 0 && r.log.bases[0] == r.log.start, "log starts at {}", r.log.start);
+    assert!(r.log.segments >= 2, "{} segments", r.log.segments);
+    // A queue lost its first files (the reader checked its cursor is past them).
+    let trimmed: Vec<_> = r.queues.iter().filter(|(_, q)| q.first.is_some_and(|f| f > 0)).collect();
+    assert!(!trimmed.is_empty(), "no queue starts past file 0");
+    for (key, q) in &trimmed {
+        let cp = r.checkpoint.iter().find(|c| &c.key == *key).unwrap();
+        assert!(cp.cursor >= q.first.unwrap(), "{key:?}: files deleted ahead of the reader");
+    }
+    // Messages done for over a second left the index, while the log still holds their records.
+    assert!(!r.index.expired.is_empty(), "no expired message in the log");
+    assert!(r.index.used.len() < r.model.slots.len());
+
+    // The queues still hold entries of reclaimed records and of records naming reclaimed messages
+    // (dispatched while those existed); the replay predicts neither, and the reader accounts for both.
+    assert!(
+        r.stale_entries > 0 && r.skipped_entries > 0,
+        "{} stale, {} skipped",
+        r.stale_entries,
+        r.skipped_entries
+    );
+
+    // Both long-lived messages were carried, from their Puts (the log's first two records, the first
+    // at 0 and the second right after a 76 + 4 + 3 + 12 byte Put) and then from Carry to Carry.
+    for (id, put_at) in [("long", 0), ("idle", 95)] {
+        let chain = carries_of(&r, id);
+        assert!(!chain.is_empty(), "{id} was not carried");
+        let prevs: Vec<u64> = chain
+            .iter()
+            .map(|c| match c.rec {
+                Rec::Carry { prev_msg_offset, .. } => prev_msg_offset,
+                _ => unreachable!(),
+            })
+            .collect();
+        let mut want = vec![put_at];
+        want.extend(chain.iter().take(chain.len() - 1).map(|c| c.offset));
+        assert_eq!(prevs, want, "{id}: each Carry replaces the previous record of the message");
+    }
+    let long_c = *carries_of(&r, "long").last().unwrap();
+    let idle_c = *carries_of(&r, "idle").last().unwrap();
+    let Rec::Carry { seq, attempt, state, home, time_ms, deliver_at_ms, msg, .. } = &long_c.rec else {
+        unreachable!()
+    };
+    assert_eq!((*seq, *attempt, *state, *home), (0, 0, reader::STATE_DELAYED, 0), "long: carried state");
+    assert_eq!(*deliver_at_ms, long_at, "long: still due in an hour");
+    let want_msg = (&b"far"[..], &b"an hour away"[..], long_at, 1, 3_600_000);
+    assert_eq!(
+        (&msg.topic[..], &msg.body[..], msg.deliver_at_ms, msg.request_kind, msg.request_value),
+        want_msg,
+        "long: the message as produced"
+    );
+    // Under an hour remains, so the next hop is on the minute level.
+    let hop = Route::Level { level_ms: 60_000, due_ms: time_ms + 60_000 };
+    assert_eq!(msg.route, hop, "long: carried onto its next level hop");
+    assert!(r.queues[&QKey::Level(60_000)].entries.contains(&(long_c.offset, long_c.len, time_ms + 60_000)));
+
+    let Rec::Carry { seq, attempt, state, home, time_ms, deliver_at_ms, msg, .. } = &idle_c.rec else {
+        unreachable!()
+    };
+    assert_eq!((*seq, *attempt, *state, *home), (0, 0, reader::STATE_READY, 0), "idle: carried state");
+    assert!(*deliver_at_ms == idle_at && idle_at <= *time_ms, "idle: ready since it was produced");
+    let want_msg = (&b"idle"[..], &b"nobody pops this topic"[..], idle_at, 0, 0);
+    assert_eq!(
+        (&msg.topic[..], &msg.body[..], msg.deliver_at_ms, msg.request_kind, msg.request_value),
+        want_msg,
+        "idle: the message as produced"
+    );
+    assert_eq!(msg.route, Route::Topic, "idle: carried into its topic queue");
+    assert!(r.queues[&QKey::Topic("idle".into())].entries.contains(&(idle_c.offset, idle_c.len, idle_at)));
+
+    // Their index slots moved to the Carries.
+    for (id, c, state) in [("long", long_c, reader::STATE_DELAYED), ("idle", idle_c, reader::STATE_READY)] {
+        assert_eq!(r.model.ids[id.as_bytes()], c.offset);
+        let want = reader::Slot {
+            hash: id_hash(id.as_bytes()),
+            msg_offset: c.offset,
+            last_offset: c.offset,
+            seq: 0,
+            attempt: 0,
+            state,
+            dead_letter_home: false,
+        };
+        assert_eq!(r.index.used.get(&c.offset), Some(&want), "{id}: index slot");
+    }
+
+    // The reader tells record versions apart: a Carry is version 2, everything else version 1.
+    let carry = record_bytes(&data, &r.log, long_c.offset, long_c.len);
+    assert!(matches!(reader::parse_record(&carry), Ok(Some((Rec::Carry { .. }, _)))));
+    let put = r.log.records.iter().find(|x| matches!(x.rec, Rec::Put(_))).unwrap();
+    let put = record_bytes(&data, &r.log, put.offset, put.len);
+    assert!(matches!(reader::parse_record(&put), Ok(Some((Rec::Put(_), _)))));
+    for (bytes, want) in [
+        (reframe(&carry, 1), "kind 4 with record version 1"),
+        (reframe(&put, 2), "kind 1 with record version 2"),
+        (reframe(&carry, 3), "unknown version 3"),
+    ] {
+        let err = reader::parse_record(&bytes).err();
+        assert!(err.as_deref().is_some_and(|e| e.contains(want)), "expected {want:?}, got {err:?}");
+    }
+
+    // The reader is not vacuous on what reclaim left: damage to the carried message's slot or to its
+    // topic entry is caught.
+    let idx = std::fs::read(data.join("index/ids")).unwrap();
+    let slot = (0..r.index.slots as usize)
+        .find(|i| {
+            idx[64 + 32 * i + 31] & 1 != 0
+                && idx[64 + 32 * i + 8..64 + 32 * i + 16] == long_c.offset.to_le_bytes()
+        })
+        .unwrap();
+    must_fail(&data, &writer, "index/ids", 64 + 32 * slot + 30, "differs from the replay");
+    let idle_q = &r.queues[&QKey::Topic("idle".into())];
+    let k = idle_q.entries.iter().position(|e| e.0 == idle_c.offset).unwrap() as u64;
+    let first = idle_q.first.unwrap();
+    let n = std::fs::metadata(data.join(format!("cq/topic/t-idle/{first:020}"))).unwrap().len() / 20;
+    let file = format!("cq/topic/t-idle/{:020}", first + k / n * n);
+    must_fail(&data, &writer, &file, 20 * (k % n) as usize + 12, "tag");
+
+    // Rebuild the derived files from a log that starts past 0: Transitions and Hops of reclaimed
+    // messages are skipped, the Carries re-create the slots of the messages they hold.
+    std::fs::remove_dir_all(data.join("cq")).unwrap();
+    std::fs::remove_dir_all(data.join("index")).unwrap();
+    s.restart();
+    let (status, v) = s.get("/v1/messages/long");
+    assert_eq!((status, &v["state"], v["deliver_at_ms"].as_u64()), (200, &json!("delayed"), Some(long_at)));
+    let (status, v) = s.get("/v1/messages/idle");
+    assert_eq!((status, &v["state"]), (200, &json!("ready")));
+    let pid = s.pid();
+    assert!(s.terminate().success(), "clean shutdown; log:\n{}", s.log());
+    let r2 = check_data_dir(&data, &Writer { pid, ..writer });
+    assert!(r2.log.start >= r.log.start);
+    for (id, state) in [("long", reader::STATE_DELAYED), ("idle", reader::STATE_READY)] {
+        let at = r2.model.ids[id.as_bytes()];
+        assert!(matches!(r2.log.records[r2.log.by_offset[&at]].rec, Rec::Carry { .. }), "{id}");
+        assert_eq!(r2.index.used[&at].state, state, "{id} after the rebuild");
+    }
+    eprintln!("reclaim scenario: {churned} churned in {:?}", started.elapsed());
 }
 
 /// Copies the data dir, flips one byte of `file` at `at`, and requires the reader to reject it
 /// with a message containing `expect`.
-fn must_fail(dir: &Path, file: &str, at: usize, expect: &str) {
+fn must_fail(dir: &Path, writer: &Writer, file: &str, at: usize, expect: &str) {
     fn copy(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(from).unwrap() {
@@ -992,7 +1608,7 @@ fn must_fail(dir: &Path, file: &str, at: usize, expect: &str) {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[at] ^= 0x01;
     std::fs::write(&path, bytes).unwrap();
-    let err = std::panic::catch_unwind(|| check_data_dir(tmp.path(), &LEVELS)).err();
+    let err = std::panic::catch_unwind(|| check_data_dir(tmp.path(), writer)).err();
     let msg = err.map(|e| {
         e.downcast_ref::<String>()
             .cloned()
