@@ -223,6 +223,21 @@ fn soak_params(cli: &Cli, p: &Params, delayd_env: &[(String, String)]) -> Result
     Ok(sp)
 }
 
+/// delayd refuses to start when `max_body_bytes` + 4 KiB exceeds `segment_bytes`, so a small
+/// `DELAYD_SEGMENT_BYTES` (4MiB, as a soak uses) without `DELAYD_MAX_BODY_BYTES` would fail at the
+/// default 4 MiB limit. The limit only validates requests, so lower it to a quarter segment; the report
+/// header lists it with the other settings.
+fn fit_body_limit(delayd_env: &mut Vec<(String, String)>) -> Result<(), String> {
+    let given = |key: &str| delayd_env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let Some(seg) = given("DELAYD_SEGMENT_BYTES") else { return Ok(()) };
+    let seg = delayd::config::parse_size(&seg).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?;
+    let default_limit = delayd::config::Config::default().max_body_bytes;
+    if given("DELAYD_MAX_BODY_BYTES").is_none() && default_limit + 4096 > seg {
+        delayd_env.push(("DELAYD_MAX_BODY_BYTES".to_string(), (seg / 4).to_string()));
+    }
+    Ok(())
+}
+
 /// UTC date and time from the system clock, without a date crate.
 fn utc_now() -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
@@ -360,6 +375,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     if cli.quick && !delayd_env.iter().any(|(k, _)| k == "DELAYD_SEGMENT_BYTES") {
         delayd_env.push(("DELAYD_SEGMENT_BYTES".to_string(), "16MiB".to_string()));
     }
+    fit_body_limit(&mut delayd_env)?;
     let progs = Programs {
         delayd: delayd.clone(),
         redis: redis.clone(),
@@ -428,7 +444,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     if let Some(sp) = &r.soak_params {
         r.header.push(format!(
             "Soak: {} msgs/s, body {} B, delays {}–{} ms, {} s per run, a sample every {} s, \
-             DELAYD_DONE_RETENTION={}, segment {} B, on {} with reclaim on and off",
+             DELAYD_DONE_RETENTION={}, segment {}, on {} with reclaim on and off",
             sp.rate,
             sp.body_bytes,
             sp.delay_ms.0,
@@ -436,7 +452,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
             sp.secs,
             sp.sample_secs,
             sp.done_retention,
-            sp.segment_bytes,
+            soak::size(sp.segment_bytes),
             soak_systems.iter().map(System::name).collect::<Vec<_>>().join(", ")
         ));
     }

@@ -228,7 +228,7 @@ fn mib(b: u64) -> f64 {
 }
 
 /// A byte count in the largest binary unit that keeps it whole, as delayd's settings write it.
-fn size(b: u64) -> String {
+pub fn size(b: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
         if b >= 1 << shift && b % (1 << shift) == 0 {
             return format!("{} {unit}", b >> shift);
@@ -502,10 +502,12 @@ fn panel<DB: DrawingBackend>(
     mesh.draw().map_err(err)?;
     for (i, name, v) in solid {
         let col = palette(*i).0;
-        let s = c.draw_series(LineSeries::new(v.clone(), col.stroke_width(3))).map_err(err)?;
+        // The reclaim-off run is drawn thinner over its pair, so identical curves stay visible.
+        let width = if i % 2 == 0 { 5 } else { 2 };
+        let s = c.draw_series(LineSeries::new(v.clone(), col.stroke_width(width))).map_err(err)?;
         if labels {
             s.label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(3)));
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(width)));
         }
     }
     for (i, _, v) in dashed {
