@@ -114,3 +114,54 @@ fn quick_run_writes_every_table_and_a_png() {
     assert!(png.len() > 10_000, "suspiciously small PNG: {} bytes", png.len());
     assert!(Path::new(&chart).metadata().map(|m| m.is_file()).unwrap_or(false));
 }
+
+#[test]
+fn quick_soak_writes_samples_summary_and_a_png() {
+    let out = tempfile::tempdir().expect("temp dir");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
+        .args(["--quick", "--workloads", "soak", "--out"])
+        .arg(out.path())
+        .arg("--delayd-bin")
+        .arg(env!("CARGO_BIN_EXE_delayd"))
+        .arg("--tmp-dir")
+        .arg(scratch.path())
+        .output()
+        .expect("run delayd-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "delayd-bench failed ({}):\n{stderr}\n{stdout}", output.status);
+
+    let chart = out.path().join("soak.png");
+    assert!(stdout.contains(&format!("soak chart: {}", chart.display())), "{stdout}");
+    let md = std::fs::read_to_string(out.path().join("results.md")).expect("results.md");
+    let rows = section(&md, "## Soak");
+    for s in ["delayd-sync", "delayd-sync-noreclaim"] {
+        let r = rows_for(&rows, s);
+        // --quick: 6 s sampled every second.
+        assert!((5..=7).contains(&r.len()), "{s}: {} sample rows:\n{md}", r.len());
+        let mut last_produced = 0.0;
+        for row in &r {
+            let c = cells(row);
+            assert!(number(&c[2]) > 0.0, "{s}: no disk use: {row}");
+            assert!(number(&c[3]) > 0.0, "{s}: no commit log: {row}");
+            assert!(number(&c[3]) <= number(&c[2]), "{s}: commit log larger than the data dir: {row}");
+            let produced = number(&c[5]);
+            assert!(produced > 0.0 && produced >= last_produced, "{s}: produced count {row}");
+            assert!(number(&c[6]) <= produced, "{s}: more acked than produced: {row}");
+            last_produced = produced;
+        }
+        // Deliveries and their lateness show up once the shortest delay has passed.
+        assert!(
+            r.iter().any(|row| number(&cells(row)[8]) > 0.0 && number(&cells(row)[10]) >= 0.0),
+            "{s}: no lateness measured:\n{md}"
+        );
+        assert!(md.contains(&format!("{s} commit log at most")), "{s}: no commit-log line:\n{md}");
+    }
+    assert!(md.contains("segments of 16 MiB"), "no disk-growth line in segments:\n{md}");
+    assert!(md.contains("lateness over the whole run, reclaim on vs off: delayd-sync p50"), "{md}");
+
+    let png = std::fs::read(&chart).expect("soak.png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(png.len() > 10_000, "suspiciously small PNG: {} bytes", png.len());
+}

@@ -26,7 +26,7 @@ pub fn color(s: System) -> (RGBColor, &'static str) {
 
 /// Registers a TTF font for labels; without one the chart is drawn without any text rather than
 /// failing. `DELAYD_BENCH_FONT` names a font file, or `none` to skip fonts.
-fn load_font() -> bool {
+pub fn load_font() -> bool {
     let candidates: Vec<PathBuf> = match std::env::var("DELAYD_BENCH_FONT") {
         Ok(v) if v == "none" => Vec::new(),
         Ok(v) => vec![PathBuf::from(v)],

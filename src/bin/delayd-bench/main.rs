@@ -8,6 +8,7 @@ mod chart;
 mod queue;
 mod report;
 mod servers;
+mod soak;
 mod systems;
 mod workloads;
 
@@ -19,6 +20,7 @@ use clap::Parser;
 
 use report::Results;
 use servers::Programs;
+use soak::SoakParams;
 use systems::System;
 use workloads::{Mode, Params, Running};
 
@@ -42,7 +44,7 @@ struct Cli {
     /// redis-lua-everysec, redis-plain-always, redis-plain-everysec.
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
-    /// Comma-separated workloads (default all): produce, e2e, capacity, crash.
+    /// Comma-separated workloads (default produce, e2e, capacity, crash); `soak` runs only when named.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Seed for every random delay.
@@ -73,9 +75,9 @@ struct Cli {
     /// Seconds the paced producer runs at each rate.
     #[arg(long)]
     e2e_secs: Option<f64>,
-    /// Body size in bytes.
-    #[arg(long, default_value_t = 100)]
-    body_bytes: usize,
+    /// Body size in bytes (default 100; 2048 in the soak workload).
+    #[arg(long)]
+    body_bytes: Option<usize>,
     /// Period of the Lua design's mover loop, ms.
     #[arg(long, default_value_t = 100)]
     lua_tick_ms: u64,
@@ -86,13 +88,28 @@ struct Cli {
     /// Parent directory for the servers' temp data dirs (default: the system temp dir).
     #[arg(long)]
     tmp_dir: Option<PathBuf>,
+    /// Soak: produce rate, msgs/s (default 600; 200 with --quick).
+    #[arg(long)]
+    soak_rate: Option<u64>,
+    /// Soak: random delay range MIN,MAX in ms (default 1000,3000; 200,1000 with --quick).
+    #[arg(long, value_delimiter = ',', value_name = "MIN,MAX")]
+    soak_delay_ms: Vec<u64>,
+    /// Soak: seconds the load runs per system (default 1800; 6 with --quick).
+    #[arg(long)]
+    soak_secs: Option<f64>,
+    /// Soak: seconds between samples (default 10; 1 with --quick).
+    #[arg(long)]
+    soak_sample_secs: Option<f64>,
+    /// Soak: DELAYD_DONE_RETENTION for the soak servers (default: the --delayd-env value, else 60s).
+    #[arg(long)]
+    soak_done_retention: Option<String>,
 }
 
 fn params(cli: &Cli) -> Params {
     let mut p = if cli.quick {
         Params {
             seed: cli.seed,
-            body_bytes: cli.body_bytes,
+            body_bytes: cli.body_bytes.unwrap_or(100),
             repeats: 2,
             single_count: 50,
             batch_size: 50,
@@ -118,7 +135,7 @@ fn params(cli: &Cli) -> Params {
     } else {
         Params {
             seed: cli.seed,
-            body_bytes: cli.body_bytes,
+            body_bytes: cli.body_bytes.unwrap_or(100),
             repeats: 3,
             single_count: 1_000,
             batch_size: 100,
@@ -167,6 +184,58 @@ fn params(cli: &Cli) -> Params {
         p.e2e_secs = v.max(0.1);
     }
     p
+}
+
+/// The soak settings from the command line, the quick/full defaults and the delayd settings in effect.
+fn soak_params(cli: &Cli, p: &Params, delayd_env: &[(String, String)]) -> Result<SoakParams, String> {
+    let env = |key: &str| delayd_env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let (rate, delay, secs, sample) =
+        if cli.quick { (200, (200, 1_000), 6.0, 1.0) } else { (600, (1_000, 3_000), 1800.0, 10.0) };
+    let delay_ms = match cli.soak_delay_ms[..] {
+        [] => delay,
+        [min, max] if min <= max => (min, max),
+        _ => {
+            return Err(format!("--soak-delay-ms wants MIN,MAX with MIN <= MAX, got {:?}", cli.soak_delay_ms))
+        }
+    };
+    let segment_bytes = match env("DELAYD_SEGMENT_BYTES") {
+        Some(v) => delayd::config::parse_size(&v).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?,
+        None => delayd::config::Config::default().segment_bytes,
+    };
+    let sp = SoakParams {
+        rate: cli.soak_rate.unwrap_or(rate),
+        body_bytes: cli.body_bytes.unwrap_or(2048),
+        delay_ms,
+        secs: cli.soak_secs.unwrap_or(secs),
+        sample_secs: cli.soak_sample_secs.unwrap_or(sample),
+        done_retention: cli
+            .soak_done_retention
+            .clone()
+            .or_else(|| env("DELAYD_DONE_RETENTION"))
+            .unwrap_or_else(|| "60s".to_string()),
+        segment_bytes,
+        grace_ms: p.grace_ms,
+    };
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if sp.rate == 0 || !positive(sp.secs) || !positive(sp.sample_secs) {
+        return Err("--soak-rate, --soak-secs and --soak-sample-secs must be positive".to_string());
+    }
+    Ok(sp)
+}
+
+/// delayd refuses to start when `max_body_bytes` + 4 KiB exceeds `segment_bytes`, so a small
+/// `DELAYD_SEGMENT_BYTES` (4MiB, as a soak uses) without `DELAYD_MAX_BODY_BYTES` would fail at the
+/// default 4 MiB limit. The limit only validates requests, so lower it to a quarter segment; the report
+/// header lists it with the other settings.
+fn fit_body_limit(delayd_env: &mut Vec<(String, String)>) -> Result<(), String> {
+    let given = |key: &str| delayd_env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let Some(seg) = given("DELAYD_SEGMENT_BYTES") else { return Ok(()) };
+    let seg = delayd::config::parse_size(&seg).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?;
+    let default_limit = delayd::config::Config::default().max_body_bytes;
+    if given("DELAYD_MAX_BODY_BYTES").is_none() && default_limit + 4096 > seg {
+        delayd_env.push(("DELAYD_MAX_BODY_BYTES".to_string(), (seg / 4).to_string()));
+    }
+    Ok(())
 }
 
 /// UTC date and time from the system clock, without a date crate.
@@ -254,8 +323,21 @@ async fn run(cli: Cli) -> Result<bool, String> {
     let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
     let mut systems = selected(&cli.systems, &all_systems)?;
     let all_workloads: Vec<(String, &str)> =
-        ["produce", "e2e", "capacity", "crash"].iter().map(|w| (w.to_string(), *w)).collect();
-    let workloads = selected(&cli.workloads, &all_workloads)?;
+        ["produce", "e2e", "capacity", "crash", "soak"].iter().map(|w| (w.to_string(), *w)).collect();
+    let mut workloads = selected(&cli.workloads, &all_workloads)?;
+    // The soak takes an hour at its defaults: only when asked for.
+    if cli.workloads.is_empty() {
+        workloads.retain(|w| *w != "soak");
+    }
+    // Soak compares reclaim on and off on delayd alone: delayd-sync unless --systems names others.
+    let soak_systems: Vec<System> = if cli.systems.is_empty() {
+        vec![System { engine: systems::Engine::Delayd, strict: true }]
+    } else {
+        systems.iter().copied().filter(|s| !s.needs_redis()).collect()
+    };
+    if workloads.contains(&"soak") && soak_systems.is_empty() {
+        return Err("the soak workload runs on delayd systems only; --systems names none".to_string());
+    }
 
     let delayd = match &cli.delayd_bin {
         Some(p) => p.clone(),
@@ -293,6 +375,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     if cli.quick && !delayd_env.iter().any(|(k, _)| k == "DELAYD_SEGMENT_BYTES") {
         delayd_env.push(("DELAYD_SEGMENT_BYTES".to_string(), "16MiB".to_string()));
     }
+    fit_body_limit(&mut delayd_env)?;
     let progs = Programs {
         delayd: delayd.clone(),
         redis: redis.clone(),
@@ -302,6 +385,10 @@ async fn run(cli: Cli) -> Result<bool, String> {
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("cannot create {}: {e}", cli.out.display()))?;
     let results_path = cli.out.join("results.md");
     let chart_path = cli.out.join("bench.png");
+    let soak_chart_path = cli.out.join("soak.png");
+    if workloads.contains(&"soak") {
+        r.soak_params = Some(soak_params(&cli, &p, &delayd_env)?);
+    }
 
     let profile =
         if delayd.components().any(|c| c.as_os_str() == "release") { "release" } else { "not release" };
@@ -354,6 +441,21 @@ async fn run(cli: Cli) -> Result<bool, String> {
             systems.iter().map(|s| format!("{} {}", s.name(), chart::color(*s).1)).collect::<Vec<_>>().join(", ")
         ),
     ];
+    if let Some(sp) = &r.soak_params {
+        r.header.push(format!(
+            "Soak: {} msgs/s, body {} B, delays {}–{} ms, {} s per run, a sample every {} s, \
+             DELAYD_DONE_RETENTION={}, segment {}, on {} with reclaim on and off",
+            sp.rate,
+            sp.body_bytes,
+            sp.delay_ms.0,
+            sp.delay_ms.1,
+            sp.secs,
+            sp.sample_secs,
+            sp.done_retention,
+            soak::size(sp.segment_bytes),
+            soak_systems.iter().map(System::name).collect::<Vec<_>>().join(", ")
+        ));
+    }
 
     let mut all_ok = true;
     let mut failure = |r: &mut Results, what: &str, sys: System, e: &str| {
@@ -362,6 +464,23 @@ async fn run(cli: Cli) -> Result<bool, String> {
         all_ok = false;
     };
     for w in &workloads {
+        if let ("soak", Some(sp)) = (*w, r.soak_params.clone()) {
+            for &sys in &soak_systems {
+                for reclaim in [true, false] {
+                    let label = soak::label(sys, reclaim);
+                    eprintln!("delayd-bench: soak on {label} ({} s) ...", sp.secs);
+                    let o = soak::run(sys, reclaim, &progs, &p, &sp).await;
+                    if let Err(e) = &o {
+                        failure(&mut r, &format!("soak ({label})"), sys, e);
+                    }
+                    r.soak.push((label, o));
+                    // Written after each run: a soak takes long, and an interrupted one keeps its data.
+                    std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+                        .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
+                }
+            }
+            continue;
+        }
         for &sys in &systems {
             eprintln!("delayd-bench: {w} on {} ...", sys.name());
             let started = std::time::Instant::now();
@@ -522,8 +641,18 @@ async fn run(cli: Cli) -> Result<bool, String> {
         }
     }
     println!("{}", report::targets(&r, &p.rates).join("\n"));
+    if let Some(sp) = &r.soak_params {
+        if let Err(e) = soak::draw(&soak_chart_path, &r.soak) {
+            eprintln!("delayd-bench: {e}");
+            all_ok = false;
+        }
+        println!("{}", soak::targets(&r.soak, sp).join("\n"));
+    }
     println!("results: {}", results_path.display());
     println!("chart:   {}", chart_path.display());
+    if r.soak_params.is_some() {
+        println!("soak chart: {}", soak_chart_path.display());
+    }
     Ok(all_ok)
 }
 

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use crate::soak::{SoakParams, SoakRun};
 use crate::systems::{Engine, System};
 use crate::workloads::{Capacity, Crash, E2e, Mode, Throughput};
 
@@ -23,6 +24,10 @@ pub struct Results {
     pub capacity: Vec<(System, Outcome<Capacity>)>,
     /// Crash runs per system.
     pub crash: Vec<(System, Outcome<Crash>)>,
+    /// Soak runs by label (each delayd system with reclaim on, then off).
+    pub soak: Vec<(String, Result<SoakRun, String>)>,
+    /// The soak settings, when the soak workload was selected.
+    pub soak_params: Option<SoakParams>,
 }
 
 /// Median, min and max of a sample.
@@ -270,6 +275,10 @@ pub fn markdown(r: &Results, batch: usize, clients: usize, rates: &[u64]) -> Str
                 );
             }
         }
+    }
+
+    if let Some(sp) = &r.soak_params {
+        s.push_str(&crate::soak::markdown(&r.soak, sp));
     }
 
     let _ = writeln!(s, "\n## Targets of issue 5, checked against this run\n");

@@ -286,6 +286,14 @@ impl Server {
         dir_usage(&self.data.path().join(sub), &mut total);
         total
     }
+
+    /// (allocated, apparent) bytes under one subdirectory of a delayd data dir, e.g. `commitlog`;
+    /// zeros when it does not exist.
+    pub fn delayd_subdir_bytes(&self, sub: &str) -> (u64, u64) {
+        let mut total = (0, 0);
+        dir_usage(&self.data.path().join("data").join(sub), &mut total);
+        total
+    }
 }
 
 impl Drop for Server {

@@ -1,4 +1,5 @@
-//! The four workloads: produce throughput, end-to-end lateness, pending capacity, crash recovery.
+//! The four comparison workloads: produce throughput, end-to-end lateness, pending capacity, crash
+//! recovery; and the consumer and paced-producer pieces the soak workload shares with them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -216,14 +217,16 @@ impl Running {
         t.elapsed()
     }
 
-    fn queue(&self, p: &Params) -> Result<Queue, String> {
+    /// A client for this server with `p`'s body size.
+    pub fn queue(&self, p: &Params) -> Result<Queue, String> {
         Queue::connect(self.server.system, self.server.port, p.body_bytes)
     }
 }
 
 static TOPIC_N: AtomicU64 = AtomicU64::new(0);
 
-fn topic(label: &str) -> String {
+/// A topic name unique within this run, so workloads on one server never see each other's messages.
+pub fn topic(label: &str) -> String {
     format!("bench-{label}-{}", TOPIC_N.fetch_add(1, Ordering::Relaxed))
 }
 
@@ -283,11 +286,13 @@ pub async fn produce(run: &Running, p: &Params, mode: Mode, rep: usize) -> Resul
     Ok(r)
 }
 
+/// Every delivery the consumers saw.
 #[derive(Default)]
-struct Seen {
+pub struct Seen {
     first: HashMap<u64, i64>,
     count: HashMap<u64, u32>,
-    lateness: Vec<i64>,
+    /// Lateness (delivery − due, ms) of each first delivery, in the order they were recorded.
+    pub lateness: Vec<i64>,
     acked_at: HashMap<u64, i64>,
     after_ack: HashSet<u64>,
     first_pop_after: Option<Instant>,
@@ -311,18 +316,25 @@ impl Seen {
             }
         }
     }
+
+    /// Distinct messages whose ack succeeded.
+    pub fn acked(&self) -> usize {
+        self.acked_at.len()
+    }
 }
 
 /// What consumers share with the workload driving them.
 #[derive(Clone, Default)]
-struct Shared {
-    seen: Arc<Mutex<Seen>>,
-    stop: Arc<AtomicBool>,
+pub struct Shared {
+    /// What was delivered and acked.
+    pub seen: Arc<Mutex<Seen>>,
+    /// Set to make the consumers return.
+    pub stop: Arc<AtomicBool>,
     restart_at: Arc<Mutex<Option<Instant>>>,
 }
 
 /// Consumers that pop and ack until `stop`, recording every delivery.
-fn spawn_consumers(
+pub fn spawn_consumers(
     run: &Running,
     p: &Params,
     topic: &str,
@@ -370,19 +382,35 @@ fn spawn_consumers(
     Ok(v)
 }
 
-/// A paced producer at `rate` msgs/s with random delays, consumers popping and acking.
-pub async fn end_to_end(run: &Running, p: &Params, rate: u64, rep: usize) -> Result<E2e, String> {
-    let topic = topic(&format!("e2e{rate}"));
-    let shared = Shared::default();
-    let (seen, stop) = (shared.seen.clone(), shared.stop.clone());
-    let consumers = spawn_consumers(run, p, &topic, 30_000, &shared)?;
-    let q = run.queue(p)?;
-    let mut rng = Rng::new(p.seed, 1000 + rate * 10 + rep as u64);
-    let ok_seqs = Arc::new(Mutex::new(Vec::<u64>::new()));
-    let failed = Arc::new(AtomicU64::new(0));
+/// What a paced producer has had acknowledged or refused so far; readable while it runs.
+#[derive(Clone, Default)]
+pub struct ProduceLog {
+    /// Sequence numbers of acknowledged produces.
+    pub ok: Arc<Mutex<Vec<u64>>>,
+    /// Produces refused or lost to errors.
+    pub failed: Arc<AtomicU64>,
+}
+
+impl ProduceLog {
+    /// Acknowledged produces so far.
+    pub fn produced(&self) -> usize {
+        self.ok.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Sends `total` messages to `topic` at `rate` msgs/s with delays drawn uniformly from `delay_ms`,
+/// recording the outcome in `log`; returns once every call has been answered.
+pub async fn paced_produce(
+    q: Queue,
+    topic: String,
+    rate: u64,
+    total: u64,
+    delay_ms: (u64, u64),
+    mut rng: Rng,
+    log: ProduceLog,
+) {
     let inflight = Arc::new(tokio::sync::Semaphore::new(64));
     let tick = Duration::from_millis(10);
-    let total = (rate as f64 * p.e2e_secs).round() as u64;
     let t0 = Instant::now();
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -396,11 +424,11 @@ pub async fn end_to_end(run: &Running, p: &Params, rate: u64, rep: usize) -> Res
             continue;
         }
         let jobs: Vec<Job> = (sent..due_by_now)
-            .map(|seq| Job { seq, delay_ms: rng.range(p.delay_min_ms, p.delay_max_ms), ttr_ms: 30_000 })
+            .map(|seq| Job { seq, delay_ms: rng.range(delay_ms.0, delay_ms.1), ttr_ms: 30_000 })
             .collect();
         sent = due_by_now;
         let Ok(permit) = inflight.clone().acquire_owned().await else { break };
-        let (mut q, topic, ok_seqs, failed) = (q.clone(), topic.clone(), ok_seqs.clone(), failed.clone());
+        let (mut q, topic, log) = (q.clone(), topic.clone(), log.clone());
         producers.push(tokio::spawn(async move {
             let _permit = permit;
             let mut ok = Vec::new();
@@ -411,23 +439,48 @@ pub async fn end_to_end(run: &Running, p: &Params, rate: u64, rep: usize) -> Res
                             if good {
                                 ok.push(j.seq);
                             } else {
-                                failed.fetch_add(1, Ordering::Relaxed);
+                                log.failed.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     }
                     Err(_) => {
-                        failed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                        log.failed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     }
                 }
             }
-            ok_seqs.lock().unwrap_or_else(|e| e.into_inner()).extend(ok);
+            log.ok.lock().unwrap_or_else(|e| e.into_inner()).extend(ok);
         }));
+        // Finished calls are dropped as we go, so a long run does not hold a handle per call.
+        producers.retain(|t: &tokio::task::JoinHandle<()>| !t.is_finished());
     }
     for t in producers {
         let _ = t.await;
     }
+}
+
+/// A paced producer at `rate` msgs/s with random delays, consumers popping and acking.
+pub async fn end_to_end(run: &Running, p: &Params, rate: u64, rep: usize) -> Result<E2e, String> {
+    let topic = topic(&format!("e2e{rate}"));
+    let shared = Shared::default();
+    let (seen, stop) = (shared.seen.clone(), shared.stop.clone());
+    let consumers = spawn_consumers(run, p, &topic, 30_000, &shared)?;
+    let rng = Rng::new(p.seed, 1000 + rate * 10 + rep as u64);
+    let log = ProduceLog::default();
+    let total = (rate as f64 * p.e2e_secs).round() as u64;
+    let t0 = Instant::now();
+    paced_produce(
+        run.queue(p)?,
+        topic.clone(),
+        rate,
+        total,
+        (p.delay_min_ms, p.delay_max_ms),
+        rng,
+        log.clone(),
+    )
+    .await;
     let produce_secs = t0.elapsed().as_secs_f64();
-    let produced: Vec<u64> = std::mem::take(&mut *ok_seqs.lock().unwrap_or_else(|e| e.into_inner()));
+    let produced: Vec<u64> = std::mem::take(&mut *log.ok.lock().unwrap_or_else(|e| e.into_inner()));
+    let failed = log.failed;
     // Wait for every acknowledged message, but no longer than its delay plus a generous grace.
     let deadline = Instant::now() + Duration::from_millis(p.delay_max_ms + p.grace_ms);
     loop {
