@@ -71,8 +71,8 @@ pub struct ReclaimStats {
 enum Holds {
     /// Not indexed any more (expired, or carried already).
     Nothing,
-    /// Live and movable: this many record bytes.
-    Carryable(u64),
+    /// Live and movable; its slot.
+    Carryable(Slot),
     /// Live but must stay where it is for now.
     Pinned,
 }
@@ -179,11 +179,9 @@ impl Store {
     fn holds(&self, msg_offset: u64, hash: u64, now_ms: u64) -> Result<Holds> {
         let Some((_, slot)) = self.index.find(hash, |m| m == msg_offset) else { return Ok(Holds::Nothing) };
         Ok(match slot.state {
-            State::Ready | State::Dead => Holds::Carryable(self.log.record_len(msg_offset)),
+            State::Ready | State::Dead => Holds::Carryable(slot),
             // A timer about to fire would only be planned again; let it fire first.
-            State::Delayed if self.deliver_at(&slot)? > now_ms => {
-                Holds::Carryable(self.log.record_len(msg_offset))
-            }
+            State::Delayed if self.deliver_at(&slot)? > now_ms => Holds::Carryable(slot),
             // A reservation's receipt names the Put offset, and final messages stay readable until
             // they expire: both keep their segment.
             State::Delayed | State::Reserved | State::Done | State::Cancelled => Holds::Pinned,
@@ -199,9 +197,9 @@ impl Store {
         plan: &dyn Fn(u64, u64) -> Route,
     ) -> Result<()> {
         let Some((base, end)) = self.log.sealed_head() else { return Ok(()) };
-        if self.reclaim.head != base || self.reclaim.phase == Phase::Start {
+        if self.reclaim.head != base {
             self.reclaim.head = base;
-            self.reclaim.phase = Phase::Scan { pos: base, live: 0, pinned: 0 };
+            self.reclaim.phase = Phase::Start;
         }
         self.reclaim.phase = match self.reclaim.phase {
             Phase::Start => Phase::Scan { pos: base, live: 0, pinned: 0 },
@@ -250,7 +248,7 @@ impl Store {
             if let Some(hash) = msg {
                 match self.holds(offset, hash, now_ms)? {
                     Holds::Nothing => {}
-                    Holds::Carryable(n) => live += n,
+                    Holds::Carryable(_) => live += next - offset,
                     Holds::Pinned => pinned += 1,
                 }
             }
@@ -293,10 +291,7 @@ impl Store {
                 Record::Carry(c) => format::id_hash(c.put.id),
                 _ => continue,
             };
-            if !matches!(self.holds(offset, hash, now_ms)?, Holds::Carryable(_)) {
-                continue;
-            }
-            let Some((_, slot)) = self.index.find(hash, |m| m == offset) else { continue };
+            let Holds::Carryable(slot) = self.holds(offset, hash, now_ms)? else { continue };
             let record = self.carry_record(&slot, now_ms, plan)?;
             bytes += record.len() as u64;
             self.append(&record)?;
