@@ -36,12 +36,13 @@ fn rows_for<'a>(rows: &[&'a str], system: &str) -> Vec<&'a str> {
     rows.iter().copied().filter(|r| cells(r)[0] == system).collect()
 }
 
-#[test]
-fn quick_run_writes_every_table_and_a_png() {
+/// Runs `delayd-bench --quick` with `args` into a fresh output dir; panics unless it succeeds.
+fn run_quick(args: &[&str]) -> (tempfile::TempDir, String) {
     let out = tempfile::tempdir().expect("temp dir");
     let scratch = tempfile::tempdir().expect("temp dir");
     let output = Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
         .arg("--quick")
+        .args(args)
         .arg("--out")
         .arg(out.path())
         .arg("--delayd-bin")
@@ -50,9 +51,15 @@ fn quick_run_writes_every_table_and_a_png() {
         .arg(scratch.path())
         .output()
         .expect("run delayd-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "delayd-bench failed ({}):\n{stderr}\n{stdout}", output.status);
+    (out, stdout)
+}
+
+#[test]
+fn quick_run_writes_every_table_and_a_png() {
+    let (out, stdout) = run_quick(&[]);
 
     let results = out.path().join("results.md");
     let chart = out.path().join("bench.png");
@@ -117,20 +124,7 @@ fn quick_run_writes_every_table_and_a_png() {
 
 #[test]
 fn quick_soak_writes_samples_summary_and_a_png() {
-    let out = tempfile::tempdir().expect("temp dir");
-    let scratch = tempfile::tempdir().expect("temp dir");
-    let output = Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
-        .args(["--quick", "--workloads", "soak", "--out"])
-        .arg(out.path())
-        .arg("--delayd-bin")
-        .arg(env!("CARGO_BIN_EXE_delayd"))
-        .arg("--tmp-dir")
-        .arg(scratch.path())
-        .output()
-        .expect("run delayd-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "delayd-bench failed ({}):\n{stderr}\n{stdout}", output.status);
+    let (out, stdout) = run_quick(&["--workloads", "soak"]);
 
     let chart = out.path().join("soak.png");
     assert!(stdout.contains(&format!("soak chart: {}", chart.display())), "{stdout}");
