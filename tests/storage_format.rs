@@ -562,30 +562,36 @@ mod reader {
 
     // ---- id index ---------------------------------------------------------------------------
 
-    /// Parses `index/ids` and checks every slot against the log and the replay.
-    /// Returns the slot count.
-    pub fn check_index(path: &Path, log: &Log, model: &Model) -> u64 {
+    /// One parsed index table: slot count and its occupied slots as (position, slot, removed).
+    pub struct IndexTable {
+        pub slots: u64,
+        pub occupied: Vec<(u64, Slot, bool)>,
+    }
+
+    /// Parses one index table file, checking its header, slot encoding and probing invariant.
+    pub fn read_index_table(path: &Path, log: &Log) -> IndexTable {
+        let name = path.display();
         let b = fs::read(path).unwrap();
-        assert!(b.len() >= 64, "index shorter than its header");
-        assert_eq!(&b[0..4], b"DLYI", "index magic");
-        assert_eq!(le16(&b, 4), 1, "index version");
-        assert_eq!(le16(&b, 6), 0, "index reserved bytes");
+        assert!(b.len() >= 64, "{name}: index shorter than its header");
+        assert_eq!(&b[0..4], b"DLYI", "{name}: index magic");
+        assert_eq!(le16(&b, 4), 2, "{name}: index version");
+        assert_eq!(le16(&b, 6), 0, "{name}: index reserved bytes");
         let slots = le64(&b, 8);
-        let used = le64(&b, 16);
-        assert!(slots.is_power_of_two() && slots >= 64, "slot count {slots}");
-        assert!(all_zero(&b[24..64]), "index header reserved bytes");
-        assert_eq!(b.len() as u64, 64 + 32 * slots, "index file size");
+        assert!(slots.is_power_of_two() && slots >= 64, "{name}: slot count {slots}");
+        assert!(all_zero(&b[16..64]), "{name}: index header reserved bytes");
+        assert_eq!(b.len() as u64, 64 + 32 * slots, "{name}: index file size");
         let slot = |i: u64| &b[64 + 32 * i as usize..64 + 32 * (i as usize + 1)];
-        let is_used = |i: u64| slot(i)[31] & 1 != 0;
+        let is_occupied = |i: u64| slot(i)[31] & 1 != 0;
         let mask = slots - 1;
-        let mut found = BTreeMap::new();
+        let mut occupied = Vec::new();
+        let mut ids = BTreeSet::new();
         for i in 0..slots {
             let s = slot(i);
-            if !is_used(i) {
-                assert!(all_zero(s), "empty slot {i} is not all zero");
+            if !is_occupied(i) {
+                assert!(all_zero(s), "{name}: empty slot {i} is not all zero");
                 continue;
             }
-            assert_eq!(s[31] & !0x03, 0, "slot {i}: unknown flag bits");
+            assert_eq!(s[31] & !0x07, 0, "{name}: slot {i}: unknown flag bits");
             let got = Slot {
                 hash: le64(s, 0),
                 msg_offset: le64(s, 8),
@@ -596,19 +602,44 @@ mod reader {
                 dead_letter_home: s[31] & 0x02 != 0,
             };
             let (id, _) = put_of(log, got.msg_offset);
-            assert_eq!(got.hash, id_hash(id), "slot {i}: hash is not the hash of the Put's id");
-            // Linear probing without deletions: every slot from the home slot up to this one is used.
+            assert_eq!(got.hash, id_hash(id), "{name}: slot {i}: hash is not the hash of the Put's id");
+            // Slots never move: every slot from the home slot up to this one is occupied.
             let mut j = got.hash & mask;
             while j != i {
-                assert!(is_used(j), "slot {i}: empty slot {j} between its home slot and itself");
+                assert!(is_occupied(j), "{name}: slot {i}: empty slot {j} between its home slot and itself");
                 j = (j + 1) & mask;
             }
-            assert_eq!(model.slots.get(&got.msg_offset), Some(&got), "slot {i} differs from the replay");
-            assert!(found.insert(got.msg_offset, i).is_none(), "two slots for the Put at {}", got.msg_offset);
+            assert!(ids.insert(got.msg_offset), "{name}: two slots for the Put at {}", got.msg_offset);
+            occupied.push((i, got, s[31] & 0x04 != 0));
         }
-        assert_eq!(found.len(), model.slots.len(), "every Put has exactly one slot");
-        assert_eq!(used, found.len() as u64, "header `used` is not the number of used slots");
-        slots
+        IndexTable { slots, occupied }
+    }
+
+    /// Parses `index/ids` (and `index/ids.next` during a resize) and checks the messages they hold
+    /// together against the log and the replay. Returns the larger slot count.
+    pub fn check_index(dir: &Path, log: &Log, model: &Model) -> u64 {
+        let old = read_index_table(&dir.join("ids"), log);
+        let next_path = dir.join("ids.next");
+        let next = next_path.exists().then(|| read_index_table(&next_path, log));
+        // The messages: live slots of ids.next, plus live slots of ids that ids.next does not know.
+        let mut live = BTreeMap::new();
+        let mut known = BTreeSet::new();
+        for (_, s, removed) in next.iter().flat_map(|t| &t.occupied) {
+            known.insert(s.msg_offset);
+            if !removed {
+                live.insert(s.msg_offset, s.clone());
+            }
+        }
+        for (_, s, removed) in &old.occupied {
+            if !removed && !known.contains(&s.msg_offset) {
+                live.insert(s.msg_offset, s.clone());
+            }
+        }
+        for (off, got) in &live {
+            assert_eq!(model.slots.get(off), Some(got), "slot for the Put at {off} differs from the replay");
+        }
+        assert_eq!(live.len(), model.slots.len(), "every Put has exactly one slot");
+        old.slots.max(next.map_or(0, |t| t.slots))
     }
 
     // ---- checkpoint and clean marker --------------------------------------------------------
@@ -691,11 +722,15 @@ mod reader {
                 "unexpected {name:?} in the data dir"
             );
         }
-        let index_entries: Vec<String> = fs::read_dir(dir.join("index"))
+        let mut index_entries: Vec<String> = fs::read_dir(dir.join("index"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(index_entries, vec!["ids".to_string()], "index/ holds only ids");
+        index_entries.sort();
+        assert!(
+            index_entries == ["ids"] || index_entries == ["ids", "ids.next"],
+            "index/ holds ids, and ids.next during a resize: {index_entries:?}"
+        );
 
         let lock = fs::read_to_string(dir.join("LOCK")).unwrap();
         let pid: u32 = lock.lines().next().unwrap().parse().expect("LOCK starts with a decimal pid");
@@ -736,7 +771,7 @@ mod reader {
             assert_eq!(entries, &model.queues[key], "{key:?}: entries differ from the replay of the log");
         }
 
-        let index_slots = check_index(&dir.join("index").join("ids"), &log, &model);
+        let index_slots = check_index(&dir.join("index"), &log, &model);
 
         let (dispatched, cp) = read_checkpoint(&dir.join("checkpoint"));
         assert_eq!(dispatched, log.end, "checkpoint.dispatched after a clean shutdown");
@@ -967,9 +1002,11 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     must_fail(&dir, "cq/topic/t-orders/00000000000000000000", 12, "tag");
     must_fail(&dir, "checkpoint", 9, "checkpoint crc");
     must_fail(&dir, "clean_shutdown", 9, "clean marker crc");
-    let idx = std::fs::read(dir.join("index/ids")).unwrap();
-    let used = (0..r3.index_slots as usize).find(|i| idx[64 + 32 * i + 31] & 1 != 0).unwrap();
-    must_fail(&dir, "index/ids", 64 + 32 * used + 30, "differs from the replay");
+    // During a resize the live copy of a message may be in ids.next; damage the one that counts.
+    let index_file = if dir.join("index/ids.next").exists() { "index/ids.next" } else { "index/ids" };
+    let idx = std::fs::read(dir.join(index_file)).unwrap();
+    let used = (0..(idx.len() - 64) / 32).find(|i| idx[64 + 32 * i + 31] & 0x05 == 0x01).unwrap();
+    must_fail(&dir, index_file, 64 + 32 * used + 30, "differs from the replay");
 }
 
 /// Copies the data dir, flips one byte of `file` at `at`, and requires the reader to reject it
