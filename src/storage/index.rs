@@ -135,9 +135,8 @@ impl Table {
         if !slots.is_power_of_two() || slots < MIN_SLOTS || file.len() != table_bytes(slots) {
             return Err(bad("index slot count does not match the file size"));
         }
-        let mut t = Table { file, slots, filled: 0 };
-        t.filled = (0..slots).filter(|i| is_occupied(t.raw(*i))).count() as u64;
-        Ok(t)
+        // `filled` is set by `count`, once any interrupted migration is merged.
+        Ok(Table { file, slots, filled: 0 })
     }
 
     fn fresh(file: MappedFile, slots: u64) -> Table {
@@ -158,8 +157,16 @@ impl Table {
         self.file.write_at(HEADER_BYTES + i as usize * SLOT_BYTES + 31, &[flags]);
     }
 
-    fn live_count(&self) -> u64 {
-        (0..self.slots).filter(|i| is_live(self.raw(*i))).count() as u64
+    /// Counts occupied slots into `filled` and returns the live ones, in one pass.
+    fn count(&mut self) -> u64 {
+        let (mut filled, mut live) = (0, 0);
+        for i in 0..self.slots {
+            let b = self.raw(i);
+            filled += u64::from(is_occupied(b));
+            live += u64::from(is_live(b));
+        }
+        self.filled = filled;
+        live
     }
 
     /// First live slot on `hash`'s probe path whose Put offset satisfies `is_it`.
@@ -255,21 +262,21 @@ impl IdIndex {
         let initial_slots = initial_slots.max(MIN_SLOTS).next_power_of_two();
         let next_path = path.with_extension("next");
         let tmp_path = path.with_extension("new");
-        let cur = if path.exists() {
+        let (cur, live) = if path.exists() {
             let mut cur = Table::open(path)?;
             if next_path.exists() {
                 let next = Table::open(&next_path)?;
                 cur = finish_interrupted(path, cur, next)?;
             }
             remove_if_exists(&tmp_path)?;
-            cur
+            let live = cur.count();
+            (cur, live)
         } else {
             // The protocol never leaves `ids.next` without `ids` (it becomes `ids` by rename); a
             // lone one is stale, next to an `ids` deleted to force a rebuild.
             remove_if_exists(&next_path)?;
-            Table::fresh(create_table(&tmp_path, path, initial_slots)?, initial_slots)
+            (Table::fresh(create_table(&tmp_path, path, initial_slots)?, initial_slots), 0)
         };
-        let live = cur.live_count();
         Ok(IdIndex {
             path: path.to_path_buf(),
             next_path,
