@@ -32,6 +32,9 @@ pub const MAX_TOPIC_LEN: usize = 128;
 /// Highest accepted `max_attempts` (the index keeps attempts in 16 bits).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
 
+/// Index slots an idle engine copies per maintenance call during a resize: about 100 µs of work.
+const INDEX_IDLE_STEP_SLOTS: usize = 8192;
+
 /// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
 pub fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
@@ -194,7 +197,13 @@ impl Engine {
     /// One bounded round of reclaim: expire final messages past `done_retention`, then move the
     /// oldest segment towards deletion. Deletions wait for a durable checkpoint.
     pub fn maintain(&mut self) -> Result<()> {
-        if self.poisoned.is_some() || !self.cfg.reclaim {
+        if self.poisoned.is_some() {
+            return Ok(());
+        }
+        // Without traffic, operations would never finish an index resize and the old table would
+        // stay mapped; idle time finishes it in bounded steps.
+        self.store.index.step(INDEX_IDLE_STEP_SLOTS);
+        if !self.cfg.reclaim {
             return Ok(());
         }
         let now = self.now();
@@ -209,7 +218,8 @@ impl Engine {
 
     /// True when [`maintain`](Self::maintain) has work it could do at once.
     pub fn maintenance_due(&self) -> bool {
-        self.poisoned.is_none() && self.cfg.reclaim && self.store.reclaim_busy(self.now())
+        self.poisoned.is_none()
+            && (self.store.index.is_copying() || self.cfg.reclaim && self.store.reclaim_busy(self.now()))
     }
 
     /// A checkpoint became durable: reclaim may now delete what it no longer needs.

@@ -873,37 +873,42 @@ mod reader {
     /// What the index holds.
     pub struct Index {
         pub slots: u64,
-        /// Used slots by `msg_offset`.
+        /// Live slots by `msg_offset`.
         pub used: BTreeMap<u64, Slot>,
         /// Messages the replay knows that reclaim expired out of the index.
         pub expired: BTreeSet<u64>,
     }
 
-    /// Parses `index/ids` and checks every slot against the log and the replay: every message
-    /// has its slot unless it expired, which only a message final since before `expiry_cutoff_ms`
-    /// can, in log order of the final transitions.
-    pub fn check_index(path: &Path, log: &Log, model: &Model, expiry_cutoff_ms: u64) -> Index {
+    /// One parsed index table: slot count and its occupied slots as (position, slot, removed).
+    pub struct IndexTable {
+        pub slots: u64,
+        pub occupied: Vec<(u64, Slot, bool)>,
+    }
+
+    /// Parses one index table file, checking its header, slot encoding and probing invariant.
+    pub fn read_index_table(path: &Path, log: &Log) -> IndexTable {
+        let name = path.display();
         let b = fs::read(path).unwrap();
-        assert!(b.len() >= 64, "index shorter than its header");
-        assert_eq!(&b[0..4], b"DLYI", "index magic");
-        assert_eq!(le16(&b, 4), 1, "index version");
-        assert_eq!(le16(&b, 6), 0, "index reserved bytes");
+        assert!(b.len() >= 64, "{name}: index shorter than its header");
+        assert_eq!(&b[0..4], b"DLYI", "{name}: index magic");
+        assert_eq!(le16(&b, 4), 2, "{name}: index version");
+        assert_eq!(le16(&b, 6), 0, "{name}: index reserved bytes");
         let slots = le64(&b, 8);
-        let used = le64(&b, 16);
-        assert!(slots.is_power_of_two() && slots >= 64, "slot count {slots}");
-        assert!(all_zero(&b[24..64]), "index header reserved bytes");
-        assert_eq!(b.len() as u64, 64 + 32 * slots, "index file size");
+        assert!(slots.is_power_of_two() && slots >= 64, "{name}: slot count {slots}");
+        assert!(all_zero(&b[16..64]), "{name}: index header reserved bytes");
+        assert_eq!(b.len() as u64, 64 + 32 * slots, "{name}: index file size");
         let slot = |i: u64| &b[64 + 32 * i as usize..64 + 32 * (i as usize + 1)];
-        let is_used = |i: u64| slot(i)[31] & 1 != 0;
+        let is_occupied = |i: u64| slot(i)[31] & 1 != 0;
         let mask = slots - 1;
-        let mut found = BTreeMap::new();
+        let mut occupied = Vec::new();
+        let mut ids = BTreeSet::new();
         for i in 0..slots {
             let s = slot(i);
-            if !is_used(i) {
-                assert!(all_zero(s), "empty slot {i} is not all zero");
+            if !is_occupied(i) {
+                assert!(all_zero(s), "{name}: empty slot {i} is not all zero");
                 continue;
             }
-            assert_eq!(s[31] & !0x03, 0, "slot {i}: unknown flag bits");
+            assert_eq!(s[31] & !0x07, 0, "{name}: slot {i}: unknown flag bits");
             let got = Slot {
                 hash: le64(s, 0),
                 msg_offset: le64(s, 8),
@@ -913,20 +918,57 @@ mod reader {
                 state: s[30],
                 dead_letter_home: s[31] & 0x02 != 0,
             };
-            let msg = msg_of(log, got.msg_offset);
-            assert_eq!(got.hash, id_hash(&msg.id), "slot {i}: hash is not the hash of the message's id");
-            // Linear probing, and deletion by backward shift (no tombstones): every slot from the
-            // home slot up to this one is used.
+            let removed = s[31] & 0x04 != 0;
+            // A removed slot may outlive its record: reclaim deletes segments of expired messages.
+            if !removed || log.by_offset.contains_key(&got.msg_offset) {
+                let msg = msg_of(log, got.msg_offset);
+                assert_eq!(
+                    got.hash,
+                    id_hash(&msg.id),
+                    "{name}: slot {i}: hash is not the hash of the message's id"
+                );
+            }
+            // Slots never move: every slot from the home slot up to this one is occupied.
             let mut j = got.hash & mask;
             while j != i {
-                assert!(is_used(j), "slot {i}: empty slot {j} between its home slot and itself");
+                assert!(is_occupied(j), "{name}: slot {i}: empty slot {j} between its home slot and itself");
                 j = (j + 1) & mask;
             }
-            assert_eq!(model.slots.get(&got.msg_offset), Some(&got), "slot {i} differs from the replay");
-            let at = got.msg_offset;
-            assert!(found.insert(at, got).is_none(), "slot {i}: a second slot for the message at {at}");
+            assert!(ids.insert(got.msg_offset), "{name}: two slots for the message at {}", got.msg_offset);
+            occupied.push((i, got, removed));
         }
-        assert_eq!(used, found.len() as u64, "header `used` is not the number of used slots");
+        IndexTable { slots, occupied }
+    }
+
+    /// Parses `index/ids` (and `index/ids.next` during a resize) and checks the messages they hold
+    /// together against the log and the replay: every message has its slot unless it expired,
+    /// which only a message final since before `expiry_cutoff_ms` can, in log order of the final
+    /// transitions.
+    pub fn check_index(dir: &Path, log: &Log, model: &Model, expiry_cutoff_ms: u64) -> Index {
+        let old = read_index_table(&dir.join("ids"), log);
+        let next_path = dir.join("ids.next");
+        let next = next_path.exists().then(|| read_index_table(&next_path, log));
+        // The messages: live slots of ids.next, plus live slots of ids that ids.next does not know.
+        let mut found = BTreeMap::new();
+        let mut known = BTreeSet::new();
+        for (_, s, removed) in next.iter().flat_map(|t| &t.occupied) {
+            known.insert(s.msg_offset);
+            if !removed {
+                found.insert(s.msg_offset, s.clone());
+            }
+        }
+        for (_, s, removed) in &old.occupied {
+            if !removed && !known.contains(&s.msg_offset) {
+                found.insert(s.msg_offset, s.clone());
+            }
+        }
+        for (off, got) in &found {
+            assert_eq!(
+                model.slots.get(off),
+                Some(got),
+                "slot for the message at {off} differs from the replay"
+            );
+        }
 
         let expired: BTreeSet<u64> = model.slots.keys().filter(|k| !found.contains_key(k)).copied().collect();
         for k in &expired {
@@ -950,7 +992,7 @@ mod reader {
         for old in &model.superseded {
             assert!(expired.contains(old), "an id came back while its message at {old} was still indexed");
         }
-        Index { slots, used: found, expired }
+        Index { slots: old.slots.max(next.map_or(0, |t| t.slots)), used: found, expired }
     }
 
     // ---- checkpoint and clean marker --------------------------------------------------------
@@ -1049,11 +1091,15 @@ mod reader {
                 "unexpected {name:?} in the data dir"
             );
         }
-        let index_entries: Vec<String> = fs::read_dir(dir.join("index"))
+        let mut index_entries: Vec<String> = fs::read_dir(dir.join("index"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(index_entries, vec!["ids".to_string()], "index/ holds only ids");
+        index_entries.sort();
+        assert!(
+            index_entries == ["ids"] || index_entries == ["ids", "ids.next"],
+            "index/ holds ids, and ids.next during a resize: {index_entries:?}"
+        );
 
         let lock = fs::read_to_string(dir.join("LOCK")).unwrap();
         let pid: u32 = lock.lines().next().unwrap().parse().expect("LOCK starts with a decimal pid");
@@ -1100,7 +1146,7 @@ mod reader {
         let skipped_entries = entries().filter(|e| model.skipped.contains(&e.0)).count();
 
         let cutoff = (now_ms as u64).saturating_sub(writer.done_retention_ms);
-        let index = check_index(&dir.join("index").join("ids"), &log, &model, cutoff);
+        let index = check_index(&dir.join("index"), &log, &model, cutoff);
 
         let (dispatched, checkpoint) = read_checkpoint(&dir.join("checkpoint"));
         assert_eq!(dispatched, log.end, "checkpoint.dispatched after a clean shutdown");
@@ -1350,9 +1396,11 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     must_fail(&dir, &in_process(), &format!("cq/topic/t-orders/{orders:020}"), 12, "tag");
     must_fail(&dir, &in_process(), "checkpoint", 9, "checkpoint crc");
     must_fail(&dir, &in_process(), "clean_shutdown", 9, "clean marker crc");
-    let idx = std::fs::read(dir.join("index/ids")).unwrap();
-    let used = (0..r3.index.slots as usize).find(|i| idx[64 + 32 * i + 31] & 1 != 0).unwrap();
-    must_fail(&dir, &in_process(), "index/ids", 64 + 32 * used + 30, "differs from the replay");
+    // During a resize the live copy of a message may be in ids.next; damage the one that counts.
+    let index_file = if dir.join("index/ids.next").exists() { "index/ids.next" } else { "index/ids" };
+    let idx = std::fs::read(dir.join(index_file)).unwrap();
+    let used = (0..(idx.len() - 64) / 32).find(|i| idx[64 + 32 * i + 31] & 0x05 == 0x01).unwrap();
+    must_fail(&dir, &in_process(), index_file, 64 + 32 * used + 30, "differs from the replay");
 }
 
 // ---- reclaim, on the real binary -----------------------------------------------------------
@@ -1552,14 +1600,21 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
 
     // The reader is not vacuous on what reclaim left: damage to the carried message's slot or to its
     // topic entry is caught.
-    let idx = std::fs::read(data.join("index/ids")).unwrap();
-    let slot = (0..r.index.slots as usize)
-        .find(|i| {
-            idx[64 + 32 * i + 31] & 1 != 0
-                && idx[64 + 32 * i + 8..64 + 32 * i + 16] == long_c.offset.to_le_bytes()
+    // During a resize the slot that counts is the one in ids.next if it has the message, else in ids.
+    let (index_file, slot) = ["index/ids.next", "index/ids"]
+        .into_iter()
+        .filter(|f| data.join(f).exists())
+        .find_map(|f| {
+            let idx = std::fs::read(data.join(f)).unwrap();
+            (0..(idx.len() - 64) / 32)
+                .find(|i| {
+                    idx[64 + 32 * i + 31] & 0x05 == 0x01
+                        && idx[64 + 32 * i + 8..64 + 32 * i + 16] == long_c.offset.to_le_bytes()
+                })
+                .map(|i| (f, i))
         })
         .unwrap();
-    must_fail(&data, &writer, "index/ids", 64 + 32 * slot + 30, "differs from the replay");
+    must_fail(&data, &writer, index_file, 64 + 32 * slot + 30, "differs from the replay");
     let idle_q = &r.queues[&QKey::Topic("idle".into())];
     let k = idle_q.entries.iter().position(|e| e.0 == idle_c.offset).unwrap() as u64;
     let first = idle_q.first.unwrap();

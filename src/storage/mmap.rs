@@ -78,6 +78,11 @@ impl MappedFile {
         &self.path
     }
 
+    /// Records that the file was renamed to `path` (the mapping itself is unaffected).
+    pub fn set_path(&mut self, path: &Path) {
+        self.path = path.to_path_buf();
+    }
+
     /// Writes `data` at `offset`; the caller checks bounds against [`len`](Self::len).
     pub fn write_at(&mut self, offset: usize, data: &[u8]) {
         self.map[offset..offset + data.len()].copy_from_slice(data);

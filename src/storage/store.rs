@@ -102,6 +102,19 @@ fn topic_dir(root: &Path, topic: &str) -> PathBuf {
     root.join("cq").join("topic").join(format!("t-{topic}"))
 }
 
+/// Deletes the index and its resize files, so the next open creates a fresh one.
+fn remove_index_files(ids: &Path) -> Result<()> {
+    for path in [ids.to_path_buf(), ids.with_extension("next"), ids.with_extension("new")] {
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(format!("remove {}", path.display()), e))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The dead-letter topic of `topic`.
 pub fn dead_letter_topic(topic: &str) -> String {
     format!("{topic}.dlq")
@@ -126,7 +139,17 @@ impl Store {
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
         let mut rebuild = !index_path.exists() && cp.dispatched > log.start();
-        let index = IdIndex::open(&index_path, cfg.index_initial_slots)?;
+        let index = match IdIndex::open(&index_path, cfg.index_initial_slots) {
+            Ok(index) => index,
+            // The index is derived: a damaged or older-layout one is rebuilt from the log.
+            Err(Error::Corrupt { file, reason, .. }) => {
+                warn!(%file, %reason, "id index unusable; rebuilding it from the commit log");
+                rebuild = true;
+                remove_index_files(&index_path)?;
+                IdIndex::open(&index_path, cfg.index_initial_slots)?
+            }
+            Err(e) => return Err(e),
+        };
         let mut store = Store {
             dir: dir.to_path_buf(),
             cfg,
@@ -274,17 +297,11 @@ impl Store {
         Ok(true)
     }
 
-    /// Walks every slot: true if one holds state from past the log end. Also recounts the slots,
-    /// since the header's count may have been written back before or after them.
-    fn index_is_ahead_of_log(&mut self) -> bool {
+    /// Walks every slot: true if one holds state from past the log end.
+    fn index_is_ahead_of_log(&self) -> bool {
         let end = self.log.end();
         let mut ahead = false;
-        let mut used = 0;
-        self.index.for_each(|s| {
-            ahead |= s.last_offset >= end || s.msg_offset >= end;
-            used += 1;
-        });
-        self.index.set_len(used);
+        self.index.for_each(|s| ahead |= s.last_offset >= end || s.msg_offset >= end);
         ahead
     }
 
@@ -298,7 +315,7 @@ impl Store {
                 .map_err(|e| Error::io(format!("remove {}", cq_root.display()), e))?;
         }
         let index_path = self.dir.join("index").join("ids");
-        let _ = fs::remove_file(&index_path);
+        remove_index_files(&index_path)?;
         self.index = IdIndex::open(&index_path, self.cfg.index_initial_slots)?;
         self.dispatched = self.log.start();
         let per_file = self.cfg.cq_entries_per_file;
@@ -602,7 +619,7 @@ impl Store {
         for q in self.topics.values_mut() {
             q.cq.take_dirty_handles(&mut files)?;
         }
-        files.push(self.index.handle()?);
+        self.index.take_handles(&mut files)?;
         self.cp_log_end = self.dispatched;
         Ok(CheckpointJob { checkpoint, files, path: self.dir.join("checkpoint") })
     }
