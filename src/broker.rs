@@ -248,6 +248,8 @@ pub struct Stats {
     pub disk_bytes: u64,
     /// Bytes of the commit-log segment files.
     pub log_bytes: u64,
+    /// Bytes ever appended to the commit log (its end offset), carries included.
+    pub log_written_bytes: u64,
     /// Bytes of the records of every message still indexed (live or final within retention).
     pub live_bytes: u64,
     /// What reclaim did since start.

@@ -839,6 +839,7 @@ impl Engine {
             topics,
             disk_bytes: self.store.disk_bytes(),
             log_bytes: self.store.log.disk_bytes(),
+            log_written_bytes: self.store.log.end(),
             live_bytes: self.store.live_bytes(),
             reclaim: self.store.reclaim_stats(),
         }

@@ -131,6 +131,11 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
             r.queue_files_deleted,
         ),
         ("delayd_expired_total", "Final messages forgotten after done_retention.", r.expired),
+        (
+            "delayd_log_written_bytes_total",
+            "Bytes ever appended to the commit log, carries included (write amplification: carried / this).",
+            stats.log_written_bytes,
+        ),
     ];
     for (name, help, v) in reclaim_counters {
         header(&mut out, name, "counter", help);
@@ -170,6 +175,7 @@ mod tests {
             topics: vec![TopicStats { topic: "orders".into(), ready: 5, reserved: 1, dead_lettered: 2 }],
             disk_bytes: 4096,
             log_bytes: 2048,
+            log_written_bytes: 9000,
             live_bytes: 100,
             reclaim: crate::storage::reclaim::ReclaimStats { carried: 7, ..Default::default() },
         };
@@ -197,6 +203,7 @@ mod tests {
             "delayd_log_bytes 2048",
             "delayd_live_bytes 100",
             "delayd_carried_total 7",
+            "delayd_log_written_bytes_total 9000",
             "# TYPE delayd_lateness_ms histogram",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
