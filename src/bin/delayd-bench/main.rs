@@ -466,18 +466,23 @@ async fn run(cli: Cli) -> Result<bool, String> {
     for w in &workloads {
         if let ("soak", Some(sp)) = (*w, r.soak_params.clone()) {
             for &sys in &soak_systems {
-                for reclaim in [true, false] {
-                    let label = soak::label(sys, reclaim);
-                    eprintln!("delayd-bench: soak on {label} ({} s) ...", sp.secs);
-                    let o = soak::run(sys, reclaim, &progs, &p, &sp).await;
+                // Reclaim on and off run side by side, so both see the same machine noise and
+                // their lateness compares fairly.
+                let (on, off) = (soak::label(sys, true), soak::label(sys, false));
+                eprintln!("delayd-bench: soak on {on} and {off} side by side ({} s) ...", sp.secs);
+                let (a, b) = tokio::join!(
+                    soak::run(sys, true, &progs, &p, &sp),
+                    soak::run(sys, false, &progs, &p, &sp)
+                );
+                for (label, o) in [(on, a), (off, b)] {
                     if let Err(e) = &o {
                         failure(&mut r, &format!("soak ({label})"), sys, e);
                     }
                     r.soak.push((label, o));
-                    // Written after each run: a soak takes long, and an interrupted one keeps its data.
-                    std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
-                        .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
                 }
+                // Written after each system: a soak takes long, and an interrupted one keeps its data.
+                std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+                    .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
             }
             continue;
         }

@@ -1,7 +1,8 @@
 //! The soak workload: a steady produce/pop/ack load held for a long time, sampled every few seconds
 //! for disk use, commit-log size, anonymous memory and lateness, to show whether disk use reaches a
-//! steady state. Each delayd system runs twice on fresh data dirs, once as configured (reclaim on)
-//! and once with `DELAYD_RECLAIM=false`, so the cost of reclaim shows up as a lateness difference.
+//! steady state. Each delayd system runs twice at once on fresh data dirs, as configured (reclaim
+//! on) and with `DELAYD_RECLAIM=false`, side by side so both see the same machine noise and the
+//! cost of reclaim shows up as a lateness difference.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -59,6 +60,8 @@ pub struct Sample {
     pub commitlog_alloc: u64,
     /// RssAnon of the server, when readable.
     pub rss_anon: Option<u64>,
+    /// The server's own accounting from `/v1/stats`, when it has one (delayd).
+    pub server: Option<ServerStats>,
     /// Produces acknowledged so far.
     pub produced: u64,
     /// Messages whose ack succeeded so far.
@@ -72,6 +75,35 @@ impl Sample {
     pub fn alive(&self) -> u64 {
         self.produced.saturating_sub(self.acked)
     }
+}
+
+/// What delayd itself reports about its storage (`GET /v1/stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Bytes of the records of every message still indexed: pending, or final within `done_retention`.
+    pub live_bytes: u64,
+    /// Bytes ever appended to the commit log, carries included.
+    pub log_written_bytes: u64,
+    /// Bytes of records reclaim carried forward.
+    pub carried_bytes: u64,
+}
+
+impl ServerStats {
+    /// Write amplification of reclaim: bytes carried per byte otherwise written.
+    pub fn write_amplification(&self) -> f64 {
+        self.carried_bytes as f64 / self.log_written_bytes.saturating_sub(self.carried_bytes).max(1) as f64
+    }
+}
+
+/// Reads `ServerStats` from a delayd's `/v1/stats`; `None` if it does not answer as expected.
+async fn server_stats(http: &reqwest::Client, port: u16) -> Option<ServerStats> {
+    let v: serde_json::Value =
+        http.get(format!("http://127.0.0.1:{port}/v1/stats")).send().await.ok()?.json().await.ok()?;
+    Some(ServerStats {
+        live_bytes: v.get("live_bytes")?.as_u64()?,
+        log_written_bytes: v.get("log_written_bytes")?.as_u64()?,
+        carried_bytes: v.get("reclaim")?.get("carried_bytes")?.as_u64()?,
+    })
 }
 
 /// One soak run of one system with reclaim on or off.
@@ -155,6 +187,7 @@ async fn load(running: &Running, p: &Params, sp: &SoakParams, reclaim: bool) -> 
         rng,
         log.clone(),
     ));
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(err)?;
     let mut samples = Vec::new();
     let mut cursor = 0usize;
     for t in sample_times(sp.secs, sp.sample_secs) {
@@ -171,12 +204,14 @@ async fn load(running: &Running, p: &Params, sp: &SoakParams, reclaim: bool) -> 
             disk_alloc: running.server.disk_bytes().0,
             commitlog_alloc: running.server.delayd_subdir_bytes("commitlog").0,
             rss_anon: running.server.rss_anon_bytes(),
+            server: server_stats(&http, running.server.port).await,
             produced: log.produced() as u64,
             acked,
             lateness,
         };
         eprintln!(
-            "  {:>6.0} s: disk {:.1} MiB (commit log {:.1}), RssAnon {}, produced {}, alive {}, p99 {:?} ms",
+            "  {}{:>6.0} s: disk {:.1} MiB (commit log {:.1}), RssAnon {}, produced {}, alive {}, p99 {:?} ms",
+            if reclaim { "" } else { "(reclaim off) " },
             sample.t_s,
             mib(sample.disk_alloc),
             mib(sample.commitlog_alloc),
@@ -264,6 +299,15 @@ pub fn commitlog_bound(run: &SoakRun, sp: &SoakParams) -> (u64, u64) {
     (live, 2 * live + 2 * sp.segment_bytes)
 }
 
+/// The sample where the commit log came closest to (or furthest past) 2 × the server's own live
+/// bytes + 2 segments, as (sample, bound); `None` without server stats.
+pub fn worst_server_bound<'a>(run: &'a SoakRun, sp: &SoakParams) -> Option<(&'a Sample, u64)> {
+    run.samples
+        .iter()
+        .filter_map(|s| Some((s, 2 * s.server?.live_bytes + 2 * sp.segment_bytes)))
+        .max_by_key(|(s, bound)| s.commitlog_alloc as i128 - *bound as i128)
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "PASS"
@@ -307,6 +351,26 @@ pub fn targets(runs: &[(String, Result<SoakRun, String>)], sp: &SoakParams) -> V
             mib(live),
             mib(bound),
         ));
+        if let Some((s, bound)) = worst_server_bound(run, sp) {
+            let live = s.server.map_or(0, |x| x.live_bytes);
+            out.push(format!(
+                "{}: {name} commit log vs delayd's own live bytes (pending and final within done_retention), \
+                 closest sample at {:.0} s: {:.1} MiB vs 2 × {:.1} MiB + 2 segments = {:.1} MiB",
+                tag(s.commitlog_alloc <= bound),
+                s.t_s,
+                mib(s.commitlog_alloc),
+                mib(live),
+                mib(bound),
+            ));
+        }
+        if let Some(x) = run.samples.last().and_then(|s| s.server) {
+            out.push(format!(
+                "{name}: write amplification of reclaim {:.3} ({:.1} MiB carried forward, {:.1} MiB written in all)",
+                x.write_amplification(),
+                mib(x.carried_bytes),
+                mib(x.log_written_bytes),
+            ));
+        }
         out.push(format!(
             "{name}: {} produced at {:.0} msgs/s (target {}), {} refused; {} not acked {:.1} s after the load stopped",
             run.produced, run.achieved_rate, sp.rate, run.produce_failed, run.unacked_after_drain, run.drain_secs
@@ -347,9 +411,10 @@ pub fn markdown(runs: &[(String, Result<SoakRun, String>)], sp: &SoakParams) -> 
     let _ = writeln!(
         s,
         "A paced producer sends {} msgs/s of {} B bodies with delays {}–{} ms for {:.0} s; consumers pop and ack \
-         every message. `DELAYD_DONE_RETENTION={}`, segment size {}. Each system runs twice on fresh data dirs: \
-         as configured, and with `DELAYD_RECLAIM=false` (`-noreclaim`). Disk is the allocated blocks \
-         (st_blocks × 512) of every file in the data dir; commit log is the part under `commitlog/`; `alive` is \
+         every message. `DELAYD_DONE_RETENTION={}`, segment size {}. Each system runs twice at once, side by side on \
+         fresh data dirs: as configured, and with `DELAYD_RECLAIM=false` (`-noreclaim`). Disk is the allocated blocks \
+         (st_blocks × 512) of every file in the data dir; commit log is the part under `commitlog/`; live is delayd's own \
+         `live_bytes` from `/v1/stats` (records of messages pending or final within `done_retention`); `alive` is \
          produced − acked (pending, or popped with the ack on its way); lateness is pop time − due time of the \
          first deliveries seen in that row's period. A sample every {} s{}.\n",
         sp.rate,
@@ -370,15 +435,15 @@ pub fn markdown(runs: &[(String, Result<SoakRun, String>)], sp: &SoakParams) -> 
     );
     let _ = writeln!(
         s,
-        "| system | t (s) | disk MiB | commit log MiB | RssAnon MiB | produced | acked | alive | delivered | p50 ms \
-         | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| system | t (s) | disk MiB | commit log MiB | live MiB | RssAnon MiB | produced | acked | alive | delivered \
+         | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (name, o) in runs {
         let run = match o {
             Ok(run) => run,
             Err(e) => {
                 let first = e.lines().next().unwrap_or("").replace('|', "/");
-                let _ = writeln!(s, "| {name} | failed: {first} |||||||||||");
+                let _ = writeln!(s, "| {name} | failed: {first} ||||||||||||");
                 continue;
             }
         };
@@ -388,10 +453,11 @@ pub fn markdown(runs: &[(String, Result<SoakRun, String>)], sp: &SoakParams) -> 
             l.sort_unstable();
             let _ = writeln!(
                 s,
-                "| {name} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 last.t_s,
                 mib(last.disk_alloc),
                 mib(last.commitlog_alloc),
+                last.server.map(|x| format!("{:.1}", mib(x.live_bytes))).unwrap_or_else(|| "–".into()),
                 last.rss_anon.map(|b| format!("{:.1}", mib(b))).unwrap_or_else(|| "–".into()),
                 last.produced,
                 last.acked,
@@ -550,6 +616,11 @@ mod tests {
                 disk_alloc: disk(t),
                 commitlog_alloc: disk(t) / 2,
                 rss_anon: Some(30 << 20),
+                server: Some(ServerStats {
+                    live_bytes: 1 << 20,
+                    log_written_bytes: (t as u64) << 20,
+                    carried_bytes: (t as u64) << 16,
+                }),
                 produced: (t * 100.0) as u64,
                 acked: (t * 100.0) as u64 - 150,
                 lateness: vec![1, 2, 3],
@@ -589,6 +660,9 @@ mod tests {
         assert_eq!(md.lines().filter(|l| l.starts_with("| delayd-sync |")).count(), 30, "{md}");
         assert!(md.contains("| delayd-sync-noreclaim | failed: boom"), "{md}");
         assert!(md.contains("PASS: delayd-sync disk"), "{md}");
+        // The log peaks at 3.5 MiB (1800 s × 4 KiB / 2), within 2 × 1 MiB + 2 × 4 MiB.
+        assert!(md.contains("PASS: delayd-sync commit log vs delayd's own live bytes"), "{md}");
+        assert!(md.contains("write amplification of reclaim 0.067"), "{md}");
         let dir = std::env::temp_dir().join(format!("delayd-bench-soak-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("soak.png");
