@@ -167,25 +167,77 @@ fn rss_anon_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Anonymous memory growth while `n` messages sit pending on the 1 h level.
-fn pending_memory(n: usize) -> (u64, u64, f64, u64) {
+/// Requests the broker's engine loop takes into one batch (its `MAX_BATCH`).
+const ENGINE_BATCH: usize = 1024;
+
+/// What growing the backlog (and the id index) to `n` pending messages cost.
+struct Pending {
+    rss_before_kib: u64,
+    rss_after_kib: u64,
+    anon_per_msg: f64,
+    disk: u64,
+    /// Longest single produce call.
+    longest_call: Duration,
+    /// 99.9th percentile of produce calls (upper edge of its 1 µs bucket).
+    p999_call: Duration,
+    /// Longest engine step: a batch of `ENGINE_BATCH` produces plus one maintenance call, as the
+    /// broker's loop runs them.
+    longest_step: Duration,
+    /// Index slots when the run ended.
+    index_slots: u64,
+}
+
+/// Anonymous memory growth while `n` messages sit pending on the 1 h level, and the longest
+/// engine step on the way (the id index grows from its default size to hold them all).
+fn pending_memory(n: usize) -> Pending {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = config(dir.path(), FlushMode::Async);
     cfg.segment_bytes = 1 << 30;
     let (mut e, _) = Engine::open(cfg, Arc::new(SystemClock), Arc::new(Metrics::default())).expect("open");
     let body = Bytes::from(vec![b'x'; 100]);
+    // Call times by whole microseconds (the last bucket takes the rest): fixed memory, allocated
+    // and touched before the baseline is read.
+    let mut calls = vec![0u64; 100_000];
     let before = rss_anon_kib();
-    for i in 0..n {
-        e.produce("mem", req(3_600_000, &body)).expect("produce");
-        if i % 1_000_000 == 999_999 {
+    let mut longest_step = Duration::ZERO;
+    let mut longest_call = Duration::ZERO;
+    let mut i = 0;
+    while i < n {
+        let step = Instant::now();
+        for _ in 0..ENGINE_BATCH.min(n - i) {
+            let t = Instant::now();
+            e.produce("mem", req(3_600_000, &body)).expect("produce");
+            let took = t.elapsed();
+            let last = calls.len() - 1;
+            calls[(took.as_micros() as usize).min(last)] += 1;
+            longest_call = longest_call.max(took);
+            i += 1;
+        }
+        e.maintain().expect("maintain");
+        longest_step = longest_step.max(step.elapsed());
+        // In async mode the broker flushes on another thread: not part of an engine step.
+        if i % 1_000_000 < ENGINE_BATCH {
             e.flush().expect("flush");
         }
     }
     e.flush().expect("flush");
     let after = rss_anon_kib();
+    let (mut seen, want) = (0, (n as u64 * 999).div_ceil(1000));
+    let p999_us = calls.iter().position(|c| {
+        seen += c;
+        seen >= want
+    });
     let disk = e.stats().disk_bytes;
-    let per = (after.saturating_sub(before) * 1024) as f64 / n as f64;
-    (before, after, per, disk)
+    Pending {
+        rss_before_kib: before,
+        rss_after_kib: after,
+        anon_per_msg: (after.saturating_sub(before) * 1024) as f64 / n as f64,
+        disk,
+        longest_call,
+        p999_call: Duration::from_micros(p999_us.unwrap_or(0) as u64 + 1),
+        longest_step,
+        index_slots: e.index_slots_for_bench(),
+    }
 }
 
 /// Log and queue bytes per message for a 1h59m59s delay with a 1 KiB body, on the manual clock.
@@ -237,10 +289,17 @@ fn main() {
     } else {
         10_000_000
     });
-    let (before, after, per, disk) = pending_memory(pending);
+    let p = pending_memory(pending);
     println!(
-        "pending capacity: {pending} messages on the 1h level: RssAnon {before} KiB -> {after} KiB = {per:.2} bytes/message anonymous; {:.1} bytes/message on disk",
-        disk as f64 / pending as f64
+        "pending capacity: {pending} messages on the 1h level: RssAnon {} KiB -> {} KiB = {:.2} bytes/message anonymous; {:.1} bytes/message on disk",
+        p.rss_before_kib,
+        p.rss_after_kib,
+        p.anon_per_msg,
+        p.disk as f64 / pending as f64
+    );
+    println!(
+        "engine steps while the id index grew to {} slots: longest step ({ENGINE_BATCH} produces + maintenance) {:.2?}; longest produce {:.2?}, p99.9 {:?}",
+        p.index_slots, p.longest_step, p.longest_call, p.p999_call
     );
     let (log_b, cq_b, hops) = bytes_per_message(if q { 100 } else { 2_000 });
     println!(

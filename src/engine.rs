@@ -879,6 +879,11 @@ impl Engine {
 
 #[doc(hidden)]
 impl Engine {
+    /// Slots of the id index table inserts go to (benchmarks).
+    pub fn index_slots_for_bench(&self) -> u64 {
+        self.store.index.capacity()
+    }
+
     /// Commit-log end offset (benchmarks).
     pub fn log_end_for_bench(&self) -> u64 {
         self.store.log.end()

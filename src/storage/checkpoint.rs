@@ -49,6 +49,10 @@ pub struct Checkpoint {
     pub dispatched: u64,
     /// One entry per queue.
     pub queues: Vec<QueueState>,
+    /// Which snapshot of this process it is (in memory only, 0 when loaded): reclaim must know a
+    /// checkpoint was taken after its decision, which `dispatched` alone cannot tell when nothing
+    /// was appended in between.
+    pub serial: u64,
 }
 
 fn put_u64(b: &mut Vec<u8>, v: u64) {
@@ -112,7 +116,7 @@ impl Checkpoint {
                 dead: r.u64()?,
             });
         }
-        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues })
+        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues, serial: 0 })
     }
 
     /// Loads `path`; a missing file is the empty checkpoint, a damaged one is an error.
@@ -252,6 +256,7 @@ mod tests {
                     dead: 1,
                 },
             ],
+            serial: 0,
         };
         cp.store(&path).unwrap();
         assert_eq!(Checkpoint::load(&path).unwrap(), cp);

@@ -433,6 +433,12 @@ impl CommitLog {
         (self.segments.len() > 1).then(|| (self.segments[0].base, self.segments[0].end()))
     }
 
+    /// The segment starting at `base` as (base, end), if there is one and it is sealed.
+    pub fn sealed_at(&self, base: u64) -> Option<(u64, u64)> {
+        let i = self.segments.binary_search_by_key(&base, |s| s.base).ok()?;
+        (i + 1 < self.segments.len()).then(|| (self.segments[i].base, self.segments[i].end()))
+    }
+
     /// Number of segment files.
     pub fn segment_count(&self) -> usize {
         self.segments.len()

@@ -21,6 +21,8 @@ const BYTES_SLICE: u64 = 4 << 20;
 const CARRY_SLICE: usize = 512;
 /// How long a head segment that cannot be reclaimed yet rests before it is scanned again.
 const RESCAN_MS: u64 = 1_000;
+/// Most segments found empty in a row that one durable checkpoint frees together.
+const FREE_RUN: u64 = 64;
 
 /// Where reclaiming the oldest segment stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -28,12 +30,16 @@ enum Phase {
     /// Nothing examined yet.
     #[default]
     Start,
-    /// Counting what the head still holds, from `pos`.
-    Scan { pos: u64, live: u64, pinned: u64 },
+    /// Counting what the segment starting at `seg` still holds, from `pos`. Segments from the head
+    /// up to `seg` were found empty: waiting for a checkpoint per segment would free at most one
+    /// segment per checkpoint interval, slower than a busy log fills them.
+    Scan { seg: u64, pos: u64, live: u64, pinned: u64 },
     /// Copying the head's live messages to the end of the log, from `pos`.
     Carry { pos: u64 },
-    /// Nothing live is left: delete once a durable checkpoint covers `need`.
-    Free { need: u64 },
+    /// Nothing live is left before `upto`: delete those segments, one per step, once the
+    /// checkpoint with serial `need` (the first taken after the decision) is durable. It covers the
+    /// Carries written for them and the expiry of their final messages from the index.
+    Free { need: u64, upto: u64 },
     /// Something pinned the head (a reservation, a final message within retention, a timer about
     /// to fire) or carrying would not pay yet: look again at `until_ms`.
     Rest { until_ms: u64 },
@@ -111,7 +117,7 @@ impl Store {
         }
         match self.reclaim.phase {
             Phase::Start | Phase::Scan { .. } | Phase::Carry { .. } => self.log.sealed_head().is_some(),
-            Phase::Free { need } => self.durable >= need,
+            Phase::Free { need, .. } => self.durable_serial >= need,
             Phase::Rest { until_ms } => now_ms >= until_ms,
         }
     }
@@ -119,7 +125,7 @@ impl Store {
     /// Called once a checkpoint is durable: nothing before its dispatch position is replayed any
     /// more, and queue files wholly behind its cursors are never read again.
     pub fn checkpoint_durable(&mut self, cp: &Checkpoint) -> Result<()> {
-        self.durable = self.durable.max(cp.dispatched);
+        self.durable_serial = self.durable_serial.max(cp.serial);
         for q in &cp.queues {
             let cq = match q.kind {
                 QueueKind::Level => {
@@ -201,21 +207,28 @@ impl Store {
             self.reclaim.head = base;
             self.reclaim.phase = Phase::Start;
         }
+        let head = Phase::Scan { seg: base, pos: base, live: 0, pinned: 0 };
         self.reclaim.phase = match self.reclaim.phase {
-            Phase::Start => Phase::Scan { pos: base, live: 0, pinned: 0 },
+            Phase::Start => head,
             Phase::Rest { until_ms } if now_ms < until_ms => return Ok(()),
-            Phase::Rest { .. } => Phase::Scan { pos: base, live: 0, pinned: 0 },
-            Phase::Scan { pos, live, pinned } => self.scan(now_ms, policy, base, end, pos, live, pinned)?,
+            Phase::Rest { .. } => head,
+            Phase::Scan { seg, pos, live, pinned } => self.scan(now_ms, policy, base, seg, pos, live, pinned)?,
             Phase::Carry { pos } => self.carry(now_ms, plan, base, end, pos)?,
-            Phase::Free { need } if self.durable < need => return Ok(()),
-            Phase::Free { .. } => {
-                let freed = self.log.drop_head(end)?;
+            Phase::Free { need, .. } if self.durable_serial < need => return Ok(()),
+            Phase::Free { need, upto } => {
+                let freed = self.log.drop_head(upto)?;
                 if freed > 0 {
                     self.reclaim.stats.segments_deleted += 1;
                     self.reclaim.stats.segment_bytes_deleted += freed;
                     info!(base, end, freed, "commit-log segment reclaimed");
                 }
-                Phase::Start
+                match self.log.sealed_head() {
+                    Some((next, next_end)) if freed > 0 && next_end <= upto => {
+                        self.reclaim.head = next;
+                        Phase::Free { need, upto }
+                    }
+                    _ => Phase::Start,
+                }
             }
         };
         Ok(())
@@ -227,11 +240,12 @@ impl Store {
         now_ms: u64,
         policy: &ReclaimPolicy,
         base: u64,
-        end: u64,
+        seg: u64,
         mut pos: u64,
         mut live: u64,
         mut pinned: u64,
     ) -> Result<Phase> {
+        let Some((_, end)) = self.log.sealed_at(seg) else { return Ok(Phase::Start) };
         let mut seen = 0;
         let start = pos;
         while seen < SCAN_SLICE && pos - start < BYTES_SLICE {
@@ -256,13 +270,22 @@ impl Store {
             seen += 1;
         }
         if pos < end && self.log.next(pos)?.is_some_and(|(o, _, _)| o < end) {
-            return Ok(Phase::Scan { pos, live, pinned });
+            return Ok(Phase::Scan { seg, pos, live, pinned });
+        }
+        if live == 0 && pinned == 0 {
+            debug!(seg, "segment holds nothing live");
+            let run_full = end - base >= FREE_RUN.saturating_mul(policy.segment_bytes);
+            if !run_full && self.log.sealed_at(end).is_some() {
+                return Ok(Phase::Scan { seg: end, pos: end, live: 0, pinned: 0 });
+            }
+            return Ok(Phase::Free { need: self.snapshots + 1, upto: end });
+        }
+        if seg > base {
+            // The segments before this one are empty; this one is the head's business next round.
+            return Ok(Phase::Free { need: self.snapshots + 1, upto: seg });
         }
         let head_len = end - base;
-        Ok(if live == 0 && pinned == 0 {
-            debug!(base, "head segment holds nothing live");
-            Phase::Free { need: self.dispatched.max(end) }
-        } else if pinned == 0 && policy.should_carry(head_len, live, self.log.disk_bytes(), self.live_bytes) {
+        Ok(if pinned == 0 && policy.should_carry(head_len, live, self.log.disk_bytes(), self.live_bytes) {
             debug!(base, live, "carrying the head segment's live messages forward");
             Phase::Carry { pos: base }
         } else {
@@ -303,7 +326,7 @@ impl Store {
             return Ok(Phase::Carry { pos });
         }
         // Scan again: a message may have been reserved while the carry was under way.
-        Ok(Phase::Scan { pos: base, live: 0, pinned: 0 })
+        Ok(Phase::Scan { seg: base, pos: base, live: 0, pinned: 0 })
     }
 
     fn carry_record(&self, slot: &Slot, now_ms: u64, plan: &dyn Fn(u64, u64) -> Route) -> Result<Vec<u8>> {

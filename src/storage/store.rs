@@ -87,8 +87,10 @@ pub struct Store {
     pub(super) live_bytes: u64,
     /// Log offset up to which final messages were checked for expiry.
     pub(super) expiry: u64,
-    /// `dispatched` of the newest checkpoint known to be durable: nothing before it is replayed.
-    pub(super) durable: u64,
+    /// Checkpoint snapshots taken by this process.
+    pub(super) snapshots: u64,
+    /// `serial` of the newest checkpoint known to be durable.
+    pub(super) durable_serial: u64,
     /// Where reclaiming the oldest segment stands.
     pub(super) reclaim: super::reclaim::Reclaim,
 }
@@ -164,7 +166,8 @@ impl Store {
             touched: Vec::new(),
             live_bytes: 0,
             expiry: 0,
-            durable: 0,
+            snapshots: 0,
+            durable_serial: 0,
             reclaim: Default::default(),
         };
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
@@ -200,7 +203,6 @@ impl Store {
         store.touched.clear();
         store.live_bytes = store.count_live_bytes();
         store.expiry = store.log.start();
-        store.durable = store.dispatched;
         info!(
             clean = report.clean,
             rebuilt = report.rebuilt,
@@ -589,7 +591,8 @@ impl Store {
                 dead: q.dead,
             });
         }
-        Checkpoint { dispatched: self.dispatched, queues }
+        self.snapshots += 1;
+        Checkpoint { dispatched: self.dispatched, queues, serial: self.snapshots }
     }
 
     /// Flushes everything and records the dispatch position, queue lengths and cursors.
