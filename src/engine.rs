@@ -32,8 +32,11 @@ pub const MAX_TOPIC_LEN: usize = 128;
 /// Highest accepted `max_attempts` (the index keeps attempts in 16 bits).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
 
-/// Index slots an idle engine copies per maintenance call during a resize: about 100 µs of work.
-const INDEX_IDLE_STEP_SLOTS: usize = 8192;
+/// Index slots copied per chunk of a maintenance call during a resize.
+const INDEX_STEP_CHUNK: usize = 1024;
+/// Time a maintenance call spends copying index slots: every slot may fault in a page of the new
+/// table, so a count alone does not bound the time.
+const INDEX_STEP_BUDGET: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
 pub fn validate_topic(topic: &str) -> Result<()> {
@@ -202,7 +205,13 @@ impl Engine {
         }
         // Without traffic, operations would never finish an index resize and the old table would
         // stay mapped; idle time finishes it in bounded steps.
-        self.store.index.step(INDEX_IDLE_STEP_SLOTS);
+        let started = std::time::Instant::now();
+        loop {
+            self.store.index.step(INDEX_STEP_CHUNK);
+            if !self.store.index.is_copying() || started.elapsed() >= INDEX_STEP_BUDGET {
+                break;
+            }
+        }
         if !self.cfg.reclaim {
             return Ok(());
         }
@@ -882,6 +891,11 @@ impl Engine {
     /// Slots of the id index table inserts go to (benchmarks).
     pub fn index_slots_for_bench(&self) -> u64 {
         self.store.index.capacity()
+    }
+
+    /// Whether the id index is being resized (benchmarks).
+    pub fn index_resizing_for_bench(&self) -> bool {
+        self.store.index.is_migrating()
     }
 
     /// Commit-log end offset (benchmarks).

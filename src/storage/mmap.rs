@@ -31,6 +31,22 @@ impl MappedFile {
         Self::map(path, file)
     }
 
+    /// Drops this mapping's page-table entries a megabyte at a time (the file and its page cache
+    /// are untouched), so the final unmap is quick. An unmap holds the process's mmap lock for
+    /// writing while it tears down every entry, and page faults on every other thread wait for it:
+    /// unmapping a 256 MiB table in one go stalled the engine for 60 ms.
+    pub fn release_pages(&self) {
+        const CHUNK: usize = 1 << 20;
+        let mut at = 0;
+        while at < self.map.len() {
+            let len = CHUNK.min(self.map.len() - at);
+            // SAFETY: the mapping is shared and file-backed, so dropping its pages loses nothing:
+            // later reads fault the same bytes back in from the page cache or the file.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len) };
+            at += len;
+        }
+    }
+
     /// Opens an existing file at its current length.
     pub fn open_existing(path: &Path) -> Result<MappedFile> {
         let file = open_rw(path, false)?;

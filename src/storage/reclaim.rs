@@ -212,7 +212,9 @@ impl Store {
             Phase::Start => head,
             Phase::Rest { until_ms } if now_ms < until_ms => return Ok(()),
             Phase::Rest { .. } => head,
-            Phase::Scan { seg, pos, live, pinned } => self.scan(now_ms, policy, base, seg, pos, live, pinned)?,
+            Phase::Scan { seg, pos, live, pinned } => {
+                self.scan(now_ms, policy, base, seg, pos, live, pinned)?
+            }
             Phase::Carry { pos } => self.carry(now_ms, plan, base, end, pos)?,
             Phase::Free { need, .. } if self.durable_serial < need => return Ok(()),
             Phase::Free { need, upto } => {
