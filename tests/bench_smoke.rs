@@ -140,17 +140,26 @@ fn quick_soak_writes_samples_summary_and_a_png() {
             assert!(number(&c[2]) > 0.0, "{s}: no disk use: {row}");
             assert!(number(&c[3]) > 0.0, "{s}: no commit log: {row}");
             assert!(number(&c[3]) <= number(&c[2]), "{s}: commit log larger than the data dir: {row}");
-            let produced = number(&c[5]);
+            // delayd's own live bytes: pending and acked messages within done_retention.
+            assert!(number(&c[4]) > 0.0, "{s}: no live bytes: {row}");
+            let produced = number(&c[6]);
             assert!(produced > 0.0 && produced >= last_produced, "{s}: produced count {row}");
-            assert!(number(&c[6]) <= produced, "{s}: more acked than produced: {row}");
+            assert!(number(&c[7]) <= produced, "{s}: more acked than produced: {row}");
             last_produced = produced;
         }
         // Deliveries and their lateness show up once the shortest delay has passed.
         assert!(
-            r.iter().any(|row| number(&cells(row)[8]) > 0.0 && number(&cells(row)[10]) >= 0.0),
+            r.iter().any(|row| number(&cells(row)[9]) > 0.0 && number(&cells(row)[11]) >= 0.0),
             "{s}: no lateness measured:\n{md}"
         );
-        assert!(md.contains(&format!("{s} commit log at most")), "{s}: no commit-log line:\n{md}");
+        assert!(
+            md.contains(&format!("{s} commit log vs delayd's own live bytes")),
+            "{s}: no commit-log line:\n{md}"
+        );
+        assert!(
+            md.contains(&format!("{s}: write amplification of reclaim")),
+            "{s}: no write amplification:\n{md}"
+        );
     }
     assert!(md.contains("segments of 16 MiB"), "no disk-growth line in segments:\n{md}");
     assert!(md.contains("lateness over the whole run, reclaim on vs off: delayd-sync p50"), "{md}");
