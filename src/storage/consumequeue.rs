@@ -1,5 +1,8 @@
-//! Consume queues: fixed-size entries pointing into the commit log, in mapped files of a fixed entry
-//! count named by the index of their first entry.
+//! Consume queues: fixed-size entries pointing into the commit log, in mapped files that each cover
+//! a fixed range of entry indexes and are named by the first index of their range.
+//!
+//! A file starts small and doubles as entries arrive, up to its full range, so a queue holding a
+//! few entries costs a few pages of disk, not the full file.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,6 +13,9 @@ use crate::error::{Error, Result};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
 pub const ENTRY_BYTES: usize = 20;
+
+/// Entries a new queue file is preallocated for: 20,480 bytes, five 4 KiB pages exactly.
+pub const INITIAL_FILE_ENTRIES: u64 = 1024;
 
 /// One consume-queue entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +50,9 @@ impl Entry {
 
 /// An append-only array of entries with O(1) access by index; files wholly behind the reader are
 /// deleted from the front, so entry indexes keep counting from the first entry ever appended.
+///
+/// File `k` holds entries `[k·per_file, (k+1)·per_file)`. Every file but the last is full; the last
+/// may be shorter (it grows by doubling), so an entry's file and position never depend on sizes.
 pub struct ConsumeQueue {
     dir: PathBuf,
     per_file: u64,
@@ -69,17 +78,26 @@ impl ConsumeQueue {
             Some(n) => n / per_file,
             None => len.unwrap_or(0) / per_file,
         };
+        let full = per_file * ENTRY_BYTES as u64;
         for (i, first) in names.iter().enumerate() {
             let path = dir.join(segment_name(*first));
             let expect = (first_file + i as u64) * per_file;
             let f = MappedFile::open_existing(&path)?;
-            if *first != expect || f.len() != per_file * ENTRY_BYTES as u64 {
+            // A power loss while growing or creating the last file can leave it at any length it
+            // was preallocated to (even 0); its missing or zero tail is unwritten entries.
+            let size_ok = if i + 1 == names.len() {
+                f.len() <= full && f.len() % ENTRY_BYTES as u64 == 0
+            } else {
+                f.len() == full
+            };
+            if *first != expect || !size_ok {
                 return Err(Error::Corrupt {
                     file: path.display().to_string(),
                     offset: 0,
                     reason: format!(
-                        "consume-queue file should start at entry {expect} and hold {per_file} entries \
-                         (was cq_entries_per_file changed?)"
+                        "consume-queue file should start at entry {expect} and hold {per_file} entries, \
+                         or a multiple of 20 bytes up to that if it is the last (was cq_entries_per_file \
+                         changed?)"
                     ),
                 });
             }
@@ -87,7 +105,8 @@ impl ConsumeQueue {
         }
         let mut q =
             ConsumeQueue { dir: dir.to_path_buf(), per_file, first_file, files, len: 0, flushed_len: 0 };
-        let capacity = (first_file + q.files.len() as u64) * per_file;
+        let capacity =
+            first_file * per_file + q.files.iter().map(|f| f.len() / ENTRY_BYTES as u64).sum::<u64>();
         let counted = q.count_written(capacity);
         let len = len.unwrap_or(counted).min(capacity).max(first_file * per_file);
         q.len = len;
@@ -115,7 +134,7 @@ impl ConsumeQueue {
         let first_file = self.first_file;
         for (i, f) in self.files.iter_mut().enumerate() {
             let first = (first_file + i as u64) * per_file;
-            let start = from.saturating_sub(first).min(per_file) as usize * ENTRY_BYTES;
+            let start = (from.saturating_sub(first) as usize * ENTRY_BYTES).min(f.bytes().len());
             if let Some(last) = f.last_nonzero(start) {
                 let stop = last + 1;
                 f.bytes_mut()[start..stop].fill(0);
@@ -128,7 +147,7 @@ impl ConsumeQueue {
     fn raw(&self, i: u64) -> Option<Entry> {
         let f = self.files.get((i / self.per_file).checked_sub(self.first_file)? as usize)?;
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
-        Some(Entry::decode(&f.bytes()[pos..pos + ENTRY_BYTES]))
+        f.bytes().get(pos..pos + ENTRY_BYTES).map(Entry::decode)
     }
 
     /// Number of entries.
@@ -159,16 +178,39 @@ impl ConsumeQueue {
         let i = self.len;
         let file = (i / self.per_file - self.first_file) as usize;
         if file == self.files.len() {
-            let path = self.dir.join(segment_name(i));
-            let f = MappedFile::open(&path, self.per_file * ENTRY_BYTES as u64)?;
-            f.sync_all()?;
-            sync_dir(&self.dir)?;
-            self.files.push(f);
+            self.create_file(i / self.per_file)?;
         }
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
-        self.files[file].write_at(pos, &e.encode());
+        let Some(f) = self.files.get_mut(file) else {
+            return Err(Error::Corrupt {
+                file: self.dir.display().to_string(),
+                offset: i,
+                reason: "consume-queue entry past its last file".into(),
+            });
+        };
+        if pos + ENTRY_BYTES > f.len() as usize {
+            f.grow(
+                grown_entries(f.len() / ENTRY_BYTES as u64, i % self.per_file + 1, self.per_file)
+                    * ENTRY_BYTES as u64,
+            )?;
+        }
+        f.write_at(pos, &e.encode());
         self.len += 1;
         Ok(i)
+    }
+
+    /// Creates file number `k`, small; the full previous file's new size is made durable first, so
+    /// a power loss never leaves a short file before a later one.
+    fn create_file(&mut self, k: u64) -> Result<()> {
+        if let Some(prev) = self.files.last() {
+            prev.sync_all()?;
+        }
+        let path = self.dir.join(segment_name(k * self.per_file));
+        let f = MappedFile::open(&path, INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64)?;
+        f.sync_all()?;
+        sync_dir(&self.dir)?;
+        self.files.push(f);
+        Ok(())
     }
 
     /// Drops entries whose log offset is at or past `log_offset`; returns how many were dropped.
@@ -249,6 +291,16 @@ impl ConsumeQueue {
     }
 }
 
+/// The entry count a file of `cur` entries grows to so that it holds `need`: doubling from
+/// [`INITIAL_FILE_ENTRIES`], capped at `full`.
+fn grown_entries(cur: u64, need: u64, full: u64) -> u64 {
+    let mut n = cur.max(INITIAL_FILE_ENTRIES.min(full)).max(1);
+    while n < need {
+        n = n.saturating_mul(2);
+    }
+    n.min(full)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,8 +372,133 @@ mod tests {
     fn a_changed_entry_count_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
-        q.append(Entry { offset: 1, size: 1, tag: 1 }).unwrap();
+        for i in 0..5 {
+            q.append(Entry { offset: i + 1, size: 1, tag: 1 }).unwrap();
+        }
         drop(q);
+        // Files 0 and 4: with 8 per file the second would have to be named 8, with 2 per file the
+        // first is too long.
         assert!(matches!(ConsumeQueue::open(dir.path(), 8, None), Err(Error::Corrupt { .. })));
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2, None), Err(Error::Corrupt { .. })));
+        assert_eq!(ConsumeQueue::open(dir.path(), 4, None).unwrap().len(), 5);
+    }
+
+    fn entry(i: u64) -> Entry {
+        Entry { offset: i * 10 + 1, size: 7, tag: i }
+    }
+
+    fn file_sizes(dir: &Path) -> Vec<(u64, u64)> {
+        list_numbered(dir)
+            .unwrap()
+            .into_iter()
+            .map(|n| (n, fs::metadata(dir.join(segment_name(n))).unwrap().len()))
+            .collect()
+    }
+
+    #[test]
+    fn files_start_small_and_double_up_to_the_full_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let per_file = 5000;
+        let mut q = ConsumeQueue::open(dir.path(), per_file, None).unwrap();
+        let mut sizes = vec![];
+        for i in 0..per_file + 1 {
+            q.append(entry(i)).unwrap();
+            let s = file_sizes(dir.path());
+            if sizes.last() != Some(&s) {
+                sizes.push(s);
+            }
+        }
+        let b = ENTRY_BYTES as u64;
+        assert_eq!(
+            sizes,
+            vec![
+                vec![(0, 1024 * b)],
+                vec![(0, 2048 * b)],
+                vec![(0, 4096 * b)],
+                vec![(0, 5000 * b)],
+                vec![(0, 5000 * b), (5000, 1024 * b)],
+            ]
+        );
+        // Preallocated for real: the blocks are allocated, not a sparse hole.
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(dir.path().join(segment_name(5000))).unwrap();
+        assert!(meta.blocks() * 512 >= 1024 * b, "{} blocks", meta.blocks());
+        assert_eq!(q.disk_bytes(), 6024 * b);
+        for i in 0..per_file + 1 {
+            assert_eq!(q.get(i), Some(entry(i)), "{i}");
+        }
+        q.flush().unwrap();
+        drop(q);
+        let q = ConsumeQueue::open(dir.path(), per_file, None).unwrap();
+        assert_eq!(q.len(), per_file + 1);
+        assert_eq!(q.get(4999), Some(entry(4999)));
+        assert_eq!(q.get(5000), Some(entry(5000)));
+    }
+
+    #[test]
+    fn a_partly_grown_file_reopens_and_keeps_growing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::open(dir.path(), 5000, None).unwrap();
+        for i in 0..1500 {
+            q.append(entry(i)).unwrap();
+        }
+        drop(q);
+        assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20)]);
+        let mut q = ConsumeQueue::open(dir.path(), 5000, None).unwrap();
+        assert_eq!(q.len(), 1500);
+        for i in 1500..3000 {
+            q.append(entry(i)).unwrap();
+        }
+        assert_eq!(file_sizes(dir.path()), vec![(0, 4096 * 20)]);
+        drop(q);
+        // A checkpointed length inside the grown part zeroes what follows; the size stays.
+        let q = ConsumeQueue::open(dir.path(), 5000, Some(2100)).unwrap();
+        assert_eq!((q.len(), q.get(2099), q.get(2100)), (2100, Some(entry(2099)), None));
+        drop(q);
+        assert_eq!(ConsumeQueue::open(dir.path(), 5000, None).unwrap().len(), 2100);
+    }
+
+    #[test]
+    fn crash_shaped_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::open(dir.path(), 2048, None).unwrap();
+        for i in 0..2049 {
+            q.append(entry(i)).unwrap();
+        }
+        drop(q);
+        let last = dir.path().join(segment_name(2048));
+        let first = dir.path().join(segment_name(0));
+        let set_len =
+            |p: &Path, len: u64| fs::OpenOptions::new().write(true).open(p).unwrap().set_len(len).unwrap();
+        // Grown (preallocated) but never written past the old end: zeros are unwritten entries.
+        set_len(&last, 2048 * 20);
+        assert_eq!(ConsumeQueue::open(dir.path(), 2048, None).unwrap().len(), 2049);
+        // Created but not yet preallocated: a zero-length last file holds nothing and grows again.
+        set_len(&last, 0);
+        let mut q = ConsumeQueue::open(dir.path(), 2048, None).unwrap();
+        assert_eq!(q.len(), 2048);
+        assert_eq!(q.append(entry(2048)).unwrap(), 2048);
+        assert_eq!(q.get(2048), Some(entry(2048)));
+        drop(q);
+        assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20), (2048, 1024 * 20)]);
+        // A last file cut inside an entry, or longer than the full range: damage.
+        set_len(&last, 1024 * 20 + 7);
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        set_len(&last, 4096 * 20);
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        set_len(&last, 1024 * 20);
+        // A short file before the last one: damage too (the next file is only made once it is full).
+        set_len(&first, 1024 * 20);
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn growth_steps() {
+        assert_eq!(grown_entries(0, 1, 300_000), 1024);
+        assert_eq!(grown_entries(1024, 1025, 300_000), 2048);
+        assert_eq!(grown_entries(1024, 5000, 300_000), 8192);
+        assert_eq!(grown_entries(262_144, 262_145, 300_000), 300_000);
+        assert_eq!(grown_entries(0, 1, 4), 4);
+        assert_eq!(grown_entries(7, 8, 10), 10);
     }
 }
