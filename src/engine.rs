@@ -253,9 +253,13 @@ impl Engine {
     }
 
     /// Captures a checkpoint for a background thread to make durable and write.
+    ///
+    /// A failure may leave some queues' writes handed to a job that never runs, so a later
+    /// checkpoint could claim entries that were never synced: refuse further writes instead.
     pub fn checkpoint_job(&mut self) -> Result<crate::storage::checkpoint::CheckpointJob> {
         let cursors = self.level_cursors();
-        self.store.checkpoint_job(&cursors)
+        let r = self.store.checkpoint_job(&cursors);
+        self.poison_on_io(r)
     }
 
     /// Offset one past the last appended record.
