@@ -82,6 +82,8 @@ pub struct BrokerConfig {
     pub reclaim: bool,
     /// Most topics the broker creates.
     pub max_topics: usize,
+    /// Most topic queues whose files are open at once.
+    pub open_queues: usize,
 }
 
 impl BrokerConfig {
@@ -246,6 +248,8 @@ pub struct Stats {
     pub topics: Vec<TopicStats>,
     /// Bytes used by the data directory's files.
     pub disk_bytes: u64,
+    /// Topic queues whose files are open (mapped, with a handle) now; at most `open_queues`.
+    pub open_queues: usize,
     /// Bytes of the commit-log segment files.
     pub log_bytes: u64,
     /// Bytes of the records of every message still indexed (live or final within retention).

@@ -103,6 +103,7 @@ impl Engine {
                 cq_entries_per_file: cfg.cq_entries_per_file,
                 index_initial_slots: cfg.index_initial_slots,
                 recovery: cfg.recovery,
+                open_queues: cfg.open_queues,
             },
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
@@ -445,9 +446,7 @@ impl Engine {
         let mut out = Vec::new();
         for topic in topics {
             while out.len() < max {
-                let Some(q) = self.store.topics.get_mut(topic.as_str()) else { break };
-                let Some(entry) = q.cq.get(q.cursor) else { break };
-                q.cursor += 1;
+                let Some(entry) = self.store.next_entry(topic)? else { break };
                 if let Some(d) = self.try_reserve(topic, entry, ttr_ms)? {
                     out.push(d);
                 }
@@ -832,6 +831,7 @@ impl Engine {
             levels,
             topics,
             disk_bytes: self.store.disk_bytes(),
+            open_queues: self.store.open_topic_queues(),
             log_bytes: self.store.log.disk_bytes(),
             live_bytes: self.store.live_bytes(),
             reclaim: self.store.reclaim_stats(),

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::commitlog::{list_numbered, segment_name};
-use super::mmap::{sync_dir, MappedFile};
+use super::mmap::{sync_dir, sync_path, MappedFile};
 use crate::error::{Error, Result};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
@@ -53,13 +53,23 @@ impl Entry {
 ///
 /// File `k` holds entries `[k·per_file, (k+1)·per_file)`. Every file but the last is full; the last
 /// may be shorter (it grows by doubling), so an entry's file and position never depend on sizes.
+///
+/// A queue can be closed (its maps and handles dropped) and reopened: lengths, file counts and the
+/// unsynced range stay in memory, so only reading or appending entries needs the files.
 pub struct ConsumeQueue {
     dir: PathBuf,
     per_file: u64,
-    /// Number (index / per_file) of `files[0]`; files before it were reclaimed.
+    /// Number (index / per_file) of the first file on disk; files before it were reclaimed.
     first_file: u64,
+    /// Files on disk from `first_file` on (`files.len()` while open).
+    file_count: u64,
+    /// Size of the last file in bytes; every other file is full.
+    last_bytes: u64,
+    /// The mapped files while open, empty while closed.
     files: Vec<MappedFile>,
+    mapped: bool,
     len: u64,
+    /// Entries below this are durable or handed to a checkpoint to make durable.
     flushed_len: u64,
 }
 
@@ -103,8 +113,17 @@ impl ConsumeQueue {
             }
             files.push(f);
         }
-        let mut q =
-            ConsumeQueue { dir: dir.to_path_buf(), per_file, first_file, files, len: 0, flushed_len: 0 };
+        let mut q = ConsumeQueue {
+            dir: dir.to_path_buf(),
+            per_file,
+            first_file,
+            file_count: files.len() as u64,
+            last_bytes: files.last().map_or(0, |f| f.len()),
+            files,
+            mapped: true,
+            len: 0,
+            flushed_len: 0,
+        };
         let capacity =
             first_file * per_file + q.files.iter().map(|f| f.len() / ENTRY_BYTES as u64).sum::<u64>();
         let counted = q.count_written(capacity);
@@ -113,6 +132,61 @@ impl ConsumeQueue {
         q.zero_from(len)?;
         q.flushed_len = len;
         Ok(q)
+    }
+
+    /// A new, empty queue in `dir`, closed; nothing is created on disk until the first append.
+    pub fn new_closed(dir: &Path, per_file: u64) -> ConsumeQueue {
+        ConsumeQueue {
+            dir: dir.to_path_buf(),
+            per_file,
+            first_file: 0,
+            file_count: 0,
+            last_bytes: 0,
+            files: Vec::new(),
+            mapped: false,
+            len: 0,
+            flushed_len: 0,
+        }
+    }
+
+    /// True while the files are mapped.
+    pub fn is_open(&self) -> bool {
+        self.mapped
+    }
+
+    /// Drops the maps and file handles. Unsynced entries stay in the page cache and are synced by
+    /// path at the next [`flush`](Self::flush) or [`take_dirty`](Self::take_dirty).
+    pub fn close(&mut self) {
+        self.files.clear();
+        self.mapped = false;
+    }
+
+    /// Maps the files again after [`close`](Self::close); a no-op while open.
+    pub fn reopen(&mut self) -> Result<()> {
+        if self.mapped {
+            return Ok(());
+        }
+        let full = self.per_file * ENTRY_BYTES as u64;
+        let mut files = Vec::with_capacity(self.file_count as usize);
+        for k in 0..self.file_count {
+            let f = MappedFile::open_existing(&self.file_path(self.first_file + k))?;
+            let want = if k + 1 == self.file_count { self.last_bytes } else { full };
+            if f.len() != want {
+                return Err(Error::Corrupt {
+                    file: f.path().display().to_string(),
+                    offset: 0,
+                    reason: format!("consume-queue file is {} bytes; it was {want} when closed", f.len()),
+                });
+            }
+            files.push(f);
+        }
+        self.files = files;
+        self.mapped = true;
+        Ok(())
+    }
+
+    fn file_path(&self, k: u64) -> PathBuf {
+        self.dir.join(segment_name(k * self.per_file))
     }
 
     fn count_written(&self, capacity: u64) -> u64 {
@@ -145,6 +219,7 @@ impl ConsumeQueue {
     }
 
     fn raw(&self, i: u64) -> Option<Entry> {
+        debug_assert!(self.mapped, "reading a closed consume queue");
         let f = self.files.get((i / self.per_file).checked_sub(self.first_file)? as usize)?;
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
         f.bytes().get(pos..pos + ENTRY_BYTES).map(Entry::decode)
@@ -165,7 +240,7 @@ impl ConsumeQueue {
         self.first_file * self.per_file
     }
 
-    /// Entry `i`, if written and not reclaimed.
+    /// Entry `i`, if written and not reclaimed; the queue must be open.
     pub fn get(&self, i: u64) -> Option<Entry> {
         if i >= self.len {
             return None;
@@ -173,14 +248,16 @@ impl ConsumeQueue {
         self.raw(i)
     }
 
-    /// Appends an entry and returns its index.
+    /// Appends an entry and returns its index; reopens the files if closed.
     pub fn append(&mut self, e: Entry) -> Result<u64> {
+        self.reopen()?;
         let i = self.len;
         let file = (i / self.per_file - self.first_file) as usize;
         if file == self.files.len() {
             self.create_file(i / self.per_file)?;
         }
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
+        let last = file + 1 == self.files.len();
         let Some(f) = self.files.get_mut(file) else {
             return Err(Error::Corrupt {
                 file: self.dir.display().to_string(),
@@ -189,10 +266,11 @@ impl ConsumeQueue {
             });
         };
         if pos + ENTRY_BYTES > f.len() as usize {
-            f.grow(
-                grown_entries(f.len() / ENTRY_BYTES as u64, i % self.per_file + 1, self.per_file)
-                    * ENTRY_BYTES as u64,
-            )?;
+            let entries = grown_entries(f.len() / ENTRY_BYTES as u64, i % self.per_file + 1, self.per_file);
+            f.grow(entries * ENTRY_BYTES as u64)?;
+            if last {
+                self.last_bytes = f.len();
+            }
         }
         f.write_at(pos, &e.encode());
         self.len += 1;
@@ -202,19 +280,24 @@ impl ConsumeQueue {
     /// Creates file number `k`, small; the full previous file's new size is made durable first, so
     /// a power loss never leaves a short file before a later one.
     fn create_file(&mut self, k: u64) -> Result<()> {
-        if let Some(prev) = self.files.last() {
-            prev.sync_all()?;
+        match self.files.last() {
+            Some(prev) => prev.sync_all()?,
+            // The first file of a queue may also be the first thing in its directory.
+            None => create_dir_durably(&self.dir)?,
         }
-        let path = self.dir.join(segment_name(k * self.per_file));
+        let path = self.file_path(k);
         let f = MappedFile::open(&path, INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64)?;
         f.sync_all()?;
         sync_dir(&self.dir)?;
+        self.last_bytes = f.len();
         self.files.push(f);
+        self.file_count += 1;
         Ok(())
     }
 
     /// Drops entries whose log offset is at or past `log_offset`; returns how many were dropped.
     pub fn truncate_to_offset(&mut self, log_offset: u64) -> Result<u64> {
+        self.reopen()?;
         // Entries are appended in log order, so offsets ascend: binary search.
         let (mut lo, mut hi) = (self.first(), self.len);
         while lo < hi {
@@ -234,48 +317,60 @@ impl ConsumeQueue {
         Ok(dropped)
     }
 
-    /// Makes appended entries durable.
-    pub fn flush(&mut self) -> Result<()> {
+    /// File numbers holding the entries appended since the last flush or hand-off.
+    fn dirty_files(&self) -> std::ops::Range<u64> {
         let (from, to) = (self.flushed_len, self.len);
         if from >= to {
-            return Ok(());
+            return 0..0;
         }
-        for i in (from / self.per_file)..=((to - 1) / self.per_file) {
-            let first = i * self.per_file;
-            let a = from.max(first) - first;
-            let b = to.min(first + self.per_file) - first;
-            self.files[(i - self.first_file) as usize]
-                .flush_range(a as usize * ENTRY_BYTES, (b - a) as usize * ENTRY_BYTES)?;
-        }
-        self.flushed_len = to;
-        Ok(())
+        (from / self.per_file).max(self.first_file)..(to - 1) / self.per_file + 1
     }
 
-    /// Handles on the files written since the last flush or call, for a background fdatasync;
-    /// the caller owns making them durable from then on.
-    pub fn take_dirty_handles(&mut self, out: &mut Vec<std::fs::File>) -> Result<()> {
+    /// Makes appended entries durable: msync while open, fdatasync by path while closed.
+    pub fn flush(&mut self) -> Result<()> {
         let (from, to) = (self.flushed_len, self.len);
-        if from < to {
-            for i in (from / self.per_file)..=((to - 1) / self.per_file) {
-                out.push(self.files[(i - self.first_file) as usize].handle()?);
+        for k in self.dirty_files() {
+            if self.mapped {
+                let first = k * self.per_file;
+                let a = from.max(first) - first;
+                let b = to.min(first + self.per_file) - first;
+                self.files[(k - self.first_file) as usize]
+                    .flush_range(a as usize * ENTRY_BYTES, (b - a) as usize * ENTRY_BYTES)?;
+            } else {
+                sync_path(&self.file_path(k))?;
             }
         }
         self.flushed_len = to;
         Ok(())
     }
 
+    /// Paths of the files written since the last flush or call, for a background fdatasync; the
+    /// caller owns making them durable from then on.
+    pub fn take_dirty(&mut self, out: &mut Vec<PathBuf>) {
+        for k in self.dirty_files() {
+            out.push(self.file_path(k));
+        }
+        self.flushed_len = self.len;
+    }
+
     /// Deletes the files whose entries all lie before `before` (a durably checkpointed reader
-    /// cursor); returns how many. The file that takes the next append is never deleted.
+    /// cursor); returns how many. The file that takes the next append is never deleted. Works open
+    /// or closed.
     pub fn drop_before(&mut self, before: u64) -> Result<usize> {
         let before = before.min(self.len);
         let mut dropped = 0;
-        while !self.files.is_empty() && (self.first_file + 1) * self.per_file <= before {
-            let f = self.files.remove(0);
-            let path = f.path().to_path_buf();
-            drop(f);
+        while self.file_count > 0 && (self.first_file + 1) * self.per_file <= before {
+            if self.mapped {
+                drop(self.files.remove(0));
+            }
+            let path = self.file_path(self.first_file);
             fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
             self.first_file += 1;
+            self.file_count -= 1;
             dropped += 1;
+        }
+        if self.file_count == 0 {
+            self.last_bytes = 0;
         }
         if dropped > 0 {
             // Deleted entries need no flush; the flush bookkeeping starts at the first kept one.
@@ -287,7 +382,22 @@ impl ConsumeQueue {
 
     /// Bytes of disk the queue files occupy.
     pub fn disk_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.len()).sum()
+        match self.file_count {
+            0 => 0,
+            n => (n - 1) * self.per_file * ENTRY_BYTES as u64 + self.last_bytes,
+        }
+    }
+}
+
+/// Creates `dir` if missing and makes its entry durable in its parent.
+fn create_dir_durably(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    match dir.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
     }
 }
 
@@ -490,6 +600,56 @@ mod tests {
         // A short file before the last one: damage too (the next file is only made once it is full).
         set_len(&first, 1024 * 20);
         assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_closed_queue_keeps_its_state_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::new_closed(dir.path(), 4);
+        assert!(!dir.path().exists() || list_numbered(dir.path()).unwrap().is_empty());
+        // Appending reopens; the first file creates the directory.
+        for i in 0..6 {
+            q.append(entry(i)).unwrap();
+        }
+        assert!(q.is_open());
+        let bytes = q.disk_bytes();
+        q.close();
+        assert!(!q.is_open());
+        assert_eq!((q.len(), q.first(), q.disk_bytes()), (6, 0, bytes));
+        // Unsynced entries written before the close are synced by path.
+        let mut dirty = vec![];
+        q.take_dirty(&mut dirty);
+        assert_eq!(dirty, vec![dir.path().join(segment_name(0)), dir.path().join(segment_name(4))]);
+        q.append(entry(6)).unwrap();
+        q.close();
+        q.flush().unwrap();
+        q.take_dirty(&mut dirty);
+        assert_eq!(dirty.len(), 2, "flushed while closed: nothing left to hand over");
+        // Files behind the reader go while closed, too.
+        assert_eq!(q.drop_before(5).unwrap(), 1);
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![4]);
+        q.reopen().unwrap();
+        assert_eq!((q.first(), q.get(4), q.get(6), q.get(7)), (4, Some(entry(4)), Some(entry(6)), None));
+        q.close();
+        assert_eq!(q.drop_before(8).unwrap(), 0, "the file taking the next append stays");
+        drop(q);
+        let q = ConsumeQueue::open(dir.path(), 4, Some(7)).unwrap();
+        assert_eq!((q.first(), q.len(), q.get(6)), (4, 7, Some(entry(6))));
+    }
+
+    #[test]
+    fn reopening_a_file_changed_behind_a_closed_queue_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::open(dir.path(), 4096, None).unwrap();
+        q.append(entry(0)).unwrap();
+        q.close();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(segment_name(0)))
+            .unwrap()
+            .set_len(40)
+            .unwrap();
+        assert!(matches!(q.reopen(), Err(Error::Corrupt { .. })));
     }
 
     #[test]

@@ -225,6 +225,13 @@ fn open_rw(path: &Path, create: bool) -> Result<File> {
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
 }
 
+/// fdatasyncs the file at `path` through a new handle. Pages written through a mapping that is
+/// gone are still the file's dirty pages, so this makes them durable too.
+pub fn sync_path(path: &Path) -> Result<()> {
+    let f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    f.sync_data().map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))
+}
+
 /// fsyncs a directory so a create, rename or delete in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     let f = File::open(dir).map_err(|e| Error::io(format!("open dir {}", dir.display()), e))?;
