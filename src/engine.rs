@@ -104,6 +104,7 @@ impl Engine {
                 index_initial_slots: cfg.index_initial_slots,
                 recovery: cfg.recovery,
                 open_queues: cfg.open_queues,
+                reclaim: cfg.reclaim,
             },
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());

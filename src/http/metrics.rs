@@ -131,6 +131,11 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
             r.queue_files_deleted,
         ),
         ("delayd_expired_total", "Final messages forgotten after done_retention.", r.expired),
+        (
+            "delayd_topics_forgotten_total",
+            "Emptied topics whose queue files and directory were deleted.",
+            r.topics_forgotten,
+        ),
     ];
     for (name, help, v) in reclaim_counters {
         header(&mut out, name, "counter", help);

@@ -142,7 +142,8 @@ pub struct CheckpointJob {
     pub files: Vec<fs::File>,
     /// Consume-queue files whose writes the checkpoint covers, opened one at a time when synced,
     /// so a job holds no handle per queue. Nothing deletes them before the job has run: files are
-    /// deleted only behind a durable checkpoint's cursors, and these hold entries past them.
+    /// deleted only behind a durable checkpoint's cursors, and these hold entries past them, and a
+    /// topic is forgotten only if it has not changed since that checkpoint.
     pub queue_files: Vec<std::path::PathBuf>,
     /// Where the checkpoint goes.
     pub path: std::path::PathBuf,

@@ -380,6 +380,18 @@ impl ConsumeQueue {
         Ok(dropped)
     }
 
+    /// Deletes every file and the directory, for a topic being forgotten; returns how many files
+    /// there were. The removal need not be durable: recovery deletes the directory of a topic that
+    /// its checkpoint shows emptied or does not list.
+    pub fn remove(mut self) -> Result<usize> {
+        self.close();
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(self.file_count as usize),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(Error::io(format!("remove {}", self.dir.display()), e)),
+        }
+    }
+
     /// Bytes of disk the queue files occupy.
     pub fn disk_bytes(&self) -> u64 {
         match self.file_count {

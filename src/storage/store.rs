@@ -28,6 +28,9 @@ pub struct StoreConfig {
     pub recovery: RecoveryMode,
     /// Most topic queues whose files are open (mapped, with a handle) at once.
     pub open_queues: usize,
+    /// Whether a durable checkpoint deletes what it makes unnecessary (read queue files, emptied
+    /// topics); off, everything is kept.
+    pub reclaim: bool,
 }
 
 /// A topic queue with its reader cursor and counters.
@@ -42,11 +45,15 @@ pub struct TopicQueue {
     pub dead: u64,
     /// Key in the store's least-recently-used order while the files are open.
     lru: Option<u64>,
+    /// Log offset of the record whose dispatch created this queue (0 when it came from the
+    /// checkpoint at open). A checkpoint with a `dispatched` at or below it predates the queue:
+    /// it describes a forgotten namesake, whose cursor and emptiness say nothing about this one.
+    pub(super) created_at: u64,
 }
 
 impl TopicQueue {
-    fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64) -> TopicQueue {
-        TopicQueue { cq, cursor, reserved, dead, lru: None }
+    fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
+        TopicQueue { cq, cursor, reserved, dead, lru: None, created_at }
     }
 }
 
@@ -114,6 +121,15 @@ fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
 fn topic_dir(root: &Path, topic: &str) -> PathBuf {
     // The prefix keeps names such as "." and ".." (valid topics) from meaning anything to the filesystem.
     root.join("cq").join("topic").join(format!("t-{topic}"))
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::io(format!("remove {}", dir.display()), e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The dead-letter topic of `topic`.
@@ -221,6 +237,16 @@ impl Store {
                 }
                 QueueKind::Topic => (topic_dir(&self.dir, &q.name), None),
             };
+            if level.is_none() && q.cursor >= q.len {
+                // Every entry the checkpoint knew of was read, and entries past it are dispatched
+                // again: nothing on disk is needed. The topic may have been forgotten after this
+                // checkpoint (files partly or wholly gone) and even recreated from entry 0, so it
+                // restarts empty at entry 0 whatever its directory holds.
+                remove_dir_if_present(&path)?;
+                let cq = ConsumeQueue::new_closed(&path, per_file);
+                self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, q.reserved, q.dead, 0));
+                continue;
+            }
             if q.len > 0 && !path.exists() {
                 warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
                 return Ok(false);
@@ -247,12 +273,13 @@ impl Store {
                     self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
                 }
                 None => {
-                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, q.cursor, q.reserved, q.dead));
+                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0));
                     self.topic_open(&q.name)?;
                 }
             }
         }
-        // Queues created after the checkpoint hold only re-dispatchable entries: start them empty.
+        // Queues created after the checkpoint hold only re-dispatchable entries: levels start empty,
+        // topics (perhaps forgotten before the crash) go and come back if the replay names them.
         for (kind, sub) in [(QueueKind::Level, "level"), (QueueKind::Topic, "topic")] {
             let root = self.dir.join("cq").join(sub);
             let Ok(rd) = fs::read_dir(&root) else { continue };
@@ -270,14 +297,8 @@ impl Store {
                         }
                     }
                     QueueKind::Topic => {
-                        if let Some(topic) = name.strip_prefix("t-") {
-                            if !self.topics.contains_key(topic) {
-                                let Ok(cq) = ConsumeQueue::open(&e.path(), per_file, Some(0)) else {
-                                    return Ok(false);
-                                };
-                                self.topics.insert(topic.to_string(), TopicQueue::new(cq, 0, 0, 0));
-                                self.topic_open(topic)?;
-                            }
+                        if name.strip_prefix("t-").is_some_and(|topic| !self.topics.contains_key(topic)) {
+                            remove_dir_if_present(&e.path())?;
                         }
                     }
                 }
@@ -329,7 +350,7 @@ impl Store {
                 }
                 QueueKind::Topic => {
                     let cq = ConsumeQueue::new_closed(&topic_dir(&self.dir, &q.name), per_file);
-                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, 0, 0));
+                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, 0, 0, 0));
                 }
             }
         }
@@ -351,7 +372,8 @@ impl Store {
     fn topic_state(&mut self, topic: &str) -> Result<&mut TopicQueue> {
         if !self.topics.contains_key(topic) {
             let cq = ConsumeQueue::new_closed(&topic_dir(&self.dir, topic), self.cfg.cq_entries_per_file);
-            self.topics.insert(topic.to_string(), TopicQueue::new(cq, 0, 0, 0));
+            // Dispatch creates queues, and it is applying the record at `dispatched` right now.
+            self.topics.insert(topic.to_string(), TopicQueue::new(cq, 0, 0, 0, self.dispatched));
         }
         self.topics.get_mut(topic).ok_or_else(|| Error::Unavailable("topic queue vanished".into()))
     }
@@ -397,6 +419,15 @@ impl Store {
             q.cursor += 1;
         }
         Ok(entry)
+    }
+
+    /// Drops a topic from the map and deletes its files and directory; returns how many files.
+    pub(super) fn forget_topic(&mut self, topic: &str) -> Result<usize> {
+        let Some(q) = self.topics.remove(topic) else { return Ok(0) };
+        if let Some(key) = q.lru {
+            self.lru.remove(&key);
+        }
+        q.cq.remove()
     }
 
     /// Topic queues whose files are open now (at most `open_queues`).
@@ -651,7 +682,10 @@ impl Store {
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
         cp.store(&self.dir.join("checkpoint"))?;
-        self.checkpoint_durable(&cp)
+        if self.cfg.reclaim {
+            self.checkpoint_durable(&cp)?;
+        }
+        Ok(())
     }
 
     /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller
@@ -673,7 +707,15 @@ impl Store {
 
     /// Final checkpoint plus the clean-shutdown marker.
     pub fn close(mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
-        self.checkpoint(level_cursors)?;
+        // A checkpoint may let emptied topics go (a slice at a time); checkpointing until none goes
+        // leaves a directory whose checkpoint lists exactly the queues on disk.
+        loop {
+            let forgotten = self.reclaim.stats.topics_forgotten;
+            self.checkpoint(level_cursors)?;
+            if self.reclaim.stats.topics_forgotten == forgotten {
+                break;
+            }
+        }
         checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), self.log.end())
     }
 
