@@ -82,6 +82,8 @@ pub struct BrokerConfig {
     pub reclaim: bool,
     /// Most topics the broker creates.
     pub max_topics: usize,
+    /// Most topic queues whose files are open at once.
+    pub open_queues: usize,
 }
 
 impl BrokerConfig {
@@ -246,6 +248,8 @@ pub struct Stats {
     pub topics: Vec<TopicStats>,
     /// Bytes used by the data directory's files.
     pub disk_bytes: u64,
+    /// Topic queues whose files are open (mapped, with a handle) now; at most `open_queues`.
+    pub open_queues: usize,
     /// Bytes of the commit-log segment files.
     pub log_bytes: u64,
     /// Bytes ever appended to the commit log (its end offset), carries included.
@@ -607,8 +611,11 @@ fn run_engine(
     let (cp_tx, cp_rx) = std::sync::mpsc::sync_channel::<crate::storage::checkpoint::CheckpointJob>(1);
     // Durable checkpoints come back to the engine: only then may reclaim delete what they replace.
     let (durable_tx, durable_rx) = std::sync::mpsc::channel::<crate::storage::checkpoint::Checkpoint>();
+    // A captured job owns syncing the queue files written since the previous one (the store
+    // forgets them once handed over), so it must run: the next is captured only when it is done.
+    let cp_busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let checkpointer = {
-        let poison = poison.clone();
+        let (poison, busy) = (poison.clone(), cp_busy.clone());
         std::thread::Builder::new().name("delayd-checkpoint".into()).spawn(move || {
             while let Ok(job) = cp_rx.recv() {
                 let cp = job.checkpoint.clone();
@@ -621,6 +628,7 @@ fn run_engine(
                         poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
                     }
                 }
+                busy.store(false, std::sync::atomic::Ordering::Release);
             }
         })
     };
@@ -761,16 +769,34 @@ fn run_engine(
             last_checkpoint = Instant::now();
         }
         if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-            checkpointed_end = engine.log_end();
             // The fdatasyncs run on the checkpoint thread; if the last one is still running, this
             // round is skipped rather than stalling the schedulers.
-            match engine.checkpoint_job() {
-                Ok(job) => {
-                    if cp_tx.try_send(job).is_err() {
-                        tracing::debug!("previous checkpoint still running; skipped");
+            if cp_busy.load(std::sync::atomic::Ordering::Acquire) {
+                tracing::debug!("previous checkpoint still running; skipped");
+            } else {
+                checkpointed_end = engine.log_end();
+                match engine.checkpoint_job() {
+                    Ok(job) => {
+                        cp_busy.store(true, std::sync::atomic::Ordering::Release);
+                        if let Err(
+                            std::sync::mpsc::TrySendError::Full(job)
+                            | std::sync::mpsc::TrySendError::Disconnected(job),
+                        ) = cp_tx.try_send(job)
+                        {
+                            // No checkpoint thread: run it here rather than drop what it owns.
+                            cp_busy.store(false, std::sync::atomic::Ordering::Release);
+                            let cp = job.checkpoint.clone();
+                            match job.run() {
+                                Ok(()) => engine.checkpoint_durable(&cp),
+                                Err(e) => {
+                                    error!(error = %e, "checkpoint failed; refusing further writes");
+                                    engine.poison(e.to_string());
+                                }
+                            }
+                        }
                     }
+                    Err(e) => error!(error = %e, "capturing a checkpoint failed; refusing further writes"),
                 }
-                Err(e) => error!(error = %e, "checkpoint failed"),
             }
             last_checkpoint = Instant::now();
         }

@@ -21,7 +21,7 @@ pub const DEFAULT_BACKOFF: &str = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30
 pub const ENV_PREFIX: &str = "DELAYD_";
 
 /// Every key of the program, in the order `config/delayd.toml` documents them.
-pub const KEYS: [&str; 25] = [
+pub const KEYS: [&str; 26] = [
     "listen",
     "data_dir",
     "flush",
@@ -47,6 +47,7 @@ pub const KEYS: [&str; 25] = [
     "done_retention",
     "reclaim",
     "max_topics",
+    "open_queues",
 ];
 
 /// Log output format.
@@ -140,6 +141,8 @@ pub struct Config {
     /// Most topics (dead-letter topics included) the broker creates; produces to a new one past it
     /// are refused.
     pub max_topics: usize,
+    /// Most topic queues whose files are open at once; the least recently used are closed.
+    pub open_queues: usize,
 }
 
 impl Default for Config {
@@ -170,6 +173,7 @@ impl Default for Config {
             done_retention: DAY_MS,
             reclaim: true,
             max_topics: 10_000,
+            open_queues: 1024,
         }
     }
 }
@@ -294,6 +298,9 @@ impl Config {
             "max_topics" => {
                 self.max_topics = usize::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
             }
+            "open_queues" => {
+                self.open_queues = usize::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
+            }
             other => return Err(format!("unknown key {other}")),
         }
         Ok(())
@@ -322,6 +329,9 @@ impl Config {
         }
         if self.max_topics == 0 {
             return bad("max_topics", "must be at least 1".into());
+        }
+        if self.open_queues == 0 {
+            return bad("open_queues", "must be at least 1".into());
         }
         if self.levels.is_empty() {
             return bad("levels", "needs at least one level".into());
@@ -422,6 +432,7 @@ impl Config {
             done_retention_ms: self.done_retention,
             reclaim: self.reclaim,
             max_topics: self.max_topics,
+            open_queues: self.open_queues,
         }
     }
 }
@@ -568,6 +579,7 @@ mod tests {
         assert_eq!(c.done_retention, DAY_MS);
         assert!(c.reclaim);
         assert_eq!(c.max_topics, 10_000);
+        assert_eq!(c.open_queues, 1024);
         assert_eq!(c.levels.len(), 18);
         assert_eq!(c.levels[0], 1000);
         assert_eq!(*c.levels.last().unwrap(), 7_200_000);
@@ -718,6 +730,7 @@ mod tests {
             ("done_retention", "3s"),
             ("reclaim", "off"),
             ("max_topics", "7"),
+            ("open_queues", "3"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -751,6 +764,7 @@ mod tests {
             done_retention: 3000,
             reclaim: false,
             max_topics: 7,
+            open_queues: 3,
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
@@ -785,6 +799,7 @@ mod tests {
             ("max_body_bytes", Box::new(|c| c.max_body_bytes = 0)),
             ("max_body_bytes", Box::new(|c| c.max_body_bytes = c.segment_bytes)),
             ("max_batch", Box::new(|c| c.max_batch = 0)),
+            ("open_queues", Box::new(|c| c.open_queues = 0)),
             ("auth_token", Box::new(|c| c.auth_token = Some("a b".into()))),
             ("log_level", Box::new(|c| c.log_level = "[[[".into())),
         ];
@@ -809,5 +824,6 @@ mod tests {
         assert_eq!(b.max_wait_ms, 5000);
         assert_eq!(b.segment_bytes, c.segment_bytes);
         assert_eq!(b.data_dir, c.data_dir);
+        assert_eq!(b.open_queues, c.open_queues);
     }
 }

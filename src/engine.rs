@@ -109,6 +109,8 @@ impl Engine {
                 cq_entries_per_file: cfg.cq_entries_per_file,
                 index_initial_slots: cfg.index_initial_slots,
                 recovery: cfg.recovery,
+                open_queues: cfg.open_queues,
+                reclaim: cfg.reclaim,
             },
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
@@ -272,9 +274,13 @@ impl Engine {
     }
 
     /// Captures a checkpoint for a background thread to make durable and write.
+    ///
+    /// A failure may leave some queues' writes handed to a job that never runs, so a later
+    /// checkpoint could claim entries that were never synced: refuse further writes instead.
     pub fn checkpoint_job(&mut self) -> Result<crate::storage::checkpoint::CheckpointJob> {
         let cursors = self.level_cursors();
-        self.store.checkpoint_job(&cursors)
+        let r = self.store.checkpoint_job(&cursors);
+        self.poison_on_io(r)
     }
 
     /// Offset one past the last appended record.
@@ -460,9 +466,7 @@ impl Engine {
         let mut out = Vec::new();
         for topic in topics {
             while out.len() < max {
-                let Some(q) = self.store.topics.get_mut(topic.as_str()) else { break };
-                let Some(entry) = q.cq.get(q.cursor) else { break };
-                q.cursor += 1;
+                let Some(entry) = self.store.next_entry(topic)? else { break };
                 if let Some(d) = self.try_reserve(topic, entry, ttr_ms)? {
                     out.push(d);
                 }
@@ -847,6 +851,7 @@ impl Engine {
             levels,
             topics,
             disk_bytes: self.store.disk_bytes(),
+            open_queues: self.store.open_topic_queues(),
             log_bytes: self.store.log.disk_bytes(),
             log_written_bytes: self.store.log.end(),
             live_bytes: self.store.live_bytes(),

@@ -24,6 +24,8 @@ pub mod metrics;
 mod reclaim_tests;
 pub mod schedule;
 pub mod storage;
+#[cfg(test)]
+mod topic_tests;
 
 pub use broker::Broker;
 pub use error::{Error, Result};

@@ -136,6 +136,11 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
             "Bytes ever appended to the commit log, carries included (write amplification: carried / this).",
             stats.log_written_bytes,
         ),
+        (
+            "delayd_topics_forgotten_total",
+            "Emptied topics whose queue files and directory were deleted.",
+            r.topics_forgotten,
+        ),
     ];
     for (name, help, v) in reclaim_counters {
         header(&mut out, name, "counter", help);
@@ -145,6 +150,11 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         ("delayd_disk_bytes", "Bytes used by the data directory's files.", stats.disk_bytes),
         ("delayd_log_bytes", "Bytes of commit-log segment files.", stats.log_bytes),
         ("delayd_live_bytes", "Bytes of the records of every message not yet expired.", stats.live_bytes),
+        (
+            "delayd_open_queues",
+            "Topic queues whose files are open now (at most open_queues).",
+            stats.open_queues as u64,
+        ),
     ];
     for (name, help, v) in gauges {
         header(&mut out, name, "gauge", help);
@@ -174,6 +184,7 @@ mod tests {
             ],
             topics: vec![TopicStats { topic: "orders".into(), ready: 5, reserved: 1, dead_lettered: 2 }],
             disk_bytes: 4096,
+            open_queues: 3,
             log_bytes: 2048,
             log_written_bytes: 9000,
             live_bytes: 100,
@@ -190,6 +201,7 @@ mod tests {
             "delayd_topic_ready{topic=\"orders\"} 5",
             "delayd_topic_reserved{topic=\"orders\"} 1",
             "delayd_topic_dead_lettered{topic=\"orders\"} 2",
+            "delayd_open_queues 3",
             "delayd_lateness_ms_bucket{le=\"0\"} 1",
             "delayd_lateness_ms_bucket{le=\"2\"} 1",
             "delayd_lateness_ms_bucket{le=\"5\"} 2",

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use super::mmap::sync_dir;
+use super::mmap::{sync_dir, sync_path};
 use crate::error::{Error, Result};
 
 /// Magic of the checkpoint file ("DLCK").
@@ -142,8 +142,13 @@ impl Checkpoint {
 pub struct CheckpointJob {
     /// The state to record.
     pub checkpoint: Checkpoint,
-    /// Files whose writes the checkpoint covers.
+    /// Open files whose writes the checkpoint covers (log segments, the index).
     pub files: Vec<fs::File>,
+    /// Consume-queue files whose writes the checkpoint covers, opened one at a time when synced,
+    /// so a job holds no handle per queue. Nothing deletes them before the job has run: files are
+    /// deleted only behind a durable checkpoint's cursors, and these hold entries past them, and a
+    /// topic is forgotten only if it has not changed since that checkpoint.
+    pub queue_files: Vec<std::path::PathBuf>,
     /// Where the checkpoint goes.
     pub path: std::path::PathBuf,
 }
@@ -153,6 +158,9 @@ impl CheckpointJob {
     pub fn run(self) -> Result<()> {
         for f in &self.files {
             f.sync_data().map_err(|e| Error::io("fdatasync before checkpoint", e))?;
+        }
+        for p in &self.queue_files {
+            sync_path(p)?;
         }
         self.checkpoint.store(&self.path)
     }

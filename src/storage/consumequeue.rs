@@ -1,15 +1,21 @@
-//! Consume queues: fixed-size entries pointing into the commit log, in mapped files of a fixed entry
-//! count named by the index of their first entry.
+//! Consume queues: fixed-size entries pointing into the commit log, in mapped files that each cover
+//! a fixed range of entry indexes and are named by the first index of their range.
+//!
+//! A file starts small and doubles as entries arrive, up to its full range, so a queue holding a
+//! few entries costs a few pages of disk, not the full file.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::commitlog::{list_numbered, segment_name};
-use super::mmap::{sync_dir, MappedFile};
+use super::mmap::{sync_dir, sync_path, MappedFile};
 use crate::error::{Error, Result};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
 pub const ENTRY_BYTES: usize = 20;
+
+/// Entries a new queue file is preallocated for: 20,480 bytes, five 4 KiB pages exactly.
+pub const INITIAL_FILE_ENTRIES: u64 = 1024;
 
 /// One consume-queue entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,13 +50,26 @@ impl Entry {
 
 /// An append-only array of entries with O(1) access by index; files wholly behind the reader are
 /// deleted from the front, so entry indexes keep counting from the first entry ever appended.
+///
+/// File `k` holds entries `[k·per_file, (k+1)·per_file)`. Every file but the last is full; the last
+/// may be shorter (it grows by doubling), so an entry's file and position never depend on sizes.
+///
+/// A queue can be closed (its maps and handles dropped) and reopened: lengths, file counts and the
+/// unsynced range stay in memory, so only reading or appending entries needs the files.
 pub struct ConsumeQueue {
     dir: PathBuf,
     per_file: u64,
-    /// Number (index / per_file) of `files[0]`; files before it were reclaimed.
+    /// Number (index / per_file) of the first file on disk; files before it were reclaimed.
     first_file: u64,
+    /// Files on disk from `first_file` on (`files.len()` while open).
+    file_count: u64,
+    /// Size of the last file in bytes; every other file is full.
+    last_bytes: u64,
+    /// The mapped files while open, empty while closed.
     files: Vec<MappedFile>,
+    mapped: bool,
     len: u64,
+    /// Entries below this are durable or handed to a checkpoint to make durable.
     flushed_len: u64,
 }
 
@@ -69,31 +88,105 @@ impl ConsumeQueue {
             Some(n) => n / per_file,
             None => len.unwrap_or(0) / per_file,
         };
+        let full = per_file * ENTRY_BYTES as u64;
         for (i, first) in names.iter().enumerate() {
             let path = dir.join(segment_name(*first));
             let expect = (first_file + i as u64) * per_file;
             let f = MappedFile::open_existing(&path)?;
-            if *first != expect || f.len() != per_file * ENTRY_BYTES as u64 {
+            // A power loss while growing or creating the last file can leave it at any length it
+            // was preallocated to (even 0); its missing or zero tail is unwritten entries.
+            let size_ok = if i + 1 == names.len() {
+                f.len() <= full && f.len() % ENTRY_BYTES as u64 == 0
+            } else {
+                f.len() == full
+            };
+            if *first != expect || !size_ok {
                 return Err(Error::Corrupt {
                     file: path.display().to_string(),
                     offset: 0,
                     reason: format!(
-                        "consume-queue file should start at entry {expect} and hold {per_file} entries \
-                         (was cq_entries_per_file changed?)"
+                        "consume-queue file should start at entry {expect} and hold {per_file} entries, \
+                         or a multiple of 20 bytes up to that if it is the last (was cq_entries_per_file \
+                         changed?)"
                     ),
                 });
             }
             files.push(f);
         }
-        let mut q =
-            ConsumeQueue { dir: dir.to_path_buf(), per_file, first_file, files, len: 0, flushed_len: 0 };
-        let capacity = (first_file + q.files.len() as u64) * per_file;
+        let mut q = ConsumeQueue {
+            dir: dir.to_path_buf(),
+            per_file,
+            first_file,
+            file_count: files.len() as u64,
+            last_bytes: files.last().map_or(0, |f| f.len()),
+            files,
+            mapped: true,
+            len: 0,
+            flushed_len: 0,
+        };
+        let capacity =
+            first_file * per_file + q.files.iter().map(|f| f.len() / ENTRY_BYTES as u64).sum::<u64>();
         let counted = q.count_written(capacity);
         let len = len.unwrap_or(counted).min(capacity).max(first_file * per_file);
         q.len = len;
         q.zero_from(len)?;
         q.flushed_len = len;
         Ok(q)
+    }
+
+    /// A new, empty queue in `dir`, closed; nothing is created on disk until the first append.
+    pub fn new_closed(dir: &Path, per_file: u64) -> ConsumeQueue {
+        ConsumeQueue {
+            dir: dir.to_path_buf(),
+            per_file,
+            first_file: 0,
+            file_count: 0,
+            last_bytes: 0,
+            files: Vec::new(),
+            mapped: false,
+            len: 0,
+            flushed_len: 0,
+        }
+    }
+
+    /// True while the files are mapped.
+    pub fn is_open(&self) -> bool {
+        self.mapped
+    }
+
+    /// Drops the maps and file handles. Unsynced entries stay in the page cache and are synced by
+    /// path at the next [`flush`](Self::flush) or [`take_dirty`](Self::take_dirty).
+    pub fn close(&mut self) {
+        self.files.clear();
+        self.mapped = false;
+    }
+
+    /// Maps the files again after [`close`](Self::close); a no-op while open.
+    pub fn reopen(&mut self) -> Result<()> {
+        if self.mapped {
+            return Ok(());
+        }
+        let full = self.per_file * ENTRY_BYTES as u64;
+        let mut files = Vec::with_capacity(self.file_count as usize);
+        for k in 0..self.file_count {
+            let f = MappedFile::open_existing(&self.file_path(self.first_file + k))?;
+            let want = if k + 1 == self.file_count { self.last_bytes } else { full };
+            if f.len() != want {
+                return Err(Error::Corrupt {
+                    file: f.path().display().to_string(),
+                    offset: 0,
+                    reason: format!("consume-queue file is {} bytes; it was {want} when closed", f.len()),
+                });
+            }
+            files.push(f);
+        }
+        self.files = files;
+        self.mapped = true;
+        Ok(())
+    }
+
+    fn file_path(&self, k: u64) -> PathBuf {
+        self.dir.join(segment_name(k * self.per_file))
     }
 
     fn count_written(&self, capacity: u64) -> u64 {
@@ -115,7 +208,7 @@ impl ConsumeQueue {
         let first_file = self.first_file;
         for (i, f) in self.files.iter_mut().enumerate() {
             let first = (first_file + i as u64) * per_file;
-            let start = from.saturating_sub(first).min(per_file) as usize * ENTRY_BYTES;
+            let start = (from.saturating_sub(first) as usize * ENTRY_BYTES).min(f.bytes().len());
             if let Some(last) = f.last_nonzero(start) {
                 let stop = last + 1;
                 f.bytes_mut()[start..stop].fill(0);
@@ -126,9 +219,10 @@ impl ConsumeQueue {
     }
 
     fn raw(&self, i: u64) -> Option<Entry> {
+        debug_assert!(self.mapped, "reading a closed consume queue");
         let f = self.files.get((i / self.per_file).checked_sub(self.first_file)? as usize)?;
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
-        Some(Entry::decode(&f.bytes()[pos..pos + ENTRY_BYTES]))
+        f.bytes().get(pos..pos + ENTRY_BYTES).map(Entry::decode)
     }
 
     /// Number of entries.
@@ -146,7 +240,7 @@ impl ConsumeQueue {
         self.first_file * self.per_file
     }
 
-    /// Entry `i`, if written and not reclaimed.
+    /// Entry `i`, if written and not reclaimed; the queue must be open.
     pub fn get(&self, i: u64) -> Option<Entry> {
         if i >= self.len {
             return None;
@@ -154,25 +248,56 @@ impl ConsumeQueue {
         self.raw(i)
     }
 
-    /// Appends an entry and returns its index.
+    /// Appends an entry and returns its index; reopens the files if closed.
     pub fn append(&mut self, e: Entry) -> Result<u64> {
+        self.reopen()?;
         let i = self.len;
         let file = (i / self.per_file - self.first_file) as usize;
         if file == self.files.len() {
-            let path = self.dir.join(segment_name(i));
-            let f = MappedFile::open(&path, self.per_file * ENTRY_BYTES as u64)?;
-            f.sync_all()?;
-            sync_dir(&self.dir)?;
-            self.files.push(f);
+            self.create_file(i / self.per_file)?;
         }
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
-        self.files[file].write_at(pos, &e.encode());
+        let last = file + 1 == self.files.len();
+        let Some(f) = self.files.get_mut(file) else {
+            return Err(Error::Corrupt {
+                file: self.dir.display().to_string(),
+                offset: i,
+                reason: "consume-queue entry past its last file".into(),
+            });
+        };
+        if pos + ENTRY_BYTES > f.len() as usize {
+            let entries = grown_entries(f.len() / ENTRY_BYTES as u64, i % self.per_file + 1, self.per_file);
+            f.grow(entries * ENTRY_BYTES as u64)?;
+            if last {
+                self.last_bytes = f.len();
+            }
+        }
+        f.write_at(pos, &e.encode());
         self.len += 1;
         Ok(i)
     }
 
+    /// Creates file number `k`, small; the full previous file's new size is made durable first, so
+    /// a power loss never leaves a short file before a later one.
+    fn create_file(&mut self, k: u64) -> Result<()> {
+        match self.files.last() {
+            Some(prev) => prev.sync_all()?,
+            // The first file of a queue may also be the first thing in its directory.
+            None => create_dir_durably(&self.dir)?,
+        }
+        let path = self.file_path(k);
+        let f = MappedFile::open(&path, INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64)?;
+        f.sync_all()?;
+        sync_dir(&self.dir)?;
+        self.last_bytes = f.len();
+        self.files.push(f);
+        self.file_count += 1;
+        Ok(())
+    }
+
     /// Drops entries whose log offset is at or past `log_offset`; returns how many were dropped.
     pub fn truncate_to_offset(&mut self, log_offset: u64) -> Result<u64> {
+        self.reopen()?;
         // Entries are appended in log order, so offsets ascend: binary search.
         let (mut lo, mut hi) = (self.first(), self.len);
         while lo < hi {
@@ -192,48 +317,60 @@ impl ConsumeQueue {
         Ok(dropped)
     }
 
-    /// Makes appended entries durable.
-    pub fn flush(&mut self) -> Result<()> {
+    /// File numbers holding the entries appended since the last flush or hand-off.
+    fn dirty_files(&self) -> std::ops::Range<u64> {
         let (from, to) = (self.flushed_len, self.len);
         if from >= to {
-            return Ok(());
+            return 0..0;
         }
-        for i in (from / self.per_file)..=((to - 1) / self.per_file) {
-            let first = i * self.per_file;
-            let a = from.max(first) - first;
-            let b = to.min(first + self.per_file) - first;
-            self.files[(i - self.first_file) as usize]
-                .flush_range(a as usize * ENTRY_BYTES, (b - a) as usize * ENTRY_BYTES)?;
-        }
-        self.flushed_len = to;
-        Ok(())
+        (from / self.per_file).max(self.first_file)..(to - 1) / self.per_file + 1
     }
 
-    /// Handles on the files written since the last flush or call, for a background fdatasync;
-    /// the caller owns making them durable from then on.
-    pub fn take_dirty_handles(&mut self, out: &mut Vec<std::fs::File>) -> Result<()> {
+    /// Makes appended entries durable: msync while open, fdatasync by path while closed.
+    pub fn flush(&mut self) -> Result<()> {
         let (from, to) = (self.flushed_len, self.len);
-        if from < to {
-            for i in (from / self.per_file)..=((to - 1) / self.per_file) {
-                out.push(self.files[(i - self.first_file) as usize].handle()?);
+        for k in self.dirty_files() {
+            if self.mapped {
+                let first = k * self.per_file;
+                let a = from.max(first) - first;
+                let b = to.min(first + self.per_file) - first;
+                self.files[(k - self.first_file) as usize]
+                    .flush_range(a as usize * ENTRY_BYTES, (b - a) as usize * ENTRY_BYTES)?;
+            } else {
+                sync_path(&self.file_path(k))?;
             }
         }
         self.flushed_len = to;
         Ok(())
     }
 
+    /// Paths of the files written since the last flush or call, for a background fdatasync; the
+    /// caller owns making them durable from then on.
+    pub fn take_dirty(&mut self, out: &mut Vec<PathBuf>) {
+        for k in self.dirty_files() {
+            out.push(self.file_path(k));
+        }
+        self.flushed_len = self.len;
+    }
+
     /// Deletes the files whose entries all lie before `before` (a durably checkpointed reader
-    /// cursor); returns how many. The file that takes the next append is never deleted.
+    /// cursor); returns how many. The file that takes the next append is never deleted. Works open
+    /// or closed.
     pub fn drop_before(&mut self, before: u64) -> Result<usize> {
         let before = before.min(self.len);
         let mut dropped = 0;
-        while !self.files.is_empty() && (self.first_file + 1) * self.per_file <= before {
-            let f = self.files.remove(0);
-            let path = f.path().to_path_buf();
-            drop(f);
+        while self.file_count > 0 && (self.first_file + 1) * self.per_file <= before {
+            if self.mapped {
+                drop(self.files.remove(0));
+            }
+            let path = self.file_path(self.first_file);
             fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
             self.first_file += 1;
+            self.file_count -= 1;
             dropped += 1;
+        }
+        if self.file_count == 0 {
+            self.last_bytes = 0;
         }
         if dropped > 0 {
             // Deleted entries need no flush; the flush bookkeeping starts at the first kept one.
@@ -243,10 +380,47 @@ impl ConsumeQueue {
         Ok(dropped)
     }
 
+    /// Deletes every file and the directory, for a topic being forgotten; returns how many files
+    /// there were. The removal need not be durable: recovery deletes the directory of a topic that
+    /// its checkpoint shows emptied or does not list.
+    pub fn remove(mut self) -> Result<usize> {
+        self.close();
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(self.file_count as usize),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(Error::io(format!("remove {}", self.dir.display()), e)),
+        }
+    }
+
     /// Bytes of disk the queue files occupy.
     pub fn disk_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.len()).sum()
+        match self.file_count {
+            0 => 0,
+            n => (n - 1) * self.per_file * ENTRY_BYTES as u64 + self.last_bytes,
+        }
     }
+}
+
+/// Creates `dir` if missing and makes its entry durable in its parent.
+fn create_dir_durably(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    match dir.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+/// The entry count a file of `cur` entries grows to so that it holds `need`: doubling from
+/// [`INITIAL_FILE_ENTRIES`], capped at `full`.
+fn grown_entries(cur: u64, need: u64, full: u64) -> u64 {
+    let mut n = cur.max(INITIAL_FILE_ENTRIES.min(full)).max(1);
+    while n < need {
+        n = n.saturating_mul(2);
+    }
+    n.min(full)
 }
 
 #[cfg(test)]
@@ -320,8 +494,183 @@ mod tests {
     fn a_changed_entry_count_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
-        q.append(Entry { offset: 1, size: 1, tag: 1 }).unwrap();
+        for i in 0..5 {
+            q.append(Entry { offset: i + 1, size: 1, tag: 1 }).unwrap();
+        }
         drop(q);
+        // Files 0 and 4: with 8 per file the second would have to be named 8, with 2 per file the
+        // first is too long.
         assert!(matches!(ConsumeQueue::open(dir.path(), 8, None), Err(Error::Corrupt { .. })));
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2, None), Err(Error::Corrupt { .. })));
+        assert_eq!(ConsumeQueue::open(dir.path(), 4, None).unwrap().len(), 5);
+    }
+
+    fn entry(i: u64) -> Entry {
+        Entry { offset: i * 10 + 1, size: 7, tag: i }
+    }
+
+    fn file_sizes(dir: &Path) -> Vec<(u64, u64)> {
+        list_numbered(dir)
+            .unwrap()
+            .into_iter()
+            .map(|n| (n, fs::metadata(dir.join(segment_name(n))).unwrap().len()))
+            .collect()
+    }
+
+    #[test]
+    fn files_start_small_and_double_up_to_the_full_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let per_file = 5000;
+        let mut q = ConsumeQueue::open(dir.path(), per_file, None).unwrap();
+        let mut sizes = vec![];
+        for i in 0..per_file + 1 {
+            q.append(entry(i)).unwrap();
+            let s = file_sizes(dir.path());
+            if sizes.last() != Some(&s) {
+                sizes.push(s);
+            }
+        }
+        let b = ENTRY_BYTES as u64;
+        assert_eq!(
+            sizes,
+            vec![
+                vec![(0, 1024 * b)],
+                vec![(0, 2048 * b)],
+                vec![(0, 4096 * b)],
+                vec![(0, 5000 * b)],
+                vec![(0, 5000 * b), (5000, 1024 * b)],
+            ]
+        );
+        // Preallocated for real: the blocks are allocated, not a sparse hole.
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(dir.path().join(segment_name(5000))).unwrap();
+        assert!(meta.blocks() * 512 >= 1024 * b, "{} blocks", meta.blocks());
+        assert_eq!(q.disk_bytes(), 6024 * b);
+        for i in 0..per_file + 1 {
+            assert_eq!(q.get(i), Some(entry(i)), "{i}");
+        }
+        q.flush().unwrap();
+        drop(q);
+        let q = ConsumeQueue::open(dir.path(), per_file, None).unwrap();
+        assert_eq!(q.len(), per_file + 1);
+        assert_eq!(q.get(4999), Some(entry(4999)));
+        assert_eq!(q.get(5000), Some(entry(5000)));
+    }
+
+    #[test]
+    fn a_partly_grown_file_reopens_and_keeps_growing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::open(dir.path(), 5000, None).unwrap();
+        for i in 0..1500 {
+            q.append(entry(i)).unwrap();
+        }
+        drop(q);
+        assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20)]);
+        let mut q = ConsumeQueue::open(dir.path(), 5000, None).unwrap();
+        assert_eq!(q.len(), 1500);
+        for i in 1500..3000 {
+            q.append(entry(i)).unwrap();
+        }
+        assert_eq!(file_sizes(dir.path()), vec![(0, 4096 * 20)]);
+        drop(q);
+        // A checkpointed length inside the grown part zeroes what follows; the size stays.
+        let q = ConsumeQueue::open(dir.path(), 5000, Some(2100)).unwrap();
+        assert_eq!((q.len(), q.get(2099), q.get(2100)), (2100, Some(entry(2099)), None));
+        drop(q);
+        assert_eq!(ConsumeQueue::open(dir.path(), 5000, None).unwrap().len(), 2100);
+    }
+
+    #[test]
+    fn crash_shaped_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::open(dir.path(), 2048, None).unwrap();
+        for i in 0..2049 {
+            q.append(entry(i)).unwrap();
+        }
+        drop(q);
+        let last = dir.path().join(segment_name(2048));
+        let first = dir.path().join(segment_name(0));
+        let set_len =
+            |p: &Path, len: u64| fs::OpenOptions::new().write(true).open(p).unwrap().set_len(len).unwrap();
+        // Grown (preallocated) but never written past the old end: zeros are unwritten entries.
+        set_len(&last, 2048 * 20);
+        assert_eq!(ConsumeQueue::open(dir.path(), 2048, None).unwrap().len(), 2049);
+        // Created but not yet preallocated: a zero-length last file holds nothing and grows again.
+        set_len(&last, 0);
+        let mut q = ConsumeQueue::open(dir.path(), 2048, None).unwrap();
+        assert_eq!(q.len(), 2048);
+        assert_eq!(q.append(entry(2048)).unwrap(), 2048);
+        assert_eq!(q.get(2048), Some(entry(2048)));
+        drop(q);
+        assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20), (2048, 1024 * 20)]);
+        // A last file cut inside an entry, or longer than the full range: damage.
+        set_len(&last, 1024 * 20 + 7);
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        set_len(&last, 4096 * 20);
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        set_len(&last, 1024 * 20);
+        // A short file before the last one: damage too (the next file is only made once it is full).
+        set_len(&first, 1024 * 20);
+        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_closed_queue_keeps_its_state_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::new_closed(dir.path(), 4);
+        assert!(!dir.path().exists() || list_numbered(dir.path()).unwrap().is_empty());
+        // Appending reopens; the first file creates the directory.
+        for i in 0..6 {
+            q.append(entry(i)).unwrap();
+        }
+        assert!(q.is_open());
+        let bytes = q.disk_bytes();
+        q.close();
+        assert!(!q.is_open());
+        assert_eq!((q.len(), q.first(), q.disk_bytes()), (6, 0, bytes));
+        // Unsynced entries written before the close are synced by path.
+        let mut dirty = vec![];
+        q.take_dirty(&mut dirty);
+        assert_eq!(dirty, vec![dir.path().join(segment_name(0)), dir.path().join(segment_name(4))]);
+        q.append(entry(6)).unwrap();
+        q.close();
+        q.flush().unwrap();
+        q.take_dirty(&mut dirty);
+        assert_eq!(dirty.len(), 2, "flushed while closed: nothing left to hand over");
+        // Files behind the reader go while closed, too.
+        assert_eq!(q.drop_before(5).unwrap(), 1);
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![4]);
+        q.reopen().unwrap();
+        assert_eq!((q.first(), q.get(4), q.get(6), q.get(7)), (4, Some(entry(4)), Some(entry(6)), None));
+        q.close();
+        assert_eq!(q.drop_before(8).unwrap(), 0, "the file taking the next append stays");
+        drop(q);
+        let q = ConsumeQueue::open(dir.path(), 4, Some(7)).unwrap();
+        assert_eq!((q.first(), q.len(), q.get(6)), (4, 7, Some(entry(6))));
+    }
+
+    #[test]
+    fn reopening_a_file_changed_behind_a_closed_queue_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = ConsumeQueue::open(dir.path(), 4096, None).unwrap();
+        q.append(entry(0)).unwrap();
+        q.close();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(segment_name(0)))
+            .unwrap()
+            .set_len(40)
+            .unwrap();
+        assert!(matches!(q.reopen(), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn growth_steps() {
+        assert_eq!(grown_entries(0, 1, 300_000), 1024);
+        assert_eq!(grown_entries(1024, 1025, 300_000), 2048);
+        assert_eq!(grown_entries(1024, 5000, 300_000), 8192);
+        assert_eq!(grown_entries(262_144, 262_145, 300_000), 300_000);
+        assert_eq!(grown_entries(0, 1, 4), 4);
+        assert_eq!(grown_entries(7, 8, 10), 10);
     }
 }

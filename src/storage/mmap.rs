@@ -1,8 +1,8 @@
-//! The only module with `unsafe`: fixed-size files mapped read-write.
+//! The only module with `unsafe`: preallocated files mapped read-write.
 //!
-//! Files are preallocated with `posix_fallocate` before mapping, so writes into the map never hit a
-//! sparse hole (which on a full disk raises SIGBUS instead of an error). A map is never truncated or
-//! shrunk while mapped.
+//! Files are preallocated with `posix_fallocate` before mapping, and before they are grown and
+//! mapped again, so writes into the map never hit a sparse hole (which on a full disk raises SIGBUS
+//! instead of an error). A file is never truncated or shrunk while mapped.
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
@@ -13,7 +13,7 @@ use memmap2::MmapMut;
 
 use crate::error::{Error, Result};
 
-/// A preallocated file of fixed length, mapped shared and writable.
+/// A preallocated file, mapped shared and writable; it only ever grows.
 pub struct MappedFile {
     path: PathBuf,
     file: File,
@@ -54,19 +54,23 @@ impl MappedFile {
     }
 
     fn map(path: &Path, file: File) -> Result<MappedFile> {
-        // SAFETY: delayd owns the data directory (guarded by the LOCK file) and never truncates a file
-        // while it is mapped, so the mapping stays valid for its lifetime. Other processes modifying
-        // the files underneath us is outside the supported model.
-        let map = unsafe { MmapMut::map_mut(&file) }
-            .map_err(|e| Error::io(format!("mmap {}", path.display()), e))?;
-        // MADV_RANDOM turns off fault-around readahead, so faults map single pages instead of
-        // large folios. With large folios (ext4 on recent kernels) one 20-byte queue entry or
-        // index slot dirtied a whole folio and every fdatasync wrote it back: measured here, a
-        // 64-writer sync load wrote ~3.5 GB/s and ran at 60-70k msgs/s; with this, 28 MB/s and
-        // 91k msgs/s. The cost: no readahead on cold sequential reads of a queue after a restart.
-        // Advice is a hint: failure to apply it changes speed, not correctness.
-        let _ = map.advise(memmap2::Advice::Random);
+        let map = map_whole(path, &file)?;
         Ok(MappedFile { path: path.to_path_buf(), file, map })
+    }
+
+    /// Preallocates the file to `len` bytes and maps it again at that length; never shrinks it.
+    ///
+    /// A crash after the preallocation leaves a longer file of zeros past the old end, which
+    /// readers already take as unwritten.
+    pub fn grow(&mut self, len: u64) -> Result<()> {
+        if len <= self.len() {
+            return Ok(());
+        }
+        preallocate(&self.file, len)
+            .map_err(|e| Error::io(format!("preallocate {}", self.path.display()), e))?;
+        // The old mapping stays valid until the new one replaces it (the file only grew).
+        self.map = map_whole(&self.path, &self.file)?;
+        Ok(())
     }
 
     /// Length of the mapping in bytes.
@@ -184,6 +188,23 @@ impl MappedFile {
     }
 }
 
+/// Maps all of `file`, shared and writable.
+fn map_whole(path: &Path, file: &File) -> Result<MmapMut> {
+    // SAFETY: delayd owns the data directory (guarded by the LOCK file) and never truncates a file
+    // while it is mapped, so the mapping stays valid for its lifetime. Other processes modifying
+    // the files underneath us is outside the supported model.
+    let map =
+        unsafe { MmapMut::map_mut(file) }.map_err(|e| Error::io(format!("mmap {}", path.display()), e))?;
+    // MADV_RANDOM turns off fault-around readahead, so faults map single pages instead of
+    // large folios. With large folios (ext4 on recent kernels) one 20-byte queue entry or
+    // index slot dirtied a whole folio and every fdatasync wrote it back: measured here, a
+    // 64-writer sync load wrote ~3.5 GB/s and ran at 60-70k msgs/s; with this, 28 MB/s and
+    // 91k msgs/s. The cost: no readahead on cold sequential reads of a queue after a restart.
+    // Advice is a hint: failure to apply it changes speed, not correctness.
+    let _ = map.advise(memmap2::Advice::Random);
+    Ok(map)
+}
+
 fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
     let len = i64::try_from(len).map_err(|_| std::io::Error::other("file too large"))?;
     // SAFETY: plain syscall on an fd we own.
@@ -223,6 +244,13 @@ fn open_rw(path: &Path, create: bool) -> Result<File> {
         .truncate(false)
         .open(path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
+}
+
+/// fdatasyncs the file at `path` through a new handle. Pages written through a mapping that is
+/// gone are still the file's dirty pages, so this makes them durable too.
+pub fn sync_path(path: &Path) -> Result<()> {
+    let f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    f.sync_data().map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))
 }
 
 /// fsyncs a directory so a create, rename or delete in it survives power loss.

@@ -23,6 +23,9 @@ const CARRY_SLICE: usize = 512;
 const RESCAN_MS: u64 = 1_000;
 /// Most segments found empty in a row that one durable checkpoint frees together.
 const FREE_RUN: u64 = 64;
+/// Emptied topics forgotten per durable checkpoint (each deletes a file and a directory); the rest
+/// are forgotten at the next one, whose checkpoint shows them emptied again.
+const FORGET_SLICE: usize = 256;
 
 /// Where reclaiming the oldest segment stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +74,8 @@ pub struct ReclaimStats {
     pub queue_files_deleted: u64,
     /// Final messages removed from the id index after `done_retention`.
     pub expired: u64,
+    /// Emptied topics forgotten: files and directory deleted, no longer counted in `max_topics`.
+    pub topics_forgotten: u64,
 }
 
 /// What a message at the head still needs.
@@ -124,18 +129,52 @@ impl Store {
 
     /// Called once a checkpoint is durable: nothing before its dispatch position is replayed any
     /// more, and queue files wholly behind its cursors are never read again.
+    ///
+    /// A topic the checkpoint shows emptied (every entry read, nothing reserved) and untouched since
+    /// is forgotten: its files, its last one included, and its directory are deleted and it leaves
+    /// the topic map, so it costs nothing and no longer counts against `max_topics`. Nothing refers
+    /// to a topic queue's entry indexes but its cursor (receipts name the message's record), so a
+    /// later message for it simply starts a fresh queue at entry 0. Recovery from this checkpoint
+    /// restarts such a topic empty whatever is left on disk (see `Store::open`).
     pub fn checkpoint_durable(&mut self, cp: &Checkpoint) -> Result<()> {
         self.durable_serial = self.durable_serial.max(cp.serial);
+        let mut forget = Vec::new();
         for q in &cp.queues {
             let cq = match q.kind {
                 QueueKind::Level => {
                     q.name.parse::<u64>().ok().and_then(|ms| self.levels.get_mut(&ms)).map(|l| &mut l.cq)
                 }
-                QueueKind::Topic => self.topics.get_mut(&q.name).map(|t| &mut t.cq),
+                // A topic forgotten and created again since the checkpoint was captured is not the
+                // queue it describes.
+                QueueKind::Topic => {
+                    self.topics.get_mut(&q.name).filter(|t| t.created_at < cp.dispatched).map(|t| &mut t.cq)
+                }
             };
             if let Some(cq) = cq {
                 self.reclaim.stats.queue_files_deleted += cq.drop_before(q.cursor)? as u64;
             }
+            if q.kind == QueueKind::Topic
+                && q.cursor >= q.len
+                && q.reserved == 0
+                && forget.len() < FORGET_SLICE
+            {
+                let unchanged = self.topics.get(&q.name).is_some_and(|t| {
+                    t.created_at < cp.dispatched
+                        && t.cq.len() == q.len
+                        && t.cursor == q.len
+                        && t.reserved == 0
+                });
+                if unchanged {
+                    forget.push(q.name.as_str());
+                }
+            }
+        }
+        for name in &forget {
+            self.reclaim.stats.queue_files_deleted += self.forget_topic(name)? as u64;
+            self.reclaim.stats.topics_forgotten += 1;
+        }
+        if !forget.is_empty() {
+            debug!(topics = forget.len(), "emptied topics forgotten");
         }
         Ok(())
     }

@@ -26,11 +26,16 @@ pub struct StoreConfig {
     pub index_initial_slots: u64,
     /// What to do with a bad record followed by valid ones.
     pub recovery: RecoveryMode,
+    /// Most topic queues whose files are open (mapped, with a handle) at once.
+    pub open_queues: usize,
+    /// Whether a durable checkpoint deletes what it makes unnecessary (read queue files, emptied
+    /// topics); off, everything is kept.
+    pub reclaim: bool,
 }
 
 /// A topic queue with its reader cursor and counters.
 pub struct TopicQueue {
-    /// The entries.
+    /// The entries; their files are open only while the queue is in the open-queue cache.
     pub cq: ConsumeQueue,
     /// Next entry a pop looks at.
     pub cursor: u64,
@@ -38,6 +43,18 @@ pub struct TopicQueue {
     pub reserved: u64,
     /// Messages of this topic moved to its dead-letter topic.
     pub dead: u64,
+    /// Key in the store's least-recently-used order while the files are open.
+    lru: Option<u64>,
+    /// Log offset of the record whose dispatch created this queue (0 when it came from the
+    /// checkpoint at open). A checkpoint with a `dispatched` at or below it predates the queue:
+    /// it describes a forgotten namesake, whose cursor and emptiness say nothing about this one.
+    pub(super) created_at: u64,
+}
+
+impl TopicQueue {
+    fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
+        TopicQueue { cq, cursor, reserved, dead, lru: None, created_at }
+    }
 }
 
 /// A level queue with its scheduler's persisted cursor.
@@ -74,6 +91,10 @@ pub struct Store {
     pub levels: BTreeMap<u64, LevelQueue>,
     /// Topic queues by name.
     pub topics: HashMap<String, TopicQueue>,
+    /// Topics whose queue files are open, by last use (oldest first); at most `cfg.open_queues`.
+    lru: BTreeMap<u64, String>,
+    /// Key of the most recent use.
+    lru_tick: u64,
     /// The id index.
     pub index: IdIndex,
     pub(super) dispatched: u64,
@@ -115,6 +136,15 @@ fn remove_index_files(ids: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::io(format!("remove {}", dir.display()), e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The dead-letter topic of `topic`.
@@ -159,6 +189,8 @@ impl Store {
             log,
             levels: BTreeMap::new(),
             topics: HashMap::new(),
+            lru: BTreeMap::new(),
+            lru_tick: 0,
             index,
             dispatched: 0,
             cp_log_end: 0,
@@ -230,6 +262,16 @@ impl Store {
                 }
                 QueueKind::Topic => (topic_dir(&self.dir, &q.name), None),
             };
+            if level.is_none() && q.cursor >= q.len {
+                // Every entry the checkpoint knew of was read, and entries past it are dispatched
+                // again: nothing on disk is needed. The topic may have been forgotten after this
+                // checkpoint (files partly or wholly gone) and even recreated from entry 0, so it
+                // restarts empty at entry 0 whatever its directory holds.
+                remove_dir_if_present(&path)?;
+                let cq = ConsumeQueue::new_closed(&path, per_file);
+                self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, q.reserved, q.dead, 0));
+                continue;
+            }
             if q.len > 0 && !path.exists() {
                 warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
                 return Ok(false);
@@ -256,14 +298,13 @@ impl Store {
                     self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
                 }
                 None => {
-                    self.topics.insert(
-                        q.name.clone(),
-                        TopicQueue { cq, cursor: q.cursor, reserved: q.reserved, dead: q.dead },
-                    );
+                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0));
+                    self.topic_open(&q.name)?;
                 }
             }
         }
-        // Queues created after the checkpoint hold only re-dispatchable entries: start them empty.
+        // Queues created after the checkpoint hold only re-dispatchable entries: levels start empty,
+        // topics (perhaps forgotten before the crash) go and come back if the replay names them.
         for (kind, sub) in [(QueueKind::Level, "level"), (QueueKind::Topic, "topic")] {
             let root = self.dir.join("cq").join(sub);
             let Ok(rd) = fs::read_dir(&root) else { continue };
@@ -281,16 +322,8 @@ impl Store {
                         }
                     }
                     QueueKind::Topic => {
-                        if let Some(topic) = name.strip_prefix("t-") {
-                            if !self.topics.contains_key(topic) {
-                                let Ok(cq) = ConsumeQueue::open(&e.path(), per_file, Some(0)) else {
-                                    return Ok(false);
-                                };
-                                self.topics.insert(
-                                    topic.to_string(),
-                                    TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 },
-                                );
-                            }
+                        if name.strip_prefix("t-").is_some_and(|topic| !self.topics.contains_key(topic)) {
+                            remove_dir_if_present(&e.path())?;
                         }
                     }
                 }
@@ -311,6 +344,7 @@ impl Store {
     fn rebuild(&mut self, cp: &Checkpoint) -> Result<()> {
         self.levels.clear();
         self.topics.clear();
+        self.lru.clear();
         let cq_root = self.dir.join("cq");
         if cq_root.exists() {
             fs::remove_dir_all(&cq_root)
@@ -334,8 +368,8 @@ impl Store {
                     }
                 }
                 QueueKind::Topic => {
-                    let cq = ConsumeQueue::open(&topic_dir(&self.dir, &q.name), per_file, Some(0))?;
-                    self.topics.insert(q.name.clone(), TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 });
+                    let cq = ConsumeQueue::new_closed(&topic_dir(&self.dir, &q.name), per_file);
+                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, 0, 0, 0));
                 }
             }
         }
@@ -352,12 +386,72 @@ impl Store {
         self.levels.get_mut(&level_ms).ok_or_else(|| Error::Unavailable("level queue vanished".into()))
     }
 
-    fn topic_queue(&mut self, topic: &str) -> Result<&mut TopicQueue> {
+    /// The topic's queue state, created on first use without touching the disk (a topic whose
+    /// only use is a counter never gets a directory).
+    fn topic_state(&mut self, topic: &str) -> Result<&mut TopicQueue> {
         if !self.topics.contains_key(topic) {
-            let cq = ConsumeQueue::open(&topic_dir(&self.dir, topic), self.cfg.cq_entries_per_file, Some(0))?;
-            self.topics.insert(topic.to_string(), TopicQueue { cq, cursor: 0, reserved: 0, dead: 0 });
+            let cq = ConsumeQueue::new_closed(&topic_dir(&self.dir, topic), self.cfg.cq_entries_per_file);
+            // Dispatch creates queues, and it is applying the record at `dispatched` right now.
+            self.topics.insert(topic.to_string(), TopicQueue::new(cq, 0, 0, 0, self.dispatched));
         }
         self.topics.get_mut(topic).ok_or_else(|| Error::Unavailable("topic queue vanished".into()))
+    }
+
+    /// The topic's queue with its files open, marked most recently used. Past `open_queues` the
+    /// least recently used queue is closed: it keeps its lengths, cursor and counters in memory,
+    /// and its unsynced entries are synced by path at the next checkpoint.
+    fn topic_open(&mut self, topic: &str) -> Result<&mut TopicQueue> {
+        self.topic_state(topic)?;
+        let Some(q) = self.topics.get_mut(topic) else {
+            return Err(Error::Unavailable("topic queue vanished".into()));
+        };
+        let had = q.lru;
+        if had != Some(self.lru_tick) {
+            q.cq.reopen()?;
+            self.lru_tick += 1;
+            q.lru = Some(self.lru_tick);
+            if let Some(old) = had {
+                self.lru.remove(&old);
+            }
+            self.lru.insert(self.lru_tick, topic.to_string());
+            while self.lru.len() > self.cfg.open_queues.max(1) {
+                let Some((_, name)) = self.lru.pop_first() else { break };
+                if let Some(q) = self.topics.get_mut(&name) {
+                    q.cq.close();
+                    q.lru = None;
+                }
+            }
+        }
+        self.topic_state(topic)
+    }
+
+    /// The entry at `topic`'s cursor, moving the cursor past it; opens the queue's files only when
+    /// there is an entry to read.
+    pub fn next_entry(&mut self, topic: &str) -> Result<Option<Entry>> {
+        match self.topics.get(topic) {
+            Some(q) if q.cursor < q.cq.len() => {}
+            _ => return Ok(None),
+        }
+        let q = self.topic_open(topic)?;
+        let entry = q.cq.get(q.cursor);
+        if entry.is_some() {
+            q.cursor += 1;
+        }
+        Ok(entry)
+    }
+
+    /// Drops a topic from the map and deletes its files and directory; returns how many files.
+    pub(super) fn forget_topic(&mut self, topic: &str) -> Result<usize> {
+        let Some(q) = self.topics.remove(topic) else { return Ok(0) };
+        if let Some(key) = q.lru {
+            self.lru.remove(&key);
+        }
+        q.cq.remove()
+    }
+
+    /// Topic queues whose files are open now (at most `open_queues`).
+    pub fn open_topic_queues(&self) -> usize {
+        self.lru.len()
     }
 
     /// Appends a record to the log and dispatches it at once, so reads see their own writes.
@@ -472,14 +566,14 @@ impl Store {
                 // Counters move by the record alone, so replay after a crash counts each change once.
                 let prev_queue = if t.cause == Cause::DeadLetter { topic.clone() } else { queue.clone() };
                 if t.prev_state == State::Reserved {
-                    let q = self.topic_queue(&prev_queue)?;
+                    let q = self.topic_state(&prev_queue)?;
                     q.reserved = q.reserved.saturating_sub(1);
                 }
                 if t.state == State::Reserved {
-                    self.topic_queue(&queue)?.reserved += 1;
+                    self.topic_state(&queue)?.reserved += 1;
                 }
                 if t.cause == Cause::DeadLetter {
-                    self.topic_queue(&topic)?.dead += 1;
+                    self.topic_state(&topic)?.dead += 1;
                 }
                 self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })?;
             }
@@ -495,7 +589,7 @@ impl Store {
         match route {
             Route::None => {}
             Route::Topic => {
-                self.topic_queue(topic)?.cq.append(entry)?;
+                self.topic_open(topic)?.cq.append(entry)?;
                 if !self.touched.iter().any(|t| t == topic) {
                     self.touched.push(topic.to_string());
                 }
@@ -608,7 +702,10 @@ impl Store {
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
         cp.store(&self.dir.join("checkpoint"))?;
-        self.checkpoint_durable(&cp)
+        if self.cfg.reclaim {
+            self.checkpoint_durable(&cp)?;
+        }
+        Ok(())
     }
 
     /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller
@@ -616,20 +713,29 @@ impl Store {
     pub fn checkpoint_job(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<CheckpointJob> {
         let checkpoint = self.snapshot(level_cursors);
         let mut files = self.log.handles(self.cp_log_end, self.dispatched)?;
+        let mut queue_files = Vec::new();
         for q in self.levels.values_mut() {
-            q.cq.take_dirty_handles(&mut files)?;
+            q.cq.take_dirty(&mut queue_files);
         }
         for q in self.topics.values_mut() {
-            q.cq.take_dirty_handles(&mut files)?;
+            q.cq.take_dirty(&mut queue_files);
         }
         self.index.take_handles(&mut files)?;
         self.cp_log_end = self.dispatched;
-        Ok(CheckpointJob { checkpoint, files, path: self.dir.join("checkpoint") })
+        Ok(CheckpointJob { checkpoint, files, queue_files, path: self.dir.join("checkpoint") })
     }
 
     /// Final checkpoint plus the clean-shutdown marker.
     pub fn close(mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
-        self.checkpoint(level_cursors)?;
+        // A checkpoint may let emptied topics go (a slice at a time); checkpointing until none goes
+        // leaves a directory whose checkpoint lists exactly the queues on disk.
+        loop {
+            let forgotten = self.reclaim.stats.topics_forgotten;
+            self.checkpoint(level_cursors)?;
+            if self.reclaim.stats.topics_forgotten == forgotten {
+                break;
+            }
+        }
         checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), self.log.end())
     }
 
