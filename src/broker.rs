@@ -235,7 +235,7 @@ pub struct TopicStats {
     pub ready: u64,
     /// Messages popped and not yet acked.
     pub reserved: u64,
-    /// Messages moved to `{topic}.dlq`.
+    /// Messages moved to `{topic}.dlq` since the topic was last created (forgetting it resets this).
     pub dead_lettered: u64,
 }
 

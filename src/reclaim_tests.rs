@@ -44,6 +44,12 @@ fn req(id: &str, body_len: usize, when: When) -> ProduceRequest {
     }
 }
 
+/// The model test's topics: few enough that they empty (and are forgotten) often, more than its
+/// `open_queues`, so queues are closed and reopened too.
+fn model_topics() -> Vec<String> {
+    (0..3).map(|t| format!("t{t}")).collect()
+}
+
 fn topics() -> Vec<String> {
     vec!["t".to_string()]
 }
@@ -218,12 +224,30 @@ enum Expect {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Produce { id: u8, delay_s: u64, body: usize },
-    Advance { ms: u64, checkpoint: bool },
+    Produce {
+        id: u8,
+        delay_s: u64,
+        body: usize,
+    },
+    Advance {
+        ms: u64,
+        checkpoint: bool,
+    },
     Pop,
-    Ack { pick: usize },
-    Nack { pick: usize, delay_s: u64 },
-    Cancel { id: u8 },
+    Ack {
+        pick: usize,
+    },
+    Nack {
+        pick: usize,
+        delay_s: u64,
+    },
+    Cancel {
+        id: u8,
+    },
+    /// Capture a checkpoint for a later `Durable`, as the broker hands one to its checkpoint thread.
+    Capture,
+    /// Run the oldest captured checkpoint and report it durable.
+    Durable,
     Crash,
 }
 
@@ -237,6 +261,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
         1 => (any::<usize>(), 0u64..5).prop_map(|(pick, delay_s)| Op::Nack { pick, delay_s }),
         1 => (0u8..40).prop_map(|id| Op::Cancel { id }),
+        1 => Just(Op::Capture),
+        1 => Just(Op::Durable),
         1 => Just(Op::Crash),
     ]
 }
@@ -252,8 +278,10 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(ManualClock::at_ms(T0));
         let small = |dir: &std::path::Path, clock: &Arc<ManualClock>| {
-            // Small segments, so a short run rolls and reclaims many of them.
-            let c = BrokerConfig { segment_bytes: 16 << 10, ..config(dir) };
+            // Small segments, so a short run rolls and reclaims many of them; small queue files, so
+            // read ones are deleted often; two open topic queues for three topics.
+            let c =
+                BrokerConfig { segment_bytes: 16 << 10, cq_entries_per_file: 4, open_queues: 2, ..config(dir) };
             Engine::open(c, clock.clone(), Arc::new(Metrics::default())).unwrap().0
         };
         let mut e = small(dir.path(), &clock);
@@ -261,16 +289,21 @@ proptest! {
         let mut model: BTreeMap<String, Expect> = BTreeMap::new();
         let mut receipts: Vec<(String, String)> = vec![];
         let mut gen: BTreeMap<String, u32> = BTreeMap::new();
+        // At most two, like the broker: one being made durable, one captured meanwhile.
+        let mut captured: std::collections::VecDeque<crate::storage::checkpoint::CheckpointJob> =
+            std::collections::VecDeque::new();
         for op in ops {
             let now = clock.now_ms();
             match op {
-                Op::Produce { id, delay_s, body } => {
-                    let id = format!("m{id}");
+                Op::Produce { id: id_n, delay_s, body } => {
+                    let id = format!("m{id_n}");
                     let expired = matches!(model.get(&id), Some(Expect::Final(t)) if now >= t + RETENTION_MS);
                     let fresh = !model.contains_key(&id) || expired;
                     // A new generation gets a new body, so a stale id with new content is a conflict.
                     let g = *gen.entry(id.clone()).and_modify(|g| if fresh { *g += 1 }).or_insert(0);
-                    let r = e.produce("t", req(&format!("{id}-{g}"), body, When::DelayMs(delay_s * 1000)).with_id(&id));
+                    // The topic follows from the id, so a repeated id names the same topic.
+                    let topic = &model_topics()[usize::from(id_n) % 3];
+                    let r = e.produce(topic, req(&format!("{id}-{g}"), body, When::DelayMs(delay_s * 1000)).with_id(&id));
                     if fresh {
                         let p = r.unwrap();
                         prop_assert!(p.created, "{id} is new");
@@ -282,10 +315,18 @@ proptest! {
                 }
                 Op::Advance { ms, checkpoint } => {
                     clock.advance_ms(ms);
+                    if checkpoint {
+                        // Checkpoints are written in the order they were captured.
+                        for job in captured.drain(..) {
+                            let cp = job.checkpoint.clone();
+                            job.run().unwrap();
+                            e.checkpoint_durable(&cp);
+                        }
+                    }
                     settle_with(&mut e, checkpoint);
                 }
                 Op::Pop => {
-                    for d in e.pop(&topics(), 100, None).unwrap() {
+                    for d in e.pop(&model_topics(), 100, None).unwrap() {
                         let exp = model.get(&d.id).copied();
                         match exp {
                             Some(Expect::Pending(at)) => {
@@ -333,7 +374,21 @@ proptest! {
                         _ => {}
                     }
                 }
+                Op::Capture => {
+                    if captured.len() < 2 {
+                        captured.push_back(e.checkpoint_job().unwrap());
+                    }
+                }
+                Op::Durable => {
+                    if let Some(job) = captured.pop_front() {
+                        let cp = job.checkpoint.clone();
+                        job.run().unwrap();
+                        e.checkpoint_durable(&cp);
+                    }
+                }
                 Op::Crash => {
+                    // Captured checkpoints die with the process, never written.
+                    captured.clear();
                     deleted += e.store_for_tests().reclaim_stats().segments_deleted;
                     drop(e);
                     e = small(dir.path(), &clock);
@@ -367,7 +422,7 @@ proptest! {
         let last_due = model.values().filter_map(|x| match x { Expect::Pending(at) => Some(*at), _ => None }).max();
         while let Some(last) = last_due {
             settle(&mut e);
-            for d in e.pop(&topics(), 1000, None).unwrap() {
+            for d in e.pop(&model_topics(), 1000, None).unwrap() {
                 let now = clock.now_ms();
                 match model.get(&d.id).copied() {
                     Some(Expect::Pending(at)) => prop_assert!(now >= at, "{} early", d.id),
@@ -382,7 +437,8 @@ proptest! {
             clock.set_ms((clock.now_ms() + 600_000).min(last + 60_001));
         }
         deleted += e.store_for_tests().reclaim_stats().segments_deleted;
-        eprintln!("segments deleted: {deleted}, carried: {}", e.store_for_tests().reclaim_stats().carried);
+        let stats = e.store_for_tests().reclaim_stats();
+        eprintln!("segments deleted: {deleted}, carried: {}, topics forgotten: {}", stats.carried, stats.topics_forgotten);
         let left: Vec<_> = model.iter().filter(|(_, x)| matches!(x, Expect::Pending(_))).collect();
         prop_assert!(left.is_empty(), "never delivered: {left:?}");
     }

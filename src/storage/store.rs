@@ -41,7 +41,7 @@ pub struct TopicQueue {
     pub cursor: u64,
     /// Messages currently reserved from this queue.
     pub reserved: u64,
-    /// Messages of this topic moved to its dead-letter topic.
+    /// Messages of this topic moved to its dead-letter topic since this queue was created.
     pub dead: u64,
     /// Key in the store's least-recently-used order while the files are open.
     lru: Option<u64>,
