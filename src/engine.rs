@@ -174,6 +174,11 @@ impl Engine {
         self.clock.now_ms()
     }
 
+    /// Final messages that became final at or before this time are past `done_retention`.
+    fn expired_at(&self) -> u64 {
+        self.now().saturating_sub(self.cfg.done_retention_ms)
+    }
+
     fn writable(&self) -> Result<()> {
         match &self.poisoned {
             Some(why) => Err(Error::Unavailable(why.clone())),
@@ -218,9 +223,10 @@ impl Engine {
             return Ok(());
         }
         let now = self.now();
-        let r = self.store.expire(now.saturating_sub(self.cfg.done_retention_ms));
+        let r = self.store.expire(self.expired_at());
         self.poison_on_io(r)?;
-        let policy = ReclaimPolicy { segment_bytes: self.cfg.segment_bytes };
+        let policy =
+            ReclaimPolicy { segment_bytes: self.cfg.segment_bytes, expired_at_ms: self.expired_at() };
         let levels = &self.cfg.levels_ms;
         let plan = |now: u64, target: u64| plan_hop(levels, now, target.saturating_sub(now));
         let r = self.store.reclaim_step(now, &policy, &plan);
@@ -314,7 +320,7 @@ impl Engine {
             self.id_counter += 1;
             let a = format::id_hash(&[self.id_seed.to_le_bytes(), self.id_counter.to_le_bytes()].concat());
             let id = format!("{:012x}{:016x}", self.clock.now_ms() & 0xFFFF_FFFF_FFFF, a);
-            if self.store.find_id(id.as_bytes()).is_none() {
+            if self.store.find_id(id.as_bytes(), self.expired_at()).is_none() {
                 return id;
             }
         }
@@ -351,7 +357,7 @@ impl Engine {
         };
         if let Some(id) = &req.id {
             validate_id(id)?;
-            if let Some((_, slot)) = self.store.find_id(id.as_bytes()) {
+            if let Some((_, slot)) = self.store.find_id(id.as_bytes(), self.expired_at()) {
                 let p = self.store.put_at(slot.msg_offset)?;
                 let same = p.topic == topic.as_bytes()
                     && p.body == &req.body[..]
@@ -578,7 +584,9 @@ impl Engine {
         if validate_id(id).is_err() {
             return Err(Error::NotFound(format!("no message with id {id:?}")));
         }
-        self.store.find_id(id.as_bytes()).ok_or_else(|| Error::NotFound(format!("no message with id {id:?}")))
+        self.store
+            .find_id(id.as_bytes(), self.expired_at())
+            .ok_or_else(|| Error::NotFound(format!("no message with id {id:?}")))
     }
 
     /// Marks a message done by id, whatever its state (compat `/finish`).

@@ -71,7 +71,7 @@ impl ManualClock {
 fn hops_of(e: &Engine, id: &str) -> Vec<u64> {
     use crate::storage::format::Route;
     let store = e.store_for_tests();
-    let (_, slot) = store.find_id(id.as_bytes()).unwrap();
+    let (_, slot) = store.find_id(id.as_bytes(), 0).unwrap();
     let mut out = vec![];
     let mut at = store.log.start();
     while let Some((off, rec, next)) = store.log.next(at).unwrap() {

@@ -211,6 +211,76 @@ fn one_durable_checkpoint_frees_a_run_of_empty_segments() {
     assert!(matches!(e.get("m0"), Err(Error::NotFound(_))));
 }
 
+#[test]
+fn final_messages_that_pin_a_log_over_its_bound_are_carried_and_still_expire_on_time() {
+    // One message in ten of every segment is acked half a retention after the rest: once the rest
+    // expire, those few would pin every segment for another half retention while the log is ten
+    // times the live set. Carried, they keep the time they became final.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    for i in 0..600 {
+        e.produce("t", req(&format!("m{i}"), 1000, When::Now)).unwrap();
+    }
+    let mut late = Vec::new();
+    for d in e.pop(&topics(), 1000, None).unwrap() {
+        let n: usize = d.id[1..].parse().unwrap();
+        if n % 10 == 0 {
+            late.push(d);
+        } else {
+            e.ack(&d.receipt).unwrap();
+        }
+    }
+    e.produce("t", req("tail", 10, When::Now)).unwrap();
+    let before = segment_files(dir.path());
+    assert!(before >= 9, "enough history: {before} segments");
+    clock.advance_ms(RETENTION_MS / 2);
+    for d in &late {
+        e.ack(&d.receipt).unwrap();
+    }
+    let late_final = clock.now_ms();
+    settle(&mut e);
+    assert_eq!(e.store_for_tests().reclaim_stats().carried, 0, "within the retention everything is live");
+    clock.advance_ms(RETENTION_MS / 2 + 1);
+    settle(&mut e);
+    let stats = e.store_for_tests().reclaim_stats();
+    let after = segment_files(dir.path());
+    assert!(after <= 3, "{before} -> {after} segments ({stats:?})");
+    assert!(stats.carried >= late.len() as u64, "the late-acked messages were carried: {stats:?}");
+    assert!(matches!(e.get("m1"), Err(Error::NotFound(_))));
+    for d in &late {
+        assert_eq!(e.get(&d.id).unwrap().state, MessageState::Done, "{} still within its retention", d.id);
+    }
+    // Carried, and then found again from the log alone.
+    drop(e);
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let mut e = open(dir.path(), &clock);
+    settle(&mut e);
+    assert_eq!(e.get(&late[0].id).unwrap().state, MessageState::Done);
+    assert!(
+        !e.produce("t", req(&late[0].id, 1000, When::Now)).unwrap().created,
+        "idempotent within the retention"
+    );
+    // They expire at their own final time plus the retention, not at the carry's.
+    clock.set_ms(late_final + RETENTION_MS - 1);
+    assert_eq!(e.get(&late[1].id).unwrap().state, MessageState::Done);
+    clock.set_ms(late_final + RETENTION_MS);
+    for d in &late {
+        assert!(matches!(e.get(&d.id), Err(Error::NotFound(_))), "{} expired", d.id);
+    }
+    assert!(e.produce("t", req(&late[2].id, 99, When::Now)).unwrap().created, "the id is free again");
+    settle(&mut e);
+    assert!(matches!(e.get(&late[3].id), Err(Error::NotFound(_))));
+    let ds = e.pop(&topics(), 10, None).unwrap();
+    // Carrying a ready message puts it at the back of its topic queue: compare as a set.
+    let mut got: Vec<(&str, usize)> = ds.iter().map(|d| (d.id.as_str(), d.body.len())).collect();
+    got.sort();
+    let mut want = vec![("tail", e.get("tail").unwrap().body.len()), (late[2].id.as_str(), 99)];
+    want.sort();
+    assert_eq!(got, want, "the new message, not the expired one");
+    assert_eq!(e.store_for_tests().live_bytes(), e.store_for_tests().count_live_bytes());
+}
+
 /// What the model expects of one id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {

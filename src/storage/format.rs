@@ -229,13 +229,13 @@ pub struct Carry<'a> {
     pub seq: u32,
     /// Deliveries so far.
     pub attempt: u32,
-    /// The message's state (never Reserved or final: those are not carried).
+    /// The message's state (never Reserved: a receipt names the record it was handed out from).
     pub state: State,
     /// Which topic queue the message belongs to.
     pub home: Home,
-    /// Unix ms of the carry.
+    /// Unix ms of the carry; for a final message, when it became final (its retention runs on).
     pub time_ms: u64,
-    /// Delayed: when it becomes ready; Ready or Dead: when it became ready.
+    /// Delayed: when it becomes ready; otherwise as the record it replaces said.
     pub deliver_at_ms: u64,
     /// The message as produced; its `route` is the entry the carry makes (topic or level).
     pub put: Put<'a>,

@@ -171,8 +171,8 @@ impl Table {
         live
     }
 
-    /// First live slot on `hash`'s probe path whose Put offset satisfies `is_it`.
-    fn find(&self, hash: u64, is_it: &mut impl FnMut(u64) -> bool) -> Option<(u64, Slot)> {
+    /// First live slot on `hash`'s probe path that satisfies `is_it`.
+    fn find(&self, hash: u64, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
         let mask = self.slots - 1;
         let mut i = hash & mask;
         for _ in 0..self.slots {
@@ -180,8 +180,11 @@ impl Table {
             if !is_occupied(b) {
                 return None;
             }
-            if is_live(b) && read_u64(b, 0) == hash && is_it(read_u64(b, 8)) {
-                return Some((i, Slot::decode(b)));
+            if is_live(b) && read_u64(b, 0) == hash {
+                let slot = Slot::decode(b);
+                if is_it(&slot) {
+                    return Some((i, slot));
+                }
             }
             i = (i + 1) & mask;
         }
@@ -321,6 +324,11 @@ impl IdIndex {
 
     /// Finds the slot with `hash` whose Put record offset satisfies `is_it` (callers compare ids).
     pub fn find(&self, hash: u64, mut is_it: impl FnMut(u64) -> bool) -> Option<(SlotRef, Slot)> {
+        self.find_slot(hash, |s| is_it(s.msg_offset))
+    }
+
+    /// Like [`find`](Self::find), with the whole slot to judge.
+    pub fn find_slot(&self, hash: u64, mut is_it: impl FnMut(&Slot) -> bool) -> Option<(SlotRef, Slot)> {
         if let Some((pos, s)) = self.cur.find(hash, &mut is_it) {
             return Some((SlotRef { in_old: false, pos }, s));
         }

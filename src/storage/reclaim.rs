@@ -9,7 +9,7 @@ use tracing::{debug, info};
 
 use super::checkpoint::{Checkpoint, QueueKind};
 use super::format::{self, Carry, Put, Record, Route, State};
-use super::index::Slot;
+use super::index::{Slot, SlotRef};
 use super::store::Store;
 use crate::error::Result;
 
@@ -82,6 +82,9 @@ pub struct ReclaimStats {
 enum Holds {
     /// Not indexed any more (expired, or carried already).
     Nothing,
+    /// Final and past `done_retention`, but the expiry walk has not reached its final record yet
+    /// (a carried final message is reached late): remove it now.
+    Expired(SlotRef),
     /// Live and movable; its slot.
     Carryable(Slot),
     /// Live but must stay where it is for now.
@@ -93,6 +96,8 @@ enum Holds {
 pub struct ReclaimPolicy {
     /// Bytes per new segment (the unit of the log-size bound).
     pub segment_bytes: u64,
+    /// Final messages that became final at or before this time are past `done_retention`.
+    pub expired_at_ms: u64,
 }
 
 impl ReclaimPolicy {
@@ -195,7 +200,13 @@ impl Store {
                 break;
             }
             let final_of = match rec {
-                // Records are appended in time order, so the first too-young one ends the pass.
+                // A carried final message keeps the time it became final, older than the records
+                // around it: judged before the time-order rule below.
+                Record::Carry(c) if c.state.is_final() && c.time_ms <= cutoff_ms => {
+                    Some((format::id_hash(c.put.id), offset))
+                }
+                // Records are otherwise appended in time order, so the first too-young one ends
+                // the pass.
                 Record::Transition(t) if t.time_ms > cutoff_ms => break,
                 Record::Put(p) if p.created_ms > cutoff_ms => break,
                 Record::Carry(c) if c.time_ms > cutoff_ms => break,
@@ -207,10 +218,7 @@ impl Store {
                     // Only the final transition itself expires the message; the slot could not
                     // have changed after it, but a damaged index is not trusted to say so.
                     if slot.last_offset == offset && slot.state.is_final() {
-                        let len = self.log.record_len(msg_offset);
-                        self.index.remove(at);
-                        self.live_bytes = self.live_bytes.saturating_sub(len);
-                        self.reclaim.stats.expired += 1;
+                        self.forget_expired(at, msg_offset);
                     }
                 }
             }
@@ -221,15 +229,29 @@ impl Store {
         Ok(seen)
     }
 
-    fn holds(&self, msg_offset: u64, hash: u64, now_ms: u64) -> Result<Holds> {
-        let Some((_, slot)) = self.index.find(hash, |m| m == msg_offset) else { return Ok(Holds::Nothing) };
+    /// Removes an expired final message's slot from the index.
+    fn forget_expired(&mut self, at: SlotRef, msg_offset: u64) {
+        let len = self.log.record_len(msg_offset);
+        self.index.remove(at);
+        self.live_bytes = self.live_bytes.saturating_sub(len);
+        self.reclaim.stats.expired += 1;
+    }
+
+    fn holds(&self, msg_offset: u64, hash: u64, now_ms: u64, expired_at_ms: u64) -> Result<Holds> {
+        let Some((at, slot)) = self.index.find(hash, |m| m == msg_offset) else { return Ok(Holds::Nothing) };
         Ok(match slot.state {
             State::Ready | State::Dead => Holds::Carryable(slot),
             // A timer about to fire would only be planned again; let it fire first.
             State::Delayed if self.deliver_at(&slot)? > now_ms => Holds::Carryable(slot),
-            // A reservation's receipt names the Put offset, and final messages stay readable until
-            // they expire: both keep their segment.
-            State::Delayed | State::Reserved | State::Done | State::Cancelled => Holds::Pinned,
+            // Final messages stay readable until they expire; carried, they keep the time they
+            // became final, so carrying never lengthens their retention. Without carrying them a
+            // segment mixing long and short delays stays pinned for the longest delay plus the
+            // retention, whatever else it holds.
+            State::Done | State::Cancelled if self.is_expired(&slot, expired_at_ms) => Holds::Expired(at),
+            State::Done | State::Cancelled => Holds::Carryable(slot),
+            // A reservation's receipt names the Put offset: it keeps its segment until acked or
+            // expired (at most a TTR).
+            State::Delayed | State::Reserved => Holds::Pinned,
         })
     }
 
@@ -254,7 +276,7 @@ impl Store {
             Phase::Scan { seg, pos, live, pinned } => {
                 self.scan(now_ms, policy, base, seg, pos, live, pinned)?
             }
-            Phase::Carry { pos } => self.carry(now_ms, plan, base, end, pos)?,
+            Phase::Carry { pos } => self.carry(now_ms, policy, plan, base, end, pos)?,
             Phase::Free { need, .. } if self.durable_serial < need => return Ok(()),
             Phase::Free { need, upto } => {
                 let freed = self.log.drop_head(upto)?;
@@ -301,8 +323,9 @@ impl Store {
                 _ => None,
             };
             if let Some(hash) = msg {
-                match self.holds(offset, hash, now_ms)? {
+                match self.holds(offset, hash, now_ms, policy.expired_at_ms)? {
                     Holds::Nothing => {}
+                    Holds::Expired(at) => self.forget_expired(at, offset),
                     Holds::Carryable(_) => live += next - offset,
                     Holds::Pinned => pinned += 1,
                 }
@@ -337,6 +360,7 @@ impl Store {
     fn carry(
         &mut self,
         now_ms: u64,
+        policy: &ReclaimPolicy,
         plan: &dyn Fn(u64, u64) -> Route,
         base: u64,
         end: u64,
@@ -355,7 +379,14 @@ impl Store {
                 Record::Carry(c) => format::id_hash(c.put.id),
                 _ => continue,
             };
-            let Holds::Carryable(slot) = self.holds(offset, hash, now_ms)? else { continue };
+            let slot = match self.holds(offset, hash, now_ms, policy.expired_at_ms)? {
+                Holds::Carryable(slot) => slot,
+                Holds::Expired(at) => {
+                    self.forget_expired(at, offset);
+                    continue;
+                }
+                Holds::Nothing | Holds::Pinned => continue,
+            };
             let record = self.carry_record(&slot, now_ms, plan)?;
             bytes += record.len() as u64;
             self.append(&record)?;
@@ -374,7 +405,8 @@ impl Store {
         let deliver_at_ms = self.deliver_at(slot)?;
         let route = match slot.state {
             State::Delayed => plan(now_ms, deliver_at_ms),
-            _ => Route::Topic,
+            State::Done | State::Cancelled => Route::None,
+            State::Ready | State::Dead | State::Reserved => Route::Topic,
         };
         let put = self.put_at(slot.msg_offset)?;
         format::encode_carry(&Carry {
@@ -383,7 +415,7 @@ impl Store {
             attempt: u32::from(slot.attempt),
             state: slot.state,
             home: slot.home,
-            time_ms: now_ms,
+            time_ms: self.final_at(slot)?.unwrap_or(now_ms),
             deliver_at_ms,
             put: Put { route, ..put },
         })

@@ -624,7 +624,7 @@ impl Store {
     }
 
     /// Sum of the record sizes of every indexed message (recount after recovery).
-    fn count_live_bytes(&self) -> u64 {
+    pub(crate) fn count_live_bytes(&self) -> u64 {
         let mut sum = 0;
         self.index.for_each(|s| sum += self.log.record_len(s.msg_offset));
         sum
@@ -634,10 +634,33 @@ impl Store {
         Ok(String::from_utf8_lossy(self.put_at(msg_offset)?.topic).into_owned())
     }
 
-    /// Finds a message by id: its slot, checked against the id in its Put record.
-    pub fn find_id(&self, id: &[u8]) -> Option<(SlotRef, Slot)> {
+    /// Finds a message by id: its slot, checked against the id in its Put record. A final message
+    /// that became final at or before `expired_at_ms` is past `done_retention` and not found, even
+    /// while the expiry walk has not reached it yet (a carried final message is reached late).
+    pub fn find_id(&self, id: &[u8], expired_at_ms: u64) -> Option<(SlotRef, Slot)> {
         let hash = format::id_hash(id);
-        self.index.find(hash, |m| self.put_at(m).map(|p| p.id == id).unwrap_or(false))
+        self.index.find_slot(hash, |s| {
+            self.put_at(s.msg_offset).is_ok_and(|p| p.id == id) && !self.is_expired(s, expired_at_ms)
+        })
+    }
+
+    /// When a final message became final: the time of its final Transition, or of the Carry that
+    /// moved it (which keeps that time); `None` for a message that is not final.
+    pub fn final_at(&self, slot: &Slot) -> Result<Option<u64>> {
+        if !slot.state.is_final() {
+            return Ok(None);
+        }
+        Ok(match self.log.read(slot.last_offset)?.0 {
+            Record::Transition(t) => Some(t.time_ms),
+            Record::Carry(c) => Some(c.time_ms),
+            _ => None,
+        })
+    }
+
+    /// A final message whose final change is at or before `cutoff_ms`. A record that cannot be read
+    /// counts as not expired: the message stays visible rather than vanish on a damaged file.
+    pub(crate) fn is_expired(&self, slot: &Slot, cutoff_ms: u64) -> bool {
+        matches!(self.final_at(slot), Ok(Some(t)) if t <= cutoff_ms)
     }
 
     /// Finds a message by its Put offset and id hash.
