@@ -168,8 +168,26 @@ fn rss_anon_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Where this thread's time went so far: (ns on a CPU, ns waiting for one, minor faults, major
+/// faults), from /proc/thread-self. A slow step that was neither on a CPU nor waiting for one was
+/// blocked in the kernel (a page fault waiting for I/O or the journal).
+fn thread_times() -> [u64; 4] {
+    let sched = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut s = sched.split_whitespace().map(|v| v.parse().unwrap_or(0));
+    let (cpu, wait) = (s.next().unwrap_or(0), s.next().unwrap_or(0));
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    // Fields after the parenthesised name: state is field 3, minflt 10, majflt 12.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+    [cpu, wait, f.get(7).copied().unwrap_or(0), f.get(9).copied().unwrap_or(0)]
+}
+
 /// Requests the broker's engine loop takes into one batch (its `MAX_BATCH`).
 const ENGINE_BATCH: usize = 1024;
+
+/// One slow engine step: (duration, messages before it, index slots, index resize under way,
+/// commit-log end offset, `thread_times` spent in it).
+type Slow = (Duration, usize, u64, bool, u64, [u64; 4]);
 
 /// What growing the backlog (and the id index) to `n` pending messages cost.
 struct Pending {
@@ -184,11 +202,13 @@ struct Pending {
     /// Longest engine step: a batch of `ENGINE_BATCH` produces plus one maintenance call, as the
     /// broker's loop runs them.
     longest_step: Duration,
+    /// On-CPU time of a step: p50, p99, p99.9, max.
+    step_cpu: [Duration; 4],
     /// Index slots when the run ended.
     index_slots: u64,
     /// The slowest steps: (duration, messages before it, index slots, index resize under way,
-    /// commit-log end offset).
-    slowest: Vec<(Duration, usize, u64, bool, u64)>,
+    /// commit-log end offset, `thread_times` spent in it).
+    slowest: Vec<Slow>,
 }
 
 /// Anonymous memory growth while `n` messages sit pending on the 1 h level, and the longest
@@ -205,9 +225,14 @@ fn pending_memory(n: usize) -> Pending {
     let before = rss_anon_kib();
     let mut longest_step = Duration::ZERO;
     let mut longest_call = Duration::ZERO;
-    let mut slowest: Vec<(Duration, usize, u64, bool, u64)> = Vec::new();
+    let mut slowest: Vec<Slow> = Vec::new();
+    // On-CPU time of every step, µs: what the engine's own work costs, without the time other
+    // processes on a shared machine take the CPU away.
+    let mut step_cpu_us: Vec<u32> = Vec::with_capacity(n / ENGINE_BATCH + 1);
+    let mut last_checkpoint = Instant::now();
     let mut i = 0;
     while i < n {
+        let times = thread_times();
         let step = Instant::now();
         for _ in 0..ENGINE_BATCH.min(n - i) {
             let t = Instant::now();
@@ -221,9 +246,18 @@ fn pending_memory(n: usize) -> Pending {
         e.maintain().expect("maintain");
         let took = step.elapsed();
         longest_step = longest_step.max(took);
+        let now = thread_times();
+        let spent = [0, 1, 2, 3].map(|k| now[k].saturating_sub(times[k]));
+        step_cpu_us.push((spent[0] / 1000).min(u64::from(u32::MAX)) as u32);
         if slowest.len() < 8 || took > slowest[slowest.len() - 1].0 {
-            let at =
-                (took, i, e.index_slots_for_bench(), e.index_resizing_for_bench(), e.log_end_for_bench());
+            let at = (
+                took,
+                i,
+                e.index_slots_for_bench(),
+                e.index_resizing_for_bench(),
+                e.log_end_for_bench(),
+                spent,
+            );
             slowest.push(at);
             slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
             slowest.truncate(8);
@@ -231,8 +265,18 @@ fn pending_memory(n: usize) -> Pending {
         // In sync mode under load the broker's flusher thread syncs each batch, not the engine
         // thread: outside the step, as there.
         e.flush().expect("flush");
+        // The broker checkpoints every 5 s; each one syncs the index and queue files, which cleans
+        // their pages (the next write to each is a fault unless it goes through pwrite).
+        if last_checkpoint.elapsed() >= Duration::from_secs(5) {
+            e.checkpoint().expect("checkpoint");
+            last_checkpoint = Instant::now();
+        }
     }
     e.flush().expect("flush");
+    step_cpu_us.sort_unstable();
+    let pick =
+        |q: f64| Duration::from_micros(u64::from(step_cpu_us[((step_cpu_us.len() - 1) as f64 * q) as usize]));
+    let step_cpu = [pick(0.5), pick(0.99), pick(0.999), pick(1.0)];
     let after = rss_anon_kib();
     let (mut seen, want) = (0, (n as u64 * 999).div_ceil(1000));
     let p999_us = calls.iter().position(|c| {
@@ -248,6 +292,7 @@ fn pending_memory(n: usize) -> Pending {
         longest_call,
         p999_call: Duration::from_micros(p999_us.unwrap_or(0) as u64 + 1),
         longest_step,
+        step_cpu,
         index_slots: e.index_slots_for_bench(),
         slowest,
     }
@@ -317,9 +362,17 @@ fn main() {
         "engine steps while the id index grew to {} slots: longest step ({ENGINE_BATCH} produces + maintenance) {:.2?}; longest produce {:.2?}, p99.9 {:?}",
         p.index_slots, p.longest_step, p.longest_call, p.p999_call
     );
-    for (took, at, slots, resizing, log_end) in &p.slowest {
+    println!(
+        "on-CPU time per engine step (checkpoint every 5 s, outside the step): p50 {:.2?}, p99 {:.2?}, p99.9 {:.2?}, max {:.2?}",
+        p.step_cpu[0], p.step_cpu[1], p.step_cpu[2], p.step_cpu[3]
+    );
+    for (took, at, slots, resizing, log_end, [cpu, wait, minflt, majflt]) in &p.slowest {
         println!(
-            "  slow step {took:.2?} after {at} messages: index {slots} slots (resize under way: {resizing}), log end {log_end}"
+            "  slow step {took:.2?} after {at} messages: index {slots} slots (resize under way: {resizing}), log end {log_end}; \
+             on CPU {:.1} ms, waiting for a CPU {:.1} ms, blocked {:.1} ms; {minflt} minor / {majflt} major faults",
+            *cpu as f64 / 1e6,
+            *wait as f64 / 1e6,
+            (took.as_nanos() as f64 - *cpu as f64 - *wait as f64).max(0.0) / 1e6,
         );
     }
     if !all {

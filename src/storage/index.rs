@@ -151,12 +151,12 @@ impl Table {
     }
 
     fn write(&mut self, i: u64, b: &[u8; SLOT_BYTES]) {
-        self.file.write_at(HEADER_BYTES + i as usize * SLOT_BYTES, b);
+        self.file.write_through(HEADER_BYTES + i as usize * SLOT_BYTES, b);
     }
 
     fn mark_removed(&mut self, i: u64) {
         let flags = self.raw(i)[31] | FLAG_REMOVED;
-        self.file.write_at(HEADER_BYTES + i as usize * SLOT_BYTES + 31, &[flags]);
+        self.file.write_through(HEADER_BYTES + i as usize * SLOT_BYTES + 31, &[flags]);
     }
 
     /// Counts occupied slots into `filled` and returns the live ones, in one pass.
@@ -685,6 +685,7 @@ fn create_table(tmp: &Path, dest: &Path, slots: u64) -> Result<MappedFile> {
         sync_dir(dir)?;
     }
     file.set_path(dest);
+    file.prefault();
     Ok(file)
 }
 
