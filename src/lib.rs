@@ -22,6 +22,8 @@ pub mod http;
 pub mod metrics;
 #[cfg(test)]
 mod reclaim_tests;
+#[cfg(test)]
+mod recovery_tests;
 pub mod schedule;
 pub mod storage;
 #[cfg(test)]
