@@ -14,6 +14,8 @@
 
 pub mod broker;
 pub mod config;
+#[cfg(test)]
+mod crash_model_tests;
 pub mod engine;
 #[cfg(test)]
 mod engine_tests;

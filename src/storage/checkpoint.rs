@@ -206,6 +206,8 @@ impl CheckpointJob {
     pub fn run(self) -> Result<()> {
         for f in &self.files {
             f.sync_data().map_err(|e| Error::io("fdatasync before checkpoint", e))?;
+            #[cfg(test)]
+            super::synced::note(f, None, None);
         }
         for p in &self.queue_files {
             sync_path(p)?;
@@ -243,6 +245,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let mut f = fs::File::create(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
         f.write_all(bytes).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
         f.sync_all().map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))?;
+        #[cfg(test)]
+        super::synced::note(&f, Some(&tmp), None);
     }
     fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     match path.parent() {

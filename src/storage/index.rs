@@ -617,6 +617,8 @@ impl IdIndex {
             // The new file must be durable before the rename drops the old one, or a power loss
             // could leave `ids` without slots copied since the last checkpoint.
             handle.sync_data().map_err(|e| Error::io(format!("fdatasync {}", next.display()), e))?;
+            #[cfg(test)]
+            super::synced::note(&handle, Some(&next), None);
             fs::rename(&next, &path).map_err(|e| Error::io(format!("rename {}", next.display()), e))?;
             if let Some(dir) = path.parent() {
                 sync_dir(dir)?;

@@ -371,6 +371,12 @@ impl Store {
         store.touched.clear();
         store.live_bytes = store.count_live_bytes();
         store.expiry = store.log.start();
+        if report.rebuilt {
+            // The checkpoint on disk describes the derived files the rebuild replaced: until one
+            // describes the new ones, a power loss would pair it with a fresh, partly unsynced
+            // index and queues, and the messages only they held would be gone.
+            store.write_checkpoint(&BTreeMap::new())?;
+        }
         info!(
             clean = report.clean,
             rebuilt = report.rebuilt,
@@ -1105,6 +1111,15 @@ impl Store {
 
     /// Flushes everything and records the dispatch position, queue lengths and cursors.
     pub fn checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
+        let cp = self.write_checkpoint(level_cursors)?;
+        if self.cfg.reclaim {
+            self.checkpoint_durable(&cp)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every file durable, then replaces the checkpoint; returns what it wrote.
+    fn write_checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<Checkpoint> {
         self.log.flush()?;
         let cp = self.snapshot(level_cursors);
         for q in self.levels.values_mut() {
@@ -1116,10 +1131,7 @@ impl Store {
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
         cp.store(&self.dir.join("checkpoint"))?;
-        if self.cfg.reclaim {
-            self.checkpoint_durable(&cp)?;
-        }
-        Ok(())
+        Ok(cp)
     }
 
     /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller
