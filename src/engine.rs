@@ -805,6 +805,10 @@ impl Engine {
                 }
             }
             let Some((ms, at, why)) = damaged else { return };
+            if self.poisoned.is_some() {
+                // No writes: the scheduler waits before the damaged entry until a restart.
+                return;
+            }
             inc(&self.metrics.queue_repairs);
             let r = self.store.repair_queue(&QueueRef::Level(ms), at, &why);
             let keep = match self.poison_on_io(r) {
