@@ -58,7 +58,7 @@ fn commit_log_append(c: &mut Criterion) {
     for size in [100usize, 1024] {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut log, _) =
-            CommitLog::open(dir.path(), 256 << 20, 0, None, RecoveryMode::Strict).expect("open log");
+            CommitLog::open(dir.path(), 256 << 20, 0, RecoveryMode::Strict, &[]).expect("open log");
         let rec = put_record(&vec![7u8; size]);
         g.bench_function(BenchmarkId::from_parameter(format!("{size}B")), |b| {
             b.iter(|| log.append(&rec).expect("append"))

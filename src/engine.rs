@@ -23,7 +23,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Put, Record, Route, State, Transition};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::reclaim::ReclaimPolicy;
-use crate::storage::store::{dead_letter_topic, OpenReport, Store, StoreConfig};
+use crate::storage::store::{dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig};
 
 /// Longest accepted id, in bytes.
 pub const MAX_ID_LEN: usize = 128;
@@ -471,14 +471,64 @@ impl Engine {
         }
         let mut out = Vec::new();
         for topic in topics {
+            let mut repairs = 0;
             while out.len() < max {
-                let Some(entry) = self.store.next_entry(topic)? else { break };
-                if let Some(d) = self.try_reserve(topic, entry, ttr_ms)? {
-                    out.push(d);
+                match self.pop_one(topic, ttr_ms, &mut repairs) {
+                    Ok(Some(Some(d))) => out.push(d),
+                    Ok(Some(None)) => {}
+                    Ok(None) => break,
+                    Err(e) if out.is_empty() => return Err(e),
+                    // The reservations made so far are appended: hand them out rather than leave
+                    // them reserved, invisible, until their time-to-run ends.
+                    Err(e) => {
+                        tracing::warn!(error = %e, delivered = out.len(), "pop failed part-way; returning what it reserved");
+                        return Ok(out);
+                    }
                 }
             }
         }
+        self.sync_damage_metrics();
         Ok(out)
+    }
+
+    /// Looks at the entry at `topic`'s cursor: `None` when the queue is read to its end, else the
+    /// delivery it made, if any. The cursor moves past the entry only once its reservation is
+    /// appended (or it turned out stale or unreadable), so a failed append leaves it to be read
+    /// again.
+    fn pop_one(
+        &mut self,
+        topic: &str,
+        ttr_ms: Option<u64>,
+        repairs: &mut u32,
+    ) -> Result<Option<Option<Delivery>>> {
+        let Some((at, entry)) = self.store.peek_entry(topic)? else { return Ok(None) };
+        let queue = QueueRef::Topic(topic);
+        let delivery = match self.store.check_entry(&queue, &entry) {
+            EntryCheck::Valid => self.try_reserve(topic, entry, ttr_ms)?,
+            EntryCheck::Stale | EntryCheck::CorruptRecord => None,
+            // Repaired entries come from the log and check out: one that still fails after
+            // several repairs is skipped rather than repaired in a loop.
+            EntryCheck::Bad(why) if *repairs >= 8 => {
+                tracing::error!(%topic, entry = at, %why, "consume-queue entry still damaged after repair; skipped");
+                None
+            }
+            EntryCheck::Bad(why) => {
+                *repairs += 1;
+                inc(&self.metrics.queue_repairs);
+                let r = self.store.repair_queue(&queue, at, &why);
+                self.poison_on_io(r)?;
+                return Ok(Some(None));
+            }
+        };
+        self.store.advance_cursor(topic, at);
+        Ok(Some(delivery))
+    }
+
+    /// Publishes the store's count of damaged records as a metric.
+    fn sync_damage_metrics(&self) {
+        self.metrics
+            .corrupt_records
+            .store(self.store.corrupt_records(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The (msg_offset, hash, seq, due) a queue entry's record refers to; `None` when the record
@@ -508,9 +558,20 @@ impl Engine {
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
         }
-        let (id, body, msg_ttr) = {
-            let p = self.store.put_at(msg_offset)?;
-            (String::from_utf8_lossy(p.id).into_owned(), Bytes::copy_from_slice(p.body), p.ttr_ms)
+        let (id, body, msg_ttr) = match self.store.read_checked(msg_offset) {
+            Ok(Some(Record::Put(p))) => {
+                (String::from_utf8_lossy(p.id).into_owned(), Bytes::copy_from_slice(p.body), p.ttr_ms)
+            }
+            Ok(Some(Record::Carry(c))) => (
+                String::from_utf8_lossy(c.put.id).into_owned(),
+                Bytes::copy_from_slice(c.put.body),
+                c.put.ttr_ms,
+            ),
+            // Damaged (logged and counted by the read): nothing to deliver, nothing reserved.
+            Ok(None) => return Ok(None),
+            Ok(Some(_)) | Err(_) => {
+                return Err(Error::NotFound(format!("no message at offset {msg_offset}")))
+            }
         };
         let ttr = ttr_ms.unwrap_or(msg_ttr);
         let now = self.now();
@@ -727,14 +788,60 @@ impl Engine {
         })
     }
 
+    /// Lets every scheduler read ahead, checking each entry against its record first; a damaged
+    /// level queue is repaired from the log and its scheduler restarted from the last good entry.
+    fn fill_schedulers(&mut self) {
+        self.sync_schedulers();
+        // Repaired entries come from the log and check out; more damage than this per call is
+        // left to the next call rather than looping here.
+        for _ in 0..8 {
+            let mut damaged = None;
+            for (ms, s) in self.schedulers.iter_mut() {
+                let Some(q) = self.store.levels.get(ms) else { continue };
+                let (store, queue) = (&self.store, QueueRef::Level(*ms));
+                let mut why = String::new();
+                let bad = s.fill_checked(&q.cq, |e| match store.check_entry(&queue, e) {
+                    EntryCheck::Bad(w) => {
+                        why = w;
+                        true
+                    }
+                    _ => false,
+                });
+                if let Some(at) = bad {
+                    damaged = Some((*ms, at, why));
+                    break;
+                }
+            }
+            let Some((ms, at, why)) = damaged else { return };
+            if self.poisoned.is_some() {
+                // No writes: the scheduler waits before the damaged entry until a restart.
+                return;
+            }
+            inc(&self.metrics.queue_repairs);
+            let r = self.store.repair_queue(&QueueRef::Level(ms), at, &why);
+            let keep = match self.poison_on_io(r) {
+                Ok(keep) => keep,
+                Err(e) => {
+                    tracing::error!(error = %e, level_ms = ms, "repairing a level queue failed");
+                    return;
+                }
+            };
+            // The scheduler may hold entries read before the damage: start it again at the last
+            // good entry (entries fired twice are skipped by their sequence number).
+            let cursor = self.schedulers.get(&ms).map_or(keep, |s| s.cursor()).min(keep);
+            if let Some(q) = self.store.levels.get_mut(&ms) {
+                q.cursor = cursor;
+            }
+            self.schedulers.remove(&ms);
+            self.sync_schedulers();
+        }
+    }
+
     /// Earliest due time among all levels' held entries.
     pub fn next_due(&mut self) -> Option<u64> {
-        self.sync_schedulers();
+        self.fill_schedulers();
         let mut best: Option<u64> = None;
-        for (ms, s) in self.schedulers.iter_mut() {
-            if let Some(q) = self.store.levels.get(ms) {
-                s.fill(&q.cq);
-            }
+        for s in self.schedulers.values() {
             if let Some(d) = s.next_due() {
                 best = Some(best.map_or(d, |b| b.min(d)));
             }
@@ -747,15 +854,12 @@ impl Engine {
     /// Picking the global minimum each time keeps catch-up after downtime in due order.
     pub fn run_due(&mut self, limit: usize) -> Result<usize> {
         self.writable()?;
-        self.sync_schedulers();
         let now = self.now();
         let mut fired = 0;
         while fired < limit {
+            self.fill_schedulers();
             let mut best: Option<(u64, u64)> = None;
-            for (ms, s) in self.schedulers.iter_mut() {
-                if let Some(q) = self.store.levels.get(ms) {
-                    s.fill(&q.cq);
-                }
+            for (ms, s) in self.schedulers.iter() {
                 if let Some(d) = s.next_due() {
                     if d <= now && best.is_none_or(|(bd, _)| d < bd) {
                         best = Some((d, *ms));
@@ -766,12 +870,22 @@ impl Engine {
             let Some((idx, entry)) = self.schedulers.get_mut(&ms).and_then(|s| s.take_due(now)) else {
                 break;
             };
-            self.fire(entry, now)?;
+            // Entries were checked against their records when the scheduler read them.
+            match self.fire(entry, now) {
+                Ok(()) => {}
+                // A damaged record of the message (logged and counted when read): it cannot be
+                // acted on, and stopping here would hold the level's cursor back for good.
+                Err(Error::Corrupt { file, offset, reason }) => {
+                    tracing::error!(%file, offset, %reason, level_ms = ms, "timer skipped: its message is unreadable");
+                }
+                Err(e) => return Err(e),
+            }
             if let Some(s) = self.schedulers.get_mut(&ms) {
                 s.done(idx);
             }
             fired += 1;
         }
+        self.sync_damage_metrics();
         Ok(fired)
     }
 

@@ -14,6 +14,8 @@
 
 pub mod broker;
 pub mod config;
+#[cfg(test)]
+mod crash_model_tests;
 pub mod engine;
 #[cfg(test)]
 mod engine_tests;
@@ -22,6 +24,8 @@ pub mod http;
 pub mod metrics;
 #[cfg(test)]
 mod reclaim_tests;
+#[cfg(test)]
+mod recovery_tests;
 pub mod schedule;
 pub mod storage;
 #[cfg(test)]

@@ -61,6 +61,10 @@ pub struct Metrics {
     pub ttr_expired: AtomicU64,
     /// Level hops performed by schedulers.
     pub hops: AtomicU64,
+    /// Commit-log records found damaged outside the recovery scan (their messages cannot be read).
+    pub corrupt_records: AtomicU64,
+    /// Consume-queue entries found disagreeing with the log, each followed by a repair of its queue.
+    pub queue_repairs: AtomicU64,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
@@ -78,6 +82,8 @@ impl Default for Metrics {
             dead_lettered: AtomicU64::new(0),
             ttr_expired: AtomicU64::new(0),
             hops: AtomicU64::new(0),
+            corrupt_records: AtomicU64::new(0),
+            queue_repairs: AtomicU64::new(0),
             lateness_ms: Histogram::new(&LATENESS_BUCKETS_MS),
             flush_us: Histogram::new(&FLUSH_BUCKETS_US),
         }

@@ -61,6 +61,16 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         ("delayd_dead_lettered_total", "Messages moved to a dead-letter topic.", &m.dead_lettered),
         ("delayd_ttr_expired_total", "Reservations whose time-to-run expired.", &m.ttr_expired),
         ("delayd_hops_total", "Level hops performed by the schedulers.", &m.hops),
+        (
+            "delayd_corrupt_records_total",
+            "Commit-log records found damaged outside the recovery scan.",
+            &m.corrupt_records,
+        ),
+        (
+            "delayd_queue_repairs_total",
+            "Consume-queue entries that disagreed with the log; each queue was repaired from the log.",
+            &m.queue_repairs,
+        ),
     ];
     for (name, help, c) in counters {
         header(&mut out, name, "counter", help);

@@ -48,6 +48,13 @@ impl LevelScheduler {
 
     /// Reads ahead until no unread entry can be due before the earliest held one.
     pub fn fill(&mut self, cq: &ConsumeQueue) {
+        self.fill_checked(cq, |_| false);
+    }
+
+    /// Like [`fill`](Self::fill), but stops before the first entry `is_bad` rejects and returns its
+    /// index: a damaged entry must be repaired before it is held (a garbage due time would hold it,
+    /// and the cursor behind it, for good).
+    pub fn fill_checked(&mut self, cq: &ConsumeQueue, mut is_bad: impl FnMut(&Entry) -> bool) -> Option<u64> {
         while self.read_pos < cq.len() {
             if let Some(Reverse((min_due, ..))) = self.heap.peek() {
                 if *min_due <= self.last_read_due.saturating_sub(self.skew_ms) {
@@ -55,11 +62,15 @@ impl LevelScheduler {
                 }
             }
             let Some(e) = cq.get(self.read_pos) else { break };
+            if is_bad(&e) {
+                return Some(self.read_pos);
+            }
             self.heap.push(Reverse((e.tag, self.read_pos, e.offset, e.size)));
             self.window.push_back(false);
             self.last_read_due = e.tag;
             self.read_pos += 1;
         }
+        None
     }
 
     /// Due time of the earliest held entry.

@@ -84,13 +84,31 @@ impl Checkpoint {
 
     /// Parses and checks a checkpoint; `None` for anything malformed.
     pub fn decode(b: &[u8]) -> Option<Checkpoint> {
+        Checkpoint::decode_checked(b).ok()
+    }
+
+    /// Parses and checks a checkpoint, saying why it is unusable.
+    pub fn decode_checked(b: &[u8]) -> std::result::Result<Checkpoint, CheckpointDamage> {
+        let damaged = |why: &str| CheckpointDamage::Damaged(why.to_string());
         if b.len() < 24 {
-            return None;
+            return Err(damaged("shorter than 24 bytes"));
         }
         let (body, crc) = b.split_at(b.len() - 4);
-        if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().ok()?) {
-            return None;
+        if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+            return Err(damaged("CRC mismatch"));
         }
+        if u32::from_le_bytes([body[0], body[1], body[2], body[3]]) != CHECKPOINT_MAGIC {
+            return Err(damaged("bad magic"));
+        }
+        let version = u16::from_le_bytes([body[4], body[5]]);
+        if version != CHECKPOINT_VERSION {
+            // Intact (the CRC matched) but from another delayd: it is not ours to overwrite.
+            return Err(CheckpointDamage::OtherVersion(version));
+        }
+        Checkpoint::decode_body(body).ok_or_else(|| damaged("records do not parse or do not end at the CRC"))
+    }
+
+    fn decode_body(body: &[u8]) -> Option<Checkpoint> {
         let mut r = Reader { b: body, pos: 0 };
         if r.u32()? != CHECKPOINT_MAGIC || r.u16()? != CHECKPOINT_VERSION {
             return None;
@@ -121,13 +139,23 @@ impl Checkpoint {
 
     /// Loads `path`; a missing file is the empty checkpoint, a damaged one is an error.
     pub fn load(path: &Path) -> Result<Checkpoint> {
-        match fs::read(path) {
-            Ok(b) => Checkpoint::decode(&b).ok_or_else(|| Error::Corrupt {
+        match Checkpoint::load_or_damage(path)? {
+            Ok(cp) => Ok(cp),
+            Err(why) => Err(Error::Corrupt {
                 file: path.display().to_string(),
                 offset: 0,
-                reason: "checkpoint fails its CRC or layout check".into(),
+                reason: format!("checkpoint unusable: {why}"),
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+        }
+    }
+
+    /// Loads `path`; a missing file is the empty checkpoint. A damaged file comes back as its
+    /// damage (the caller rebuilds, since everything in it can be derived from the log); only a
+    /// failure to read the file is an error.
+    pub fn load_or_damage(path: &Path) -> Result<std::result::Result<Checkpoint, CheckpointDamage>> {
+        match fs::read(path) {
+            Ok(b) => Ok(Checkpoint::decode_checked(&b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ok(Checkpoint::default())),
             Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
         }
     }
@@ -135,6 +163,26 @@ impl Checkpoint {
     /// Replaces `path` atomically.
     pub fn store(&self, path: &Path) -> Result<()> {
         write_atomic(path, &self.encode())
+    }
+}
+
+/// Why a checkpoint file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointDamage {
+    /// It fails its CRC, magic or layout check: damaged, so it is rebuilt from the log.
+    Damaged(String),
+    /// It is intact but has another layout version: written by a different delayd.
+    OtherVersion(u16),
+}
+
+impl std::fmt::Display for CheckpointDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckpointDamage::Damaged(why) => write!(f, "damaged ({why})"),
+            CheckpointDamage::OtherVersion(v) => {
+                write!(f, "layout version {v}, this delayd writes {CHECKPOINT_VERSION}")
+            }
+        }
     }
 }
 
@@ -158,6 +206,8 @@ impl CheckpointJob {
     pub fn run(self) -> Result<()> {
         for f in &self.files {
             f.sync_data().map_err(|e| Error::io("fdatasync before checkpoint", e))?;
+            #[cfg(test)]
+            super::synced::note(f, None, None);
         }
         for p in &self.queue_files {
             sync_path(p)?;
@@ -195,6 +245,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let mut f = fs::File::create(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
         f.write_all(bytes).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
         f.sync_all().map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))?;
+        #[cfg(test)]
+        super::synced::note(&f, Some(&tmp), None);
     }
     fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     match path.parent() {

@@ -34,6 +34,21 @@ pub struct RecoveryReport {
     pub bytes_dropped: u64,
     /// Valid-looking records found after the bad one (non-zero means mid-log corruption).
     pub records_after_bad: u64,
+    /// The furthest offset a checkpoint or clean-shutdown marker said was durable, when the log
+    /// ends before it (only in `truncate` mode; `strict` refuses to open).
+    pub claimed_end: Option<u64>,
+    /// Bytes between the recovered end and [`claimed_end`](Self::claimed_end): records that were
+    /// durable (and possibly acknowledged) and are gone.
+    pub durable_bytes_lost: u64,
+}
+
+/// An offset up to which some file says the commit log was durable, and which file says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurableClaim {
+    /// The log offset the file vouches for (every byte below it was fdatasynced).
+    pub offset: u64,
+    /// Which file and field, for the error message (e.g. "checkpoint (dispatched)").
+    pub source: String,
 }
 
 struct Segment {
@@ -66,20 +81,52 @@ pub fn segment_name(base: u64) -> String {
 }
 
 impl CommitLog {
-    /// Opens the log in `dir`, scanning for the end from `scan_from` (a known record boundary).
+    /// Opens the log in `dir`, scanning for the end from the start of the segment holding
+    /// `scan_from` (a known record boundary).
     ///
-    /// `trusted_end` comes from a clean-shutdown marker; when given, no scan happens beyond a check
-    /// that the bytes at that offset are unwritten.
+    /// `claims` are offsets other files say were durable (the checkpoint, the clean-shutdown
+    /// marker). A log that ends before one of them lost records that may have been acknowledged:
+    /// `strict` refuses to open (before changing any byte), `truncate` opens and reports the loss.
     pub fn open(
         dir: &Path,
         segment_bytes: u64,
         scan_from: u64,
-        trusted_end: Option<u64>,
         mode: RecoveryMode,
+        claims: &[DurableClaim],
     ) -> Result<(CommitLog, RecoveryReport)> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let mut segments = Vec::new();
         let bases = list_numbered(dir)?;
+        // The newest segment's size before it is extended below: a file cut short looks, once
+        // extended, like unwritten space, so this is the only trace of the cut.
+        let last_on_disk = match bases.last() {
+            Some(base) => {
+                let path = dir.join(segment_name(*base));
+                let len =
+                    fs::metadata(&path).map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
+                Some((*base, len, path))
+            }
+            None => None,
+        };
+        let claim = claims.iter().max_by_key(|c| c.offset);
+        if let (Some(claim), Some((base, len, path))) = (claim, &last_on_disk) {
+            if claim.offset > base + len && mode == RecoveryMode::Strict {
+                return Err(Error::Corrupt {
+                    file: path.display().to_string(),
+                    offset: base + len,
+                    reason: format!(
+                        "the commit log ends at offset {} (this file, the newest segment, is {len} bytes), \
+                         but {} says it was durable up to offset {}: {} bytes of records that may have \
+                         been acknowledged are missing. Refusing to start; restore the file, or set \
+                         recovery = \"truncate\" to accept the loss",
+                        base + len,
+                        claim.source,
+                        claim.offset,
+                        claim.offset - (base + len)
+                    ),
+                });
+            }
+        }
         for (i, base) in bases.iter().enumerate() {
             let path = dir.join(segment_name(*base));
             // The newest segment may be short if power failed between its creation and its
@@ -126,10 +173,10 @@ impl CommitLog {
             Some((i, _)) => log.segments[i].base,
             None => log.segments.last().map_or(first, |s| s.base),
         };
-        let report = match trusted_end.filter(|e| *e >= start && log.is_unwritten_at(*e)) {
-            Some(end) => RecoveryReport { end, ..Default::default() },
-            None => log.recover(start, mode)?,
-        };
+        // A clean marker's end is a claim like the checkpoint's, not a licence to skip the scan:
+        // it says what the log held at shutdown, not that it still does (a segment cut or zeroed
+        // since reads as a clean end right there). The scan costs at most one segment.
+        let report = log.recover(start, mode, claim)?;
         log.write_pos = report.end;
         log.flushed = report.end;
         log.drop_segments_after(report.end)?;
@@ -138,17 +185,12 @@ impl CommitLog {
         Ok((log, report))
     }
 
-    fn is_unwritten_at(&self, offset: u64) -> bool {
-        match self.locate(offset) {
-            Some((i, pos)) => {
-                let bytes = &self.segments[i].file.bytes()[pos..];
-                matches!(format::check_frame(bytes), Err(DecodeError::Empty))
-            }
-            None => false,
-        }
-    }
-
-    fn recover(&mut self, start: u64, mode: RecoveryMode) -> Result<RecoveryReport> {
+    fn recover(
+        &mut self,
+        start: u64,
+        mode: RecoveryMode,
+        claim: Option<&DurableClaim>,
+    ) -> Result<RecoveryReport> {
         let mut offset = start;
         let (bad, reason) = loop {
             match self.decode_at(offset) {
@@ -174,8 +216,49 @@ impl CommitLog {
             });
         }
         let after = self.count_valid_records_after(end);
-        let mut report =
-            RecoveryReport { end, bad_offset: bad, reason, records_after_bad: after, bytes_dropped: 0 };
+        let mut report = RecoveryReport {
+            end,
+            bad_offset: bad,
+            reason,
+            records_after_bad: after,
+            bytes_dropped: 0,
+            claimed_end: None,
+            durable_bytes_lost: 0,
+        };
+        if let Some(claim) = claim.filter(|c| c.offset > end) {
+            let file = match self.locate(end) {
+                Some((i, _)) => self.segments[i].file.path().display().to_string(),
+                None => self.dir.display().to_string(),
+            };
+            let why = report.reason.as_deref().unwrap_or("no record (zeroes)");
+            if mode == RecoveryMode::Strict {
+                return Err(Error::Corrupt {
+                    file,
+                    offset: end,
+                    reason: format!(
+                        "the commit log ends at offset {end} ({why} there), but {} says it was durable \
+                         up to offset {}: {} bytes of records that may have been acknowledged are \
+                         missing. Refusing to start; restore the file, or set recovery = \"truncate\" \
+                         to accept the loss",
+                        claim.source,
+                        claim.offset,
+                        claim.offset - end
+                    ),
+                });
+            }
+            tracing::error!(
+                %file,
+                log_end = end,
+                claimed_end = claim.offset,
+                claimed_by = %claim.source,
+                bytes_lost = claim.offset - end,
+                reason = why,
+                "commit log: ends before what was durable; recovery = truncate accepts the loss of \
+                 every record in [log_end, claimed_end)"
+            );
+            report.claimed_end = Some(claim.offset);
+            report.durable_bytes_lost = claim.offset - end;
+        }
         if after > 0 && mode == RecoveryMode::Strict {
             let (i, _) = self.locate(end).unwrap_or((0, 0));
             return Err(Error::Corrupt {
@@ -270,6 +353,11 @@ impl CommitLog {
             Some((i, pos)) => format::decode(&self.segments[i].file.bytes()[pos..]).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Path of the segment file holding `offset`.
+    pub fn segment_path(&self, offset: u64) -> Option<&Path> {
+        self.locate(offset).map(|(i, _)| self.segments[i].file.path())
     }
 
     /// Offset where the next record will be appended (one past the last record).
@@ -577,7 +665,7 @@ mod tests {
     }
 
     fn open(dir: &Path, seg: u64, mode: RecoveryMode) -> Result<(CommitLog, RecoveryReport)> {
-        CommitLog::open(dir, seg, 0, None, mode)
+        CommitLog::open(dir, seg, 0, mode, &[])
     }
 
     fn offsets(log: &CommitLog) -> Vec<u64> {

@@ -317,6 +317,20 @@ impl ConsumeQueue {
         Ok(dropped)
     }
 
+    /// Replaces the entries from `from` on with `entries` (repairing a damaged queue from the log);
+    /// the rewritten entries are synced at the next checkpoint like any append.
+    pub fn rewrite_from(&mut self, from: u64, entries: &[Entry]) -> Result<()> {
+        self.reopen()?;
+        let from = from.clamp(self.first(), self.len);
+        self.zero_from(from)?;
+        self.len = from;
+        self.flushed_len = self.flushed_len.min(from);
+        for e in entries {
+            self.append(*e)?;
+        }
+        Ok(())
+    }
+
     /// File numbers holding the entries appended since the last flush or hand-off.
     fn dirty_files(&self) -> std::ops::Range<u64> {
         let (from, to) = (self.flushed_len, self.len);

@@ -399,6 +399,41 @@ impl IdIndex {
         }
     }
 
+    /// Why the table cannot be trusted, if it cannot: an occupied slot with unknown flag bits or
+    /// state byte, or one that linear probing could not have put where it is (a slot on its probe
+    /// path is empty, so look-ups would stop before it). Damage that clears or scrambles slots
+    /// breaks one of these for the slots around it. One pass over the table.
+    pub fn check(&self) -> Option<String> {
+        let t = &self.cur;
+        let mask = t.slots - 1;
+        // Start just after an empty slot, so every run of occupied slots is seen from its start.
+        let Some(empty) = (0..t.slots).find(|i| !is_occupied(t.raw(*i))) else {
+            return Some("index table has no empty slot".into());
+        };
+        let mut run = 0u64;
+        for k in 1..=t.slots {
+            let p = (empty + k) & mask;
+            let b = t.raw(p);
+            if !is_occupied(b) {
+                if b.iter().any(|x| *x != 0) {
+                    return Some(format!("index slot {p} is marked empty but holds data"));
+                }
+                run = 0;
+                continue;
+            }
+            run += 1;
+            if b[31] & !(FLAG_USED | FLAG_DEAD_LETTER | FLAG_REMOVED) != 0 || State::from_u8(b[30]).is_none()
+            {
+                return Some(format!("index slot {p} has unknown flags or state"));
+            }
+            let home = read_u64(b, 0) & mask;
+            if (p.wrapping_sub(home) & mask) >= run {
+                return Some(format!("index slot {p} is not on the probe path of its hash"));
+            }
+        }
+        None
+    }
+
     /// Pushes a handle on every index file in use, for a background fdatasync at a checkpoint.
     pub fn take_handles(&self, out: &mut Vec<std::fs::File>) -> Result<()> {
         out.push(self.cur.file.handle()?);
@@ -590,6 +625,8 @@ impl IdIndex {
             // The new file must be durable before the rename drops the old one, or a power loss
             // could leave `ids` without slots copied since the last checkpoint.
             handle.sync_data().map_err(|e| Error::io(format!("fdatasync {}", next.display()), e))?;
+            #[cfg(test)]
+            super::synced::note(&handle, Some(&next), None);
             fs::rename(&next, &path).map_err(|e| Error::io(format!("rename {}", next.display()), e))?;
             if let Some(dir) = path.parent() {
                 sync_dir(dir)?;

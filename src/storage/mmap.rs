@@ -154,7 +154,12 @@ impl MappedFile {
         if len == 0 {
             return Ok(());
         }
-        self.map.flush_range(offset, len).map_err(|e| Error::io(format!("msync {}", self.path.display()), e))
+        self.map
+            .flush_range(offset, len)
+            .map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
+        #[cfg(test)]
+        super::synced::note(&self.file, Some(&self.path), Some((offset as u64, len as u64)));
+        Ok(())
     }
 
     /// Makes the file's written pages durable with fdatasync.
@@ -163,7 +168,10 @@ impl MappedFile {
     /// mapping dirty the page cache like write(2) does, so fdatasync covers them; it skips
     /// msync's walk of the mapping and measured cheaper here.
     pub fn sync_data(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+        self.file.sync_data().map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))?;
+        #[cfg(test)]
+        super::synced::note(&self.file, Some(&self.path), None);
+        Ok(())
     }
 
     /// Byte ranges at or after `from` that may hold data: the file's allocated, written extents
@@ -220,12 +228,18 @@ impl MappedFile {
 
     /// Makes the whole mapping durable.
     pub fn flush(&self) -> Result<()> {
-        self.map.flush().map_err(|e| Error::io(format!("msync {}", self.path.display()), e))
+        self.map.flush().map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
+        #[cfg(test)]
+        super::synced::note(&self.file, Some(&self.path), None);
+        Ok(())
     }
 
     /// fsyncs file metadata too (after creation).
     pub fn sync_all(&self) -> Result<()> {
-        self.file.sync_all().map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))
+        self.file.sync_all().map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))?;
+        #[cfg(test)]
+        super::synced::note(&self.file, Some(&self.path), None);
+        Ok(())
     }
 }
 
@@ -291,7 +305,10 @@ fn open_rw(path: &Path, create: bool) -> Result<File> {
 /// gone are still the file's dirty pages, so this makes them durable too.
 pub fn sync_path(path: &Path) -> Result<()> {
     let f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    f.sync_data().map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))
+    f.sync_data().map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))?;
+    #[cfg(test)]
+    super::synced::note(&f, Some(path), None);
+    Ok(())
 }
 
 /// fsyncs a directory so a create, rename or delete in it survives power loss.

@@ -9,4 +9,6 @@ pub mod index;
 pub mod mmap;
 pub mod reclaim;
 pub mod store;
+#[cfg(test)]
+pub mod synced;
 pub mod warmer;

@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use super::checkpoint::{self, Checkpoint, CheckpointJob, QueueKind, QueueState};
-use super::commitlog::{CommitLog, RecoveryMode, RecoveryReport};
+use super::checkpoint::{self, Checkpoint, CheckpointDamage, CheckpointJob, QueueKind, QueueState};
+use super::commitlog::{CommitLog, DurableClaim, RecoveryMode, RecoveryReport};
 use super::consumequeue::{ConsumeQueue, Entry};
 use super::format::{self, Cause, Home, Put, Record, Route, State};
 use super::index::{IdIndex, Slot, SlotRef};
@@ -78,6 +78,16 @@ pub struct OpenReport {
     pub entries_dropped: u64,
     /// Records re-dispatched after the checkpoint.
     pub redispatched: u64,
+    /// The checkpoint was damaged, so everything derived was rebuilt from the log.
+    pub checkpoint_rebuilt: bool,
+    /// A consume queue failed a check against the log, so the queues were rebuilt.
+    pub queue_damaged: bool,
+    /// The id index failed a check against the log, so it was rebuilt.
+    pub index_damaged: bool,
+    /// `truncate` mode, log shorter than what was durable: indexed messages whose Put is gone.
+    pub messages_lost: u64,
+    /// Same: indexed messages whose latest change is gone (they go back to an earlier state).
+    pub messages_reverted: u64,
 }
 
 /// The store.
@@ -114,6 +124,8 @@ pub struct Store {
     pub(super) durable_serial: u64,
     /// Where reclaiming the oldest segment stands.
     pub(super) reclaim: super::reclaim::Reclaim,
+    /// Damaged records met outside the recovery scan (reads take `&self`, hence atomic).
+    corrupt_records: std::sync::atomic::AtomicU64,
 }
 
 fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
@@ -147,6 +159,67 @@ fn remove_dir_if_present(dir: &Path) -> Result<()> {
     }
 }
 
+/// A queue named by what it is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueRef<'a> {
+    /// The queue of a topic (dead-letter topics included).
+    Topic(&'a str),
+    /// The queue of a delay level, by its duration in ms.
+    Level(u64),
+}
+
+impl std::fmt::Display for QueueRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueRef::Topic(t) => write!(f, "topic {t}"),
+            QueueRef::Level(ms) => write!(f, "level {ms} ms"),
+        }
+    }
+}
+
+/// The queue a record routes to (owned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Topic(String),
+    Level(u64),
+}
+
+impl Target {
+    fn is(&self, q: &QueueRef<'_>) -> bool {
+        match (self, q) {
+            (Target::Topic(a), QueueRef::Topic(b)) => a == b,
+            (Target::Level(a), QueueRef::Level(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// Where a record's dispatch puts an entry.
+enum Routed {
+    /// This entry in this queue.
+    To(Target, Entry),
+    /// No queue (route None, end of segment).
+    Nowhere,
+    /// A change of a message whose record was reclaimed: dispatch skips it, entries are history.
+    Reclaimed,
+    /// The message's record is damaged (logged and counted).
+    Damaged,
+}
+
+/// What [`Store::check_entry`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryCheck {
+    /// The entry matches its record.
+    Valid,
+    /// Its record was reclaimed; the entry is history.
+    Stale,
+    /// A record header is there but the record fails its CRC (logged and counted): the log itself
+    /// is damaged, and the message cannot be read.
+    CorruptRecord,
+    /// The entry does not match the log: the queue file is damaged.
+    Bad(String),
+}
+
 /// The dead-letter topic of `topic`.
 pub fn dead_letter_topic(topic: &str) -> String {
     format!("{topic}.dlq")
@@ -158,19 +231,56 @@ impl Store {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let lock = DirLock::acquire(&dir.join("LOCK"))?;
         let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"))?;
-        let cp = Checkpoint::load(&dir.join("checkpoint"))?;
-        let (log, log_report) = CommitLog::open(
-            &dir.join("commitlog"),
-            cfg.segment_bytes,
-            cp.dispatched,
-            clean_end,
-            cfg.recovery,
-        )?;
-        let mut report = OpenReport { clean: clean_end.is_some(), log: log_report, ..Default::default() };
+        let cp_path = dir.join("checkpoint");
+        let (cp, cp_damaged) = match Checkpoint::load_or_damage(&cp_path)? {
+            Ok(cp) => (cp, false),
+            Err(why @ CheckpointDamage::OtherVersion(_)) => {
+                return Err(Error::Corrupt {
+                    file: cp_path.display().to_string(),
+                    offset: 0,
+                    reason: format!("checkpoint written by another delayd: {why}; upgrade instead"),
+                })
+            }
+            // Everything in it is derived from the log except the reader cursors, and a rebuild
+            // restarts readers at entry 0, where entries of handled messages are skipped.
+            Err(why) => {
+                error!(
+                    file = %cp_path.display(),
+                    %why,
+                    "checkpoint unusable; rebuilding queues, index and counters from the whole commit log"
+                );
+                (Checkpoint::default(), true)
+            }
+        };
+        // What other files vouch was durable: a log ending before it lost acknowledged records.
+        let mut claims = Vec::new();
+        if cp.dispatched > 0 {
+            claims.push(DurableClaim {
+                offset: cp.dispatched,
+                source: format!("the checkpoint ({}, field dispatched)", cp_path.display()),
+            });
+        }
+        if let Some(end) = clean_end {
+            claims.push(DurableClaim {
+                offset: end,
+                source: format!(
+                    "the clean-shutdown marker ({}, field log_end)",
+                    dir.join("clean_shutdown").display()
+                ),
+            });
+        }
+        let (log, log_report) =
+            CommitLog::open(&dir.join("commitlog"), cfg.segment_bytes, cp.dispatched, cfg.recovery, &claims)?;
+        let mut report = OpenReport {
+            clean: clean_end.is_some(),
+            log: log_report,
+            checkpoint_rebuilt: cp_damaged,
+            ..Default::default()
+        };
 
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
-        let mut rebuild = !index_path.exists() && cp.dispatched > log.start();
+        let mut rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
         let index = match IdIndex::open(&index_path, cfg.index_initial_slots) {
             Ok(index) => index,
             // The index is derived: a damaged or older-layout one is rebuilt from the log.
@@ -201,17 +311,43 @@ impl Store {
             snapshots: 0,
             durable_serial: 0,
             reclaim: Default::default(),
+            corrupt_records: Default::default(),
         };
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
-        if cp.dispatched > store.log.end() {
-            warn!(checkpoint = cp.dispatched, log_end = store.log.end(), "log ends before the checkpoint");
+        if let Some(claimed) = report.log.claimed_end {
+            // Only `truncate` mode gets here: say what the lost records meant, from the index as it
+            // was (it is rebuilt below).
+            let end = store.log.end();
+            let (mut lost, mut reverted) = (0u64, 0u64);
+            store.index.for_each(|s| {
+                if s.msg_offset >= end {
+                    lost += 1;
+                } else if s.last_offset >= end {
+                    reverted += 1;
+                }
+            });
+            error!(
+                log_end = end,
+                claimed_end = claimed,
+                bytes_lost = report.log.durable_bytes_lost,
+                messages_lost = lost,
+                messages_reverted = reverted,
+                "recovery = truncate: records that were durable are gone; messages produced there are \
+                 lost and messages changed there (acked, cancelled, reserved, moved) go back to their \
+                 last state before the log end"
+            );
+            report.messages_lost = lost;
+            report.messages_reverted = reverted;
         }
         if !rebuild {
             rebuild = !store.open_queues(&cp, dispatched, &mut report)?;
         }
-        if !rebuild && !report.clean && store.index_is_ahead_of_log() {
-            warn!("id index holds state from records past the recovered log end; rebuilding");
-            rebuild = true;
+        if !rebuild {
+            if let Some(why) = store.index_damage() {
+                warn!(%why, "id index disagrees with the commit log; rebuilding it and the queues from the log");
+                report.index_damaged = true;
+                rebuild = true;
+            }
         }
         if rebuild {
             store.rebuild(&cp)?;
@@ -235,6 +371,12 @@ impl Store {
         store.touched.clear();
         store.live_bytes = store.count_live_bytes();
         store.expiry = store.log.start();
+        if report.rebuilt {
+            // The checkpoint on disk describes the derived files the rebuild replaced: until one
+            // describes the new ones, a power loss would pair it with a fresh, partly unsynced
+            // index and queues, and the messages only they held would be gone.
+            store.write_checkpoint(&BTreeMap::new())?;
+        }
         info!(
             clean = report.clean,
             rebuilt = report.rebuilt,
@@ -288,6 +430,11 @@ impl Store {
                 warn!(queue = %q.name, "consume queue shorter than its checkpoint; rebuilding");
                 return Ok(false);
             }
+            if let Some(why) = self.queue_damage(&cq, q.cursor, dispatched) {
+                warn!(queue = %q.name, %why, "consume queue disagrees with the commit log; rebuilding all queues from the log");
+                report.queue_damaged = true;
+                return Ok(false);
+            }
             let dropped = cq.truncate_to_offset(dispatched)?;
             if dropped > 0 {
                 warn!(queue = %q.name, dropped, "dropped consume-queue entries past the recovered log end");
@@ -332,12 +479,136 @@ impl Store {
         Ok(true)
     }
 
-    /// Walks every slot: true if one holds state from past the log end.
-    fn index_is_ahead_of_log(&self) -> bool {
-        let end = self.log.end();
-        let mut ahead = false;
-        self.index.for_each(|s| ahead |= s.last_offset >= end || s.msg_offset >= end);
-        ahead
+    /// Why a queue opened from the checkpoint cannot be trusted, if it cannot. Every entry on disk
+    /// must be written (`size != 0`) and ascend strictly in log offset; the unread ones (from
+    /// `cursor`) below `dispatched` must point at a record header of their `size`. Entries past
+    /// `dispatched` are the torn suffix that recovery drops, which ascending order keeps a suffix.
+    /// Costs one read of each queue file and one record header per unread entry.
+    fn queue_damage(&self, cq: &ConsumeQueue, cursor: u64, dispatched: u64) -> Option<String> {
+        let mut prev: Option<u64> = None;
+        for i in cq.first()..cq.len() {
+            let Some(e) = cq.get(i) else { return Some(format!("entry {i} is missing")) };
+            if e.size == 0 {
+                return Some(format!("entry {i} is unwritten (zero) below the queue length {}", cq.len()));
+            }
+            if prev.is_some_and(|p| e.offset <= p) {
+                return Some(format!("entry {i} (log offset {}) does not follow the previous one", e.offset));
+            }
+            prev = Some(e.offset);
+            if i >= cursor && e.offset >= self.log.start() && e.offset < dispatched {
+                if let Some(why) = self.header_mismatch(e.offset, e.size) {
+                    return Some(format!("entry {i}: {why}"));
+                }
+            }
+        }
+        None
+    }
+
+    /// Why `offset` does not hold a record header of length `size` (not checking its CRC), if not.
+    fn header_mismatch(&self, offset: u64, size: u32) -> Option<String> {
+        let Some(h) = self.log.raw(offset, format::HEADER_BYTES) else {
+            return Some(format!("log offset {offset} is not in the log"));
+        };
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+        let magic = u16::from_le_bytes([h[4], h[5]]);
+        if magic != format::RECORD_MAGIC || len != size {
+            return Some(format!("log offset {offset} holds no record of {size} bytes"));
+        }
+        None
+    }
+
+    /// Why the index cannot be trusted, if it cannot: its table fails its structural checks, or a
+    /// live slot is ahead of the log or disagrees with the records it points to (its Put or Carry
+    /// must carry an id with the slot's hash; its last record must have set exactly the slot's
+    /// seq, state, home and attempt). Costs a read of the table and of one or two records per
+    /// live slot (recounting live bytes reads the first anyway).
+    fn index_damage(&self) -> Option<String> {
+        if let Some(why) = self.index.check() {
+            return Some(why);
+        }
+        let mut damage = None;
+        self.index.for_each(|s| {
+            if damage.is_none() {
+                damage = self.slot_damage(&s);
+            }
+        });
+        damage
+    }
+
+    fn slot_damage(&self, s: &Slot) -> Option<String> {
+        let (start, end) = (self.log.start(), self.log.end());
+        let what = format!("slot of the message at {} (last record {})", s.msg_offset, s.last_offset);
+        if s.msg_offset >= end || s.last_offset >= end {
+            return Some(format!("{what} holds state from past the log end {end}"));
+        }
+        if s.msg_offset < start || s.last_offset < s.msg_offset {
+            return Some(format!("{what} points outside the log [{start}, {end})"));
+        }
+        let attempt = |a: u32| a.min(u32::from(u16::MAX)) as u16;
+        let expect = match self.read_checked(s.msg_offset) {
+            Ok(Some(Record::Put(p))) if format::id_hash(p.id) == s.hash => {
+                let state = if p.route == Route::Topic { State::Ready } else { State::Delayed };
+                (0, state, Home::Main, 0)
+            }
+            Ok(Some(Record::Carry(c))) if format::id_hash(c.put.id) == s.hash => {
+                (c.seq, c.state, c.home, attempt(c.attempt))
+            }
+            Ok(Some(_)) => return Some(format!("{what}: no message with its id hash there")),
+            // The log itself is damaged there: not the index's fault, and already reported.
+            Ok(None) => return None,
+            Err(why) => return Some(format!("{what}: {why}")),
+        };
+        let expect = if s.last_offset == s.msg_offset {
+            expect
+        } else {
+            match self.read_checked(s.last_offset) {
+                Ok(Some(Record::Transition(t))) if t.msg_offset == s.msg_offset && t.id_hash == s.hash => {
+                    (t.seq, t.state, t.home, attempt(t.attempt))
+                }
+                Ok(Some(_)) => return Some(format!("{what}: its last record is not a change of it")),
+                Ok(None) => return None,
+                Err(why) => return Some(format!("{what}: {why}")),
+            }
+        };
+        if expect != (s.seq, s.state, s.home, s.attempt) {
+            return Some(format!(
+                "{what}: slot says seq {} {:?} {:?} attempt {}, its record says {expect:?}",
+                s.seq, s.state, s.home, s.attempt
+            ));
+        }
+        None
+    }
+
+    /// The CRC-checked record at `offset`; `Ok(None)` when a record header is there but the record
+    /// fails its check (damage in the log itself, logged and counted); `Err` when nothing there
+    /// looks like a record (so whatever pointed there is wrong).
+    pub(crate) fn read_checked(&self, offset: u64) -> std::result::Result<Option<Record<'_>>, String> {
+        match self.log.read(offset) {
+            Ok((rec, _)) => Ok(Some(rec)),
+            Err(Error::Corrupt { reason, .. }) => {
+                let h = self.log.raw(offset, format::HEADER_BYTES);
+                if h.is_some_and(|h| u16::from_le_bytes([h[4], h[5]]) == format::RECORD_MAGIC) {
+                    self.corrupt_record(offset, &reason);
+                    Ok(None)
+                } else {
+                    Err(format!("no record at log offset {offset} ({reason})"))
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Logs and counts a record that fails its CRC or layout check outside the recovery scan: its
+    /// message cannot be read, which must not pass unnoticed.
+    pub(crate) fn corrupt_record(&self, offset: u64, reason: &str) {
+        let file = self.log.segment_path(offset).map(|p| p.display().to_string()).unwrap_or_default();
+        error!(%file, offset, %reason, "commit log: damaged record; its message cannot be read");
+        self.corrupt_records.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Damaged records met outside the recovery scan since open.
+    pub fn corrupt_records(&self) -> u64 {
+        self.corrupt_records.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Deletes every derived file and re-derives it from the start of the log; cursors survive.
@@ -425,19 +696,168 @@ impl Store {
         self.topic_state(topic)
     }
 
-    /// The entry at `topic`'s cursor, moving the cursor past it; opens the queue's files only when
-    /// there is an entry to read.
-    pub fn next_entry(&mut self, topic: &str) -> Result<Option<Entry>> {
+    /// The entry at `topic`'s cursor and its index, without moving the cursor (the caller moves it
+    /// with [`advance_cursor`](Self::advance_cursor) once the entry's outcome is appended); opens
+    /// the queue's files only when there is an entry to read.
+    pub fn peek_entry(&mut self, topic: &str) -> Result<Option<(u64, Entry)>> {
         match self.topics.get(topic) {
             Some(q) if q.cursor < q.cq.len() => {}
             _ => return Ok(None),
         }
         let q = self.topic_open(topic)?;
-        let entry = q.cq.get(q.cursor);
-        if entry.is_some() {
-            q.cursor += 1;
+        let at = q.cursor;
+        Ok(q.cq.get(at).map(|e| (at, e)))
+    }
+
+    /// Moves `topic`'s cursor past entry `at` (read with [`peek_entry`](Self::peek_entry)).
+    pub fn advance_cursor(&mut self, topic: &str, at: u64) {
+        if let Some(q) = self.topics.get_mut(topic) {
+            if q.cursor == at {
+                q.cursor += 1;
+            }
         }
-        Ok(entry)
+    }
+
+    /// Checks a queue entry against the CRC-checked record it points to: the record must exist,
+    /// have the entry's size, and route to this queue (for a level, at the entry's due time; for a
+    /// topic, the message's topic and home). Queue files carry no checksum of their own; this
+    /// check costs no disk and catches any damaged entry before it is acted on.
+    pub fn check_entry(&self, queue: &QueueRef<'_>, entry: &Entry) -> EntryCheck {
+        let bad = |why: String| EntryCheck::Bad(why);
+        if entry.offset < self.log.start() {
+            // Its record was reclaimed: the message was carried forward or expired.
+            return EntryCheck::Stale;
+        }
+        if entry.size == 0 || entry.offset >= self.dispatched {
+            return bad(format!("entry points at log offset {} past the dispatched log", entry.offset));
+        }
+        let rec = match self.read_checked(entry.offset) {
+            Ok(Some(rec)) => rec,
+            Ok(None) => return EntryCheck::CorruptRecord,
+            Err(why) => return bad(why),
+        };
+        if self.log.record_len(entry.offset) != u64::from(entry.size) {
+            return bad(format!("entry size {} differs from the record at {}", entry.size, entry.offset));
+        }
+        match self.routed(entry.offset, entry.size, &rec) {
+            Ok(Routed::To(target, e)) if target.is(queue) && e.tag == entry.tag => EntryCheck::Valid,
+            Ok(Routed::Reclaimed) => EntryCheck::Stale,
+            Ok(Routed::Damaged) => EntryCheck::CorruptRecord,
+            Ok(Routed::To(..)) | Ok(Routed::Nowhere) => {
+                bad(format!("the record at {} does not route to this queue with this tag", entry.offset))
+            }
+            Err(why) => bad(why),
+        }
+    }
+
+    /// The queue and entry a record's dispatch appends (None for routes that append nothing, and
+    /// for changes of a message whose record was reclaimed: dispatch skips those too).
+    fn routed(&self, offset: u64, size: u32, rec: &Record<'_>) -> std::result::Result<Routed, String> {
+        let main_or_dlq = |topic: &[u8], home: Home| {
+            let topic = String::from_utf8_lossy(topic).into_owned();
+            match home {
+                Home::Main => topic,
+                Home::DeadLetter => dead_letter_topic(&topic),
+            }
+        };
+        let (route, topic, tag) = match rec {
+            Record::Put(p) => (p.route, Some(main_or_dlq(p.topic, Home::Main)), p.deliver_at_ms),
+            Record::Carry(c) => (c.put.route, Some(main_or_dlq(c.put.topic, c.home)), c.deliver_at_ms),
+            Record::Transition(t) if t.msg_offset < self.log.start() => return Ok(Routed::Reclaimed),
+            Record::Transition(t) => {
+                let topic = match self.read_checked(t.msg_offset)? {
+                    Some(Record::Put(p)) => main_or_dlq(p.topic, t.home),
+                    Some(Record::Carry(c)) => main_or_dlq(c.put.topic, t.home),
+                    Some(_) => {
+                        return Err(format!("no message at {} for the change at {offset}", t.msg_offset))
+                    }
+                    None => return Ok(Routed::Damaged),
+                };
+                (t.route, Some(topic), t.deliver_at_ms)
+            }
+            Record::Hop(h) if h.msg_offset < self.log.start() => return Ok(Routed::Reclaimed),
+            Record::Hop(h) => (h.route, None, 0),
+            Record::EndOfSegment => return Ok(Routed::Nowhere),
+        };
+        Ok(match (route, topic) {
+            (Route::Topic, Some(t)) => Routed::To(Target::Topic(t), Entry { offset, size, tag }),
+            (Route::Level { level_ms, due_ms }, _) => {
+                Routed::To(Target::Level(level_ms), Entry { offset, size, tag: due_ms })
+            }
+            _ => Routed::Nowhere,
+        })
+    }
+
+    /// Repairs a queue whose entry `bad` failed [`check_entry`](Self::check_entry): from the last
+    /// entry before it that checks out, every entry is derived again from the log (the records
+    /// after that entry's record that route to the queue). Returns the index readers must restart
+    /// from; entries of messages already handled are skipped when read, so re-reading is safe.
+    pub fn repair_queue(&mut self, queue: &QueueRef<'_>, bad: u64, why: &str) -> Result<u64> {
+        let (first, created_at) = match queue {
+            QueueRef::Topic(t) => {
+                let q = self.topic_open(t)?;
+                (q.cq.first(), q.created_at)
+            }
+            QueueRef::Level(ms) => (self.level_queue(*ms)?.cq.first(), 0),
+        };
+        let cq = match queue {
+            QueueRef::Topic(t) => &self.topics[*t].cq,
+            QueueRef::Level(ms) => &self.levels[ms].cq,
+        };
+        let old_len = cq.len();
+        // The last good entry before the damage bounds the scan: the log is never read twice over.
+        let mut keep = first;
+        let mut from = self.log.start().max(created_at);
+        for i in (first..bad.min(cq.len())).rev() {
+            if let Some(e) = cq.get(i) {
+                if e.offset >= self.log.start() && self.check_entry(queue, &e) == EntryCheck::Valid {
+                    keep = i + 1;
+                    from = e.offset + u64::from(e.size);
+                    break;
+                }
+            }
+        }
+        let mut entries = Vec::new();
+        let mut at = from;
+        while at < self.dispatched {
+            let Some((offset, rec, next)) = self.log.next(at)? else { break };
+            if let Ok(Routed::To(target, e)) = self.routed(offset, (next - offset) as u32, &rec) {
+                if target.is(queue) {
+                    entries.push(e);
+                }
+            }
+            at = next;
+        }
+        let cq = match queue {
+            QueueRef::Topic(t) => &mut self.topic_open(t)?.cq,
+            QueueRef::Level(ms) => &mut self.level_queue(*ms)?.cq,
+        };
+        cq.rewrite_from(keep, &entries)?;
+        let new_len = cq.len();
+        match queue {
+            QueueRef::Topic(t) => {
+                if let Some(q) = self.topics.get_mut(*t) {
+                    q.cursor = q.cursor.min(keep);
+                }
+            }
+            QueueRef::Level(ms) => {
+                if let Some(q) = self.levels.get_mut(ms) {
+                    q.cursor = q.cursor.min(keep);
+                }
+            }
+        }
+        error!(
+            queue = %queue,
+            entry = bad,
+            %why,
+            kept = keep,
+            rewritten = entries.len(),
+            old_len,
+            new_len,
+            from_log_offset = from,
+            "consume queue damaged; repaired it from the commit log (readers restart at the last good entry)"
+        );
+        Ok(keep)
     }
 
     /// Drops a topic from the map and deletes its files and directory; returns how many files.
@@ -714,6 +1134,15 @@ impl Store {
 
     /// Flushes everything and records the dispatch position, queue lengths and cursors.
     pub fn checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<()> {
+        let cp = self.write_checkpoint(level_cursors)?;
+        if self.cfg.reclaim {
+            self.checkpoint_durable(&cp)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every file durable, then replaces the checkpoint; returns what it wrote.
+    fn write_checkpoint(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<Checkpoint> {
         self.log.flush()?;
         let cp = self.snapshot(level_cursors);
         for q in self.levels.values_mut() {
@@ -725,10 +1154,7 @@ impl Store {
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
         cp.store(&self.dir.join("checkpoint"))?;
-        if self.cfg.reclaim {
-            self.checkpoint_durable(&cp)?;
-        }
-        Ok(())
+        Ok(cp)
     }
 
     /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller

@@ -1,0 +1,71 @@
+//! Test-only record of what each file held when it was last made durable, so a test can build the
+//! disk image a power loss would leave: every byte synced since, and any subset of the rest.
+//!
+//! Syncs are recorded by inode (a rename keeps what was synced), only for files under a watched
+//! directory. Directory operations (create, rename, delete) are taken as durable at once: delayd
+//! fsyncs the directory after each one it relies on.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Durable images by (device, inode), per watched root.
+type Images = HashMap<(u64, u64), Vec<u8>>;
+
+static WATCHED: Mutex<Vec<(PathBuf, Images)>> = Mutex::new(Vec::new());
+
+/// Starts recording syncs of files under `root` (canonical paths are compared).
+pub fn watch(root: &Path) {
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    WATCHED.lock().unwrap_or_else(|p| p.into_inner()).push((root, HashMap::new()));
+}
+
+/// Stops recording under `root`.
+pub fn unwatch(root: &Path) {
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    WATCHED.lock().unwrap_or_else(|p| p.into_inner()).retain(|(r, _)| *r != root);
+}
+
+/// What the file `path` (under a watched root) held when last synced; `None` if never synced.
+pub fn image(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::metadata(path).ok()?;
+    let path = path.canonicalize().ok()?;
+    let w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+    let (_, images) = w.iter().find(|(r, _)| path.starts_with(r))?;
+    images.get(&(meta.dev(), meta.ino())).cloned()
+}
+
+/// Records that `file` (at `path`, or wherever its descriptor points) was synced: the whole file,
+/// or only `range` (offset, length) of it, as msync of a range does.
+pub fn note(file: &File, path: Option<&Path>, range: Option<(u64, u64)>) {
+    let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+    if w.is_empty() {
+        return;
+    }
+    let path = match path {
+        Some(p) => p.canonicalize().ok(),
+        None => {
+            use std::os::unix::io::AsRawFd;
+            std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+        }
+    };
+    let Some(path) = path else { return };
+    let Some((_, images)) = w.iter_mut().find(|(r, _)| path.starts_with(r)) else { return };
+    let Ok(meta) = file.metadata() else { return };
+    let mut now = vec![0u8; meta.len() as usize];
+    if file.read_exact_at(&mut now, 0).is_err() {
+        return;
+    }
+    let img = images.entry((meta.dev(), meta.ino())).or_default();
+    match range {
+        None => *img = now,
+        Some((off, len)) => {
+            // Bytes never synced read as zeroes: what a preallocated file holds on disk.
+            img.resize(now.len(), 0);
+            let (a, b) = ((off as usize).min(now.len()), ((off + len) as usize).min(now.len()));
+            img[a..b].copy_from_slice(&now[a..b]);
+        }
+    }
+}
