@@ -171,57 +171,47 @@ impl Table {
         live
     }
 
+    /// Positions on `hash`'s probe path, up to (not including) the first never-occupied slot.
+    fn probe(&self, hash: u64) -> impl Iterator<Item = u64> + '_ {
+        let mask = self.slots - 1;
+        (0..self.slots)
+            .map(move |k| hash.wrapping_add(k) & mask)
+            .take_while(move |&i| is_occupied(self.raw(i)))
+    }
+
     /// First live slot on `hash`'s probe path that satisfies `is_it`.
     fn find(&self, hash: u64, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
-        let mask = self.slots - 1;
-        let mut i = hash & mask;
-        for _ in 0..self.slots {
+        self.probe(hash).find_map(|i| {
             let b = self.raw(i);
-            if !is_occupied(b) {
+            if !is_live(b) || read_u64(b, 0) != hash {
                 return None;
             }
-            if is_live(b) && read_u64(b, 0) == hash {
-                let slot = Slot::decode(b);
-                if is_it(&slot) {
-                    return Some((i, slot));
-                }
-            }
-            i = (i + 1) & mask;
-        }
-        None
+            let slot = Slot::decode(b);
+            is_it(&slot).then_some((i, slot))
+        })
     }
 
     /// Whether a slot, live or removed, holds the message `(hash, msg_offset)`.
     fn knows(&self, hash: u64, msg_offset: u64) -> bool {
-        let mask = self.slots - 1;
-        let mut i = hash & mask;
-        for _ in 0..self.slots {
+        self.probe(hash).any(|i| {
             let b = self.raw(i);
-            if !is_occupied(b) {
-                return false;
-            }
-            if read_u64(b, 0) == hash && read_u64(b, 8) == msg_offset {
-                return true;
-            }
-            i = (i + 1) & mask;
-        }
-        false
+            read_u64(b, 0) == hash && read_u64(b, 8) == msg_offset
+        })
     }
 
     /// Writes `b` into the first empty slot of its probe path; None if the table is full.
     /// Removed slots are not reused: a migration's merge relies on them to remember removals.
     fn place(&mut self, b: &[u8; SLOT_BYTES]) -> Option<u64> {
-        let mask = self.slots - 1;
-        let mut i = read_u64(b, 0) & mask;
-        for _ in 0..self.slots {
-            if !is_occupied(self.raw(i)) {
-                self.write(i, b);
-                self.filled += 1;
-                return Some(i);
-            }
-            i = (i + 1) & mask;
+        let start = read_u64(b, 0);
+        // The first position past the occupied run, if the run does not cover the whole table.
+        let run = self.probe(start).count() as u64;
+        if run == self.slots {
+            return None;
         }
-        None
+        let i = start.wrapping_add(run) & (self.slots - 1);
+        self.write(i, b);
+        self.filled += 1;
+        Some(i)
     }
 }
 
