@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,7 +22,10 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::schedule::clock::{Clock, SystemClock};
+use crate::storage::checkpoint::{Captured, Checkpoint, CheckpointJob};
 pub use crate::storage::commitlog::RecoveryMode;
+use crate::storage::durability::{Durability, Failure, FailureLog};
+use crate::storage::mmap::SyncFile;
 
 /// How appends become durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -258,6 +262,11 @@ pub struct Stats {
     pub live_bytes: u64,
     /// What reclaim did since start.
     pub reclaim: crate::storage::reclaim::ReclaimStats,
+    /// False while writes are refused: a sync failed (until a restart), or the last write ran out
+    /// of disk space or file handles (until one succeeds).
+    pub store_writable: bool,
+    /// Why writes are refused (operation, file, OS error), if they are.
+    pub store_error: Option<String>,
 }
 
 /// Largest number of requests the engine takes into one batch (one flush).
@@ -337,6 +346,7 @@ impl Pending {
 
 fn answer<T>(tx: oneshot::Sender<Result<T>>, r: Result<T>, flush_err: Option<&Error>) {
     let _ = tx.send(match flush_err {
+        Some(Error::Unavailable(why)) => Err(Error::Unavailable(why.clone())),
         Some(e) => Err(Error::Unavailable(e.to_string())),
         None => r,
     });
@@ -361,6 +371,7 @@ impl Shared {
 pub struct Broker {
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    durability: Durability,
 }
 
 impl Broker {
@@ -373,6 +384,7 @@ impl Broker {
     pub fn open_with_clock(config: BrokerConfig, clock: Arc<dyn Clock>) -> Result<Broker> {
         let metrics = Arc::new(Metrics::default());
         let (engine, report) = Engine::open(config.clone(), clock.clone(), metrics.clone())?;
+        let durability = engine.durability().clone();
         info!(clean = report.clean, rebuilt = report.rebuilt, "broker opened");
         let (tx, rx) = flume::bounded(4096);
         let shared =
@@ -388,7 +400,7 @@ impl Broker {
             })
             .map_err(|e| Error::io("spawn engine thread", e))?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
-        Ok(Broker { shared, metrics })
+        Ok(Broker { shared, metrics, durability })
     }
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {
@@ -498,6 +510,17 @@ impl Broker {
         &self.metrics
     }
 
+    /// True while the store takes writes: not poisoned by a failed sync, and its last write did
+    /// not fail for lack of disk space or file handles.
+    pub fn store_writable(&self) -> bool {
+        self.durability.writable()
+    }
+
+    /// Why the store does not take writes (the failure: operation, file, OS error), if it does not.
+    pub fn store_failure(&self) -> Option<String> {
+        self.durability.poison_reason().or_else(|| self.durability.trouble()).map(|f| f.to_string())
+    }
+
     /// The configuration the broker runs with.
     pub fn config(&self) -> &BrokerConfig {
         &self.shared.config
@@ -520,52 +543,70 @@ impl Broker {
 
 /// A batch's replies, released once the log is durable up to `end`.
 struct SyncJob {
-    files: Vec<std::fs::File>,
+    /// Segment files holding the batch's records.
+    paths: Vec<PathBuf>,
+    /// Log offset one past the batch.
+    end: u64,
     replies: Vec<Pending>,
 }
 
 /// The group-commit flusher: fdatasyncs the log for every batch handed to it, coalescing batches
 /// that queued up meanwhile, then releases their replies. Running it beside the engine lets the
 /// engine apply the next batch while the disk works on the previous one.
+///
+/// It syncs through open file descriptions of its own (a writeback error is reported once per
+/// description, so sharing one with another thread could hide it), under the store's durability
+/// owner: once any sync anywhere failed, every later batch is refused, never synced again.
 fn run_flusher(
     rx: std::sync::mpsc::Receiver<SyncJob>,
-    poison: Arc<Mutex<Option<String>>>,
+    durability: Durability,
     metrics: Arc<Metrics>,
-    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    in_flight: Arc<AtomicUsize>,
 ) {
+    let mut own: Vec<SyncFile> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(more) = rx.try_recv() {
             jobs.push(more);
         }
         let started = Instant::now();
-        // Later jobs hold the same segments; one fdatasync per distinct file covers them all.
-        let mut seen: Vec<(u64, u64)> = Vec::new();
-        let mut failure: Option<Error> = None;
-        for job in &jobs {
-            for f in &job.files {
-                let id = match f.metadata() {
-                    Ok(m) => {
-                        use std::os::unix::fs::MetadataExt;
-                        (m.dev(), m.ino())
+        let mut paths: Vec<&PathBuf> = jobs.iter().flat_map(|j| &j.paths).collect();
+        paths.sort();
+        paths.dedup();
+        // Descriptions of segments no longer written are closed (reclaim may delete them).
+        own.retain(|f| paths.iter().any(|p| p.as_path() == f.path()));
+        let mut failure: Option<Error> = durability.check().err();
+        for path in paths {
+            if failure.is_some() {
+                break;
+            }
+            let at = match own.iter().position(|f| f.path() == path.as_path()) {
+                Some(i) => i,
+                None => match SyncFile::open(path) {
+                    Ok(f) => {
+                        own.push(f);
+                        own.len() - 1
                     }
-                    Err(_) => (0, 0),
-                };
-                if id != (0, 0) && seen.contains(&id) {
-                    continue;
-                }
-                seen.push(id);
-                if failure.is_none() {
-                    if let Err(e) = f.sync_data() {
-                        failure = Some(Error::io("fdatasync commit log", e));
+                    // Out of file handles: this batch is not known durable (503), but nothing is
+                    // lost: the next successful fdatasync of the file covers its pages too.
+                    Err(e) => {
+                        durability.note_trouble(Failure::from_error(&e));
+                        failure = Some(Error::Unavailable(e.to_string()));
+                        break;
                     }
-                }
+                },
+            };
+            if let Err(e) = own[at].sync_data() {
+                failure = Some(durability.check().err().unwrap_or(Error::Unavailable(e.to_string())));
             }
         }
         metrics.flush_us.observe(started.elapsed().as_micros() as u64);
-        if let Some(e) = &failure {
-            error!(error = %e, "commit log flush failed; refusing further writes");
-            poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+        // Another thread's sync may have failed meanwhile: nothing is answered after that.
+        if failure.is_none() {
+            failure = durability.check().err();
+        }
+        if failure.is_none() {
+            durability.log_synced(jobs.iter().map(|j| j.end).max().unwrap_or(0));
         }
         let n = jobs.len();
         for job in jobs {
@@ -573,12 +614,75 @@ fn run_flusher(
                 p.send(failure.as_ref());
             }
         }
-        in_flight.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
+        in_flight.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
+/// A checkpoint job's outcome, sent back to the engine.
+struct CheckpointDone {
+    checkpoint: Checkpoint,
+    captured: Captured,
+    result: Result<()>,
+}
+
+/// The checkpoint thread: syncs the files a checkpoint covers (its own descriptions), writes it,
+/// and reports back; the engine counts the files synced only when the job succeeded.
+fn run_checkpointer(
+    rx: std::sync::mpsc::Receiver<CheckpointJob>,
+    done: std::sync::mpsc::Sender<CheckpointDone>,
+    busy: Arc<AtomicBool>,
+) {
+    while let Ok(job) = rx.recv() {
+        let (checkpoint, captured) = (job.checkpoint.clone(), job.captured.clone());
+        let result = job.run();
+        let _ = done.send(CheckpointDone { checkpoint, captured, result });
+        busy.store(false, Ordering::Release);
+    }
+}
+
+/// How long timers and reclaim wait before trying again after a write failed for lack of a
+/// resource (disk space, file handles).
+const RETRY_AFTER_TROUBLE: Duration = Duration::from_secs(1);
+/// How often a failure that goes on is logged again.
+const REMIND_EVERY: Duration = Duration::from_secs(60);
+
+/// The engine thread's state between steps.
+struct EngineLoop {
+    engine: Engine,
+    rx: flume::Receiver<Command>,
+    clock: Arc<dyn Clock>,
+    flush: FlushMode,
+    flush_every: Duration,
+    shared: std::sync::Weak<Shared>,
+    durability: Durability,
+    batch: Vec<Command>,
+    pending: Vec<Pending>,
+    shutdown: Option<oneshot::Sender<Result<()>>>,
+    last_checkpoint: Instant,
+    last_flush: Instant,
+    /// Bounded: when the disk falls behind, the engine waits instead of queueing without limit.
+    sync_tx: Option<std::sync::mpsc::SyncSender<SyncJob>>,
+    flusher: Option<JoinHandle<()>>,
+    in_flight: Arc<AtomicUsize>,
+    cp_tx: Option<std::sync::mpsc::SyncSender<CheckpointJob>>,
+    /// Durable checkpoints come back to the engine: only then may reclaim delete what they replace.
+    cp_done: std::sync::mpsc::Receiver<CheckpointDone>,
+    cp_busy: Arc<AtomicBool>,
+    checkpointer: Option<JoinHandle<()>>,
+    /// Log offset up to which appends were handed to a flush.
+    handed_off: u64,
+    /// Log end at the last checkpoint captured.
+    checkpointed_end: u64,
+    /// Timers (or reclaim) failed for lack of a resource: not before this instant again.
+    timers_retry_at: Option<Instant>,
+    reclaim_retry_at: Option<Instant>,
+    timer_log: FailureLog,
+    reclaim_log: FailureLog,
+    checkpoint_log: FailureLog,
+}
+
 fn run_engine(
-    mut engine: Engine,
+    engine: Engine,
     rx: flume::Receiver<Command>,
     clock: Arc<dyn Clock>,
     flush: FlushMode,
@@ -586,238 +690,365 @@ fn run_engine(
     shared: std::sync::Weak<Shared>,
     metrics: Arc<Metrics>,
 ) {
-    let mut last_checkpoint = Instant::now();
-    let mut last_flush = Instant::now();
-    let mut batch: Vec<Command> = Vec::with_capacity(MAX_BATCH);
-    let mut pending: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
-    let mut shutdown: Option<oneshot::Sender<Result<()>>> = None;
-    let poison: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    // Bounded: when the disk falls behind, the engine waits instead of queueing without limit.
+    let durability = engine.durability().clone();
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
-    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let flusher = {
-        let (poison, metrics, in_flight) = (poison.clone(), metrics.clone(), in_flight.clone());
+        let (durability, metrics, in_flight) = (durability.clone(), metrics, in_flight.clone());
         std::thread::Builder::new()
             .name("delayd-flusher".into())
-            .spawn(move || run_flusher(sync_rx, poison, metrics, in_flight))
+            .spawn(move || run_flusher(sync_rx, durability, metrics, in_flight))
     };
-    let (mut sync_tx, flusher) = match flusher {
+    let (sync_tx, flusher) = match flusher {
         Ok(h) => (Some(sync_tx), Some(h)),
         Err(e) => {
             error!(error = %e, "could not start the flusher thread; flushing inline");
             (None, None)
         }
     };
-    let (cp_tx, cp_rx) = std::sync::mpsc::sync_channel::<crate::storage::checkpoint::CheckpointJob>(1);
-    // Durable checkpoints come back to the engine: only then may reclaim delete what they replace.
-    let (durable_tx, durable_rx) = std::sync::mpsc::channel::<crate::storage::checkpoint::Checkpoint>();
-    // A captured job owns syncing the queue files written since the previous one (the store
-    // forgets them once handed over), so it must run: the next is captured only when it is done.
-    let cp_busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (cp_tx, cp_rx) = std::sync::mpsc::sync_channel::<CheckpointJob>(1);
+    let (done_tx, cp_done) = std::sync::mpsc::channel::<CheckpointDone>();
+    // A captured job's files count as synced only once it reports success, and the next job is
+    // captured only when it is done.
+    let cp_busy = Arc::new(AtomicBool::new(false));
     let checkpointer = {
-        let (poison, busy) = (poison.clone(), cp_busy.clone());
-        std::thread::Builder::new().name("delayd-checkpoint".into()).spawn(move || {
-            while let Ok(job) = cp_rx.recv() {
-                let cp = job.checkpoint.clone();
-                match job.run() {
-                    Ok(()) => {
-                        let _ = durable_tx.send(cp);
-                    }
-                    Err(e) => {
-                        error!(error = %e, "checkpoint failed; refusing further writes");
-                        poison.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+        let busy = cp_busy.clone();
+        std::thread::Builder::new()
+            .name("delayd-checkpoint".into())
+            .spawn(move || run_checkpointer(cp_rx, done_tx, busy))
+    };
+    let (cp_tx, checkpointer) = match checkpointer {
+        Ok(h) => (Some(cp_tx), Some(h)),
+        Err(e) => {
+            error!(error = %e, "could not start the checkpoint thread; checkpointing inline");
+            (None, None)
+        }
+    };
+    let handed_off = engine.log_end();
+    let l = EngineLoop {
+        engine,
+        rx,
+        clock,
+        flush,
+        flush_every,
+        shared,
+        durability,
+        batch: Vec::with_capacity(MAX_BATCH),
+        pending: Vec::with_capacity(MAX_BATCH),
+        shutdown: None,
+        last_checkpoint: Instant::now(),
+        last_flush: Instant::now(),
+        sync_tx,
+        flusher,
+        in_flight,
+        cp_tx,
+        cp_done,
+        cp_busy,
+        checkpointer,
+        handed_off,
+        checkpointed_end: u64::MAX,
+        timers_retry_at: None,
+        reclaim_retry_at: None,
+        timer_log: FailureLog::new(REMIND_EVERY),
+        reclaim_log: FailureLog::new(REMIND_EVERY),
+        checkpoint_log: FailureLog::new(REMIND_EVERY),
+    };
+    l.run();
+}
+
+impl EngineLoop {
+    fn run(mut self) {
+        while self.wait() {
+            self.apply();
+            self.commit();
+            self.notify();
+            if self.shutdown.is_some() {
+                break;
+            }
+            self.checkpoint();
+        }
+        self.stop();
+    }
+
+    /// Sleeps until the next due timer (to the microsecond), checkpoint, async flush or request,
+    /// whichever comes first, and takes a batch of requests. False when every handle is gone.
+    ///
+    /// A store that cannot write does not wake for timers or reclaim (they would fail at once, and
+    /// a due time in the past would make the wait zero: a busy loop); one that failed for lack of
+    /// a resource wakes for them again after [`RETRY_AFTER_TROUBLE`].
+    fn wait(&mut self) -> bool {
+        let mut wait = CHECKPOINT_EVERY.saturating_sub(self.last_checkpoint.elapsed());
+        if self.flush == FlushMode::Async && self.engine.dirty() {
+            wait = wait.min(self.flush_every.saturating_sub(self.last_flush.elapsed()));
+        }
+        if !self.durability.is_poisoned() {
+            match retry_wait(&mut self.timers_retry_at) {
+                Some(backoff) => wait = wait.min(backoff),
+                None => {
+                    if let Some(due) = self.engine.next_due() {
+                        let now_us = self.clock.now_us();
+                        wait = wait.min(Duration::from_micros((due * 1000).saturating_sub(now_us)));
                     }
                 }
-                busy.store(false, std::sync::atomic::Ordering::Release);
             }
-        })
-    };
-    let mut handed_off = engine.log_end();
-    let mut checkpointed_end = u64::MAX;
-    loop {
-        // Sleep until the next due timer (to the microsecond), the next checkpoint or async flush,
-        // or a request: whichever comes first.
-        let mut wait = CHECKPOINT_EVERY.saturating_sub(last_checkpoint.elapsed());
-        if flush == FlushMode::Async && engine.dirty() {
-            wait = wait.min(flush_every.saturating_sub(last_flush.elapsed()));
+            // Reclaim works in slices between requests; when it has nothing to do now it looks
+            // again within a second (final messages reach their retention continuously).
+            wait = wait.min(match retry_wait(&mut self.reclaim_retry_at) {
+                Some(backoff) => backoff,
+                None if self.engine.maintenance_due() => Duration::ZERO,
+                None => RECLAIM_TICK,
+            });
         }
-        if let Some(due) = engine.next_due() {
-            let now_us = clock.now_us();
-            wait = wait.min(Duration::from_micros((due * 1000).saturating_sub(now_us)));
-        }
-        // Reclaim works in slices between requests; when it has nothing to do now it looks again
-        // within a second (final messages reach their retention continuously).
-        wait = wait.min(if engine.maintenance_due() { Duration::ZERO } else { RECLAIM_TICK });
-        match rx.recv_timeout(wait) {
-            Ok(cmd) => batch.push(cmd),
+        match self.rx.recv_timeout(wait) {
+            Ok(cmd) => self.batch.push(cmd),
             Err(flume::RecvTimeoutError::Timeout) => {}
-            Err(flume::RecvTimeoutError::Disconnected) => break,
+            Err(flume::RecvTimeoutError::Disconnected) => return false,
         }
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(cmd) => batch.push(cmd),
+        while self.batch.len() < MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(cmd) => self.batch.push(cmd),
                 Err(_) => break,
             }
         }
-        if let Some(why) = poison.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            engine.poison(why);
-        }
-        for cmd in batch.drain(..) {
+        true
+    }
+
+    /// Applies the batch's requests, then fires due timers and runs a slice of reclaim.
+    fn apply(&mut self) {
+        let engine = &mut self.engine;
+        for cmd in self.batch.drain(..) {
             match cmd {
                 Command::Produce { topic, reqs, reply } => {
                     let r = reqs.into_iter().map(|req| engine.produce(&topic, req)).collect();
-                    pending.push(Pending::Produce(reply, Ok(r)));
+                    self.pending.push(Pending::Produce(reply, Ok(r)));
                 }
                 Command::Pop { topics, max, ttr_ms, reply } => {
-                    pending.push(Pending::Pop(reply, engine.pop(&topics, max, ttr_ms)))
+                    self.pending.push(Pending::Pop(reply, engine.pop(&topics, max, ttr_ms)))
                 }
-                Command::Ack { receipt, reply } => pending.push(Pending::Unit(reply, engine.ack(&receipt))),
-                Command::AckId { id, reply } => pending.push(Pending::Unit(reply, engine.ack_id(&id))),
+                Command::Ack { receipt, reply } => {
+                    self.pending.push(Pending::Unit(reply, engine.ack(&receipt)))
+                }
+                Command::AckId { id, reply } => self.pending.push(Pending::Unit(reply, engine.ack_id(&id))),
                 Command::Nack { receipt, delay_ms, reply } => {
-                    pending.push(Pending::Nack(reply, engine.nack(&receipt, delay_ms)))
+                    self.pending.push(Pending::Nack(reply, engine.nack(&receipt, delay_ms)))
                 }
-                Command::Cancel { id, reply } => pending.push(Pending::Unit(reply, engine.cancel(&id))),
+                Command::Cancel { id, reply } => self.pending.push(Pending::Unit(reply, engine.cancel(&id))),
                 Command::Get { id, reply } => {
                     let _ = reply.send(engine.get(&id));
                 }
                 Command::Stats { reply } => {
                     let _ = reply.send(Ok(engine.stats()));
                 }
-                Command::Shutdown { reply } => shutdown = Some(reply),
+                Command::Shutdown { reply } => self.shutdown = Some(reply),
             }
         }
-        if let Err(e) = engine.run_due(FIRE_SLICE) {
-            error!(error = %e, "scheduler failed");
+        self.fire_timers();
+        self.reclaim();
+    }
+
+    /// Fires due timers; after a failure, waits before trying again and logs it once.
+    fn fire_timers(&mut self) {
+        if self.durability.is_poisoned() || self.timers_retry_at.is_some() {
+            return;
         }
-        while let Ok(cp) = durable_rx.try_recv() {
-            engine.checkpoint_durable(&cp);
+        match self.engine.run_due(FIRE_SLICE) {
+            Ok(_) => self.timer_log.clear(),
+            // Poisoned: logged where it happened; timers stay idle until a restart.
+            Err(_) if self.durability.is_poisoned() => {}
+            Err(e) => {
+                self.timer_log.report("firing due timers", &Failure::from_error(&e));
+                self.timers_retry_at = Some(Instant::now() + RETRY_AFTER_TROUBLE);
+            }
         }
-        if let Err(e) = engine.maintain() {
-            error!(error = %e, "reclaim failed");
+    }
+
+    /// Applies durable checkpoints and runs a slice of reclaim.
+    fn reclaim(&mut self) {
+        while let Ok(done) = self.cp_done.try_recv() {
+            self.checkpoint_done(done);
         }
-        let end = engine.log_end();
-        match (flush, sync_tx.as_ref()) {
+        if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() {
+            return;
+        }
+        match self.engine.maintain() {
+            Ok(()) => self.reclaim_log.clear(),
+            Err(_) if self.durability.is_poisoned() => {}
+            Err(e) => {
+                self.reclaim_log.report("reclaim", &Failure::from_error(&e));
+                self.reclaim_retry_at = Some(Instant::now() + RETRY_AFTER_TROUBLE);
+            }
+        }
+    }
+
+    /// Makes the batch durable and answers it: hands it to the flusher, or flushes inline.
+    fn commit(&mut self) {
+        let end = self.engine.log_end();
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        match (self.flush, self.sync_tx.as_ref()) {
             // A lone small batch with nothing in flight is flushed right here (next arm): handing
             // it to the flusher would only add a thread wake-up to a single writer's latency.
             (FlushMode::Sync, Some(tx))
-                if end > handed_off
-                    && (pending.len() > INLINE_FLUSH_MAX
-                        || in_flight.load(std::sync::atomic::Ordering::Acquire) > 0) =>
+                if end > self.handed_off && (self.pending.len() > INLINE_FLUSH_MAX || in_flight > 0) =>
             {
-                in_flight.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
                 // Replies wait for the flusher; the engine goes on with the next batch.
-                let job = engine
-                    .log_handles(handed_off, end)
-                    .map(|files| SyncJob { files, replies: std::mem::take(&mut pending) });
-                match job {
-                    Ok(job) => {
-                        if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
-                            let e = Error::Unavailable("flusher stopped".into());
-                            engine.poison(e.to_string());
-                            job.replies.into_iter().for_each(|p| p.send(Some(&e)));
-                        }
-                    }
-                    Err(e) => {
-                        engine.poison(e.to_string());
-                        pending.drain(..).for_each(|p| p.send(Some(&e)));
-                    }
+                let paths = self.engine.log_paths(self.handed_off, end);
+                let job = SyncJob { paths, end, replies: std::mem::take(&mut self.pending) };
+                if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    let e = self.durability.poison(Failure::new("hand off", "commit log", "flusher stopped"));
+                    job.replies.into_iter().for_each(|p| p.send(Some(&e)));
                 }
-                handed_off = end;
+                self.handed_off = end;
             }
             (FlushMode::Sync, _) => {
                 // Nothing appended, a lone small batch, or no flusher thread: flush inline if
                 // needed, answer now.
                 let mut flush_err = None;
-                if end > handed_off {
-                    if let Err(e) = engine.flush() {
-                        error!(error = %e, "commit log flush failed; refusing further writes");
-                        flush_err = Some(e);
-                    }
-                    handed_off = end;
+                if end > self.handed_off {
+                    flush_err = self.engine.flush().err();
+                    self.handed_off = end;
                 }
-                pending.drain(..).for_each(|p| p.send(flush_err.as_ref()));
+                // A sync on another thread may have failed: nothing is answered after that.
+                let flush_err = flush_err.or_else(|| self.durability.check().err());
+                self.pending.drain(..).for_each(|p| p.send(flush_err.as_ref()));
             }
             (FlushMode::Async, _) => {
-                pending.drain(..).for_each(|p| p.send(None));
-                if last_flush.elapsed() >= flush_every || shutdown.is_some() {
-                    if engine.dirty() {
-                        if let Err(e) = engine.flush() {
-                            error!(error = %e, "commit log flush failed; refusing further writes");
-                        }
+                self.pending.drain(..).for_each(|p| p.send(None));
+                if self.last_flush.elapsed() >= self.flush_every || self.shutdown.is_some() {
+                    if self.engine.dirty() && !self.durability.is_poisoned() {
+                        let _ = self.engine.flush();
                     }
-                    last_flush = Instant::now();
+                    self.last_flush = Instant::now();
                 }
             }
         }
-        let touched = engine.take_touched();
-        if !touched.is_empty() {
-            if let Some(shared) = shared.upgrade() {
-                let w = shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
-                for t in touched {
-                    if let Some(n) = w.get(&t) {
-                        n.notify_waiters();
-                    }
+    }
+
+    /// Wakes long-polls waiting on topics that got entries.
+    fn notify(&mut self) {
+        let touched = self.engine.take_touched();
+        if touched.is_empty() {
+            return;
+        }
+        if let Some(shared) = self.shared.upgrade() {
+            let w = shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            for t in touched {
+                if let Some(n) = w.get(&t) {
+                    n.notify_waiters();
                 }
             }
         }
-        if shutdown.is_some() {
-            break;
+    }
+
+    /// Every [`CHECKPOINT_EVERY`], hands a checkpoint to the checkpoint thread.
+    fn checkpoint(&mut self) {
+        if self.last_checkpoint.elapsed() < CHECKPOINT_EVERY {
+            return;
         }
+        self.last_checkpoint = Instant::now();
         // An idle broker has nothing new to record: skip the fsyncs. (A pop that only skipped
         // stale entries moves a cursor without an append; it is saved with the next change.)
-        if last_checkpoint.elapsed() >= CHECKPOINT_EVERY && engine.log_end() == checkpointed_end {
-            last_checkpoint = Instant::now();
+        // A poisoned one must not record anything: its files' state is unknown.
+        if self.engine.log_end() == self.checkpointed_end || self.durability.is_poisoned() {
+            return;
         }
-        if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-            // The fdatasyncs run on the checkpoint thread; if the last one is still running, this
-            // round is skipped rather than stalling the schedulers.
-            if cp_busy.load(std::sync::atomic::Ordering::Acquire) {
-                tracing::debug!("previous checkpoint still running; skipped");
-            } else {
-                checkpointed_end = engine.log_end();
-                match engine.checkpoint_job() {
-                    Ok(job) => {
-                        cp_busy.store(true, std::sync::atomic::Ordering::Release);
-                        if let Err(
-                            std::sync::mpsc::TrySendError::Full(job)
-                            | std::sync::mpsc::TrySendError::Disconnected(job),
-                        ) = cp_tx.try_send(job)
-                        {
-                            // No checkpoint thread: run it here rather than drop what it owns.
-                            cp_busy.store(false, std::sync::atomic::Ordering::Release);
-                            let cp = job.checkpoint.clone();
-                            match job.run() {
-                                Ok(()) => engine.checkpoint_durable(&cp),
-                                Err(e) => {
-                                    error!(error = %e, "checkpoint failed; refusing further writes");
-                                    engine.poison(e.to_string());
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => error!(error = %e, "capturing a checkpoint failed; refusing further writes"),
-                }
+        // The fdatasyncs run on the checkpoint thread; if the last one is still running, this
+        // round is skipped rather than stalling the schedulers.
+        if self.cp_busy.load(Ordering::Acquire) {
+            tracing::debug!("previous checkpoint still running; skipped");
+            return;
+        }
+        while let Ok(done) = self.cp_done.try_recv() {
+            self.checkpoint_done(done);
+        }
+        let job = match self.engine.checkpoint_job() {
+            Ok(job) => job,
+            Err(e) => {
+                self.checkpoint_log.report("capturing a checkpoint", &Failure::from_error(&e));
+                return;
             }
-            last_checkpoint = Instant::now();
+        };
+        self.checkpointed_end = self.engine.log_end();
+        self.cp_busy.store(true, Ordering::Release);
+        let unsent = match &self.cp_tx {
+            None => Some(job),
+            Some(tx) => match tx.try_send(job) {
+                Ok(()) => return,
+                Err(
+                    std::sync::mpsc::TrySendError::Full(job)
+                    | std::sync::mpsc::TrySendError::Disconnected(job),
+                ) => Some(job),
+            },
+        };
+        // No checkpoint thread: run it here rather than drop it.
+        self.cp_busy.store(false, Ordering::Release);
+        if let Some(job) = unsent {
+            let (checkpoint, captured) = (job.checkpoint.clone(), job.captured.clone());
+            let result = job.run();
+            self.checkpoint_done(CheckpointDone { checkpoint, captured, result });
         }
     }
-    // Refuse whatever is still queued; let the flusher answer what it holds; then leave the data
-    // dir clean with a final, synchronous checkpoint.
-    rx.drain().for_each(drop);
-    sync_tx.take();
-    if let Some(h) = flusher {
-        let _ = h.join();
+
+    /// A checkpoint job finished: on success its files count as synced and reclaim may delete
+    /// what it replaces; on failure the next job syncs them again.
+    fn checkpoint_done(&mut self, done: CheckpointDone) {
+        match done.result {
+            Ok(()) => {
+                self.checkpoint_log.clear();
+                self.engine.checkpoint_synced(&done.captured);
+                self.engine.checkpoint_durable(&done.checkpoint);
+                self.engine.restore_reserve();
+            }
+            // A failed sync poisoned the store and was logged where it happened.
+            Err(_) if self.durability.is_poisoned() => {}
+            Err(e) => {
+                // Out of space or handles: the next round tries again with everything since.
+                self.checkpointed_end = u64::MAX;
+                self.checkpoint_log.report("checkpoint", &Failure::from_error(&e));
+            }
+        }
     }
-    drop(cp_tx);
-    if let Ok(h) = checkpointer {
-        let _ = h.join();
+
+    /// Refuses whatever is still queued, lets the flusher answer what it holds, then leaves the
+    /// data dir clean with a final, synchronous checkpoint (not when poisoned: recovery will
+    /// scan the log instead of trusting files in an unknown state).
+    fn stop(mut self) {
+        self.rx.drain().for_each(drop);
+        self.sync_tx.take();
+        if let Some(h) = self.flusher.take() {
+            let _ = h.join();
+        }
+        self.cp_tx.take();
+        if let Some(h) = self.checkpointer.take() {
+            let _ = h.join();
+        }
+        while let Ok(done) = self.cp_done.try_recv() {
+            self.checkpoint_done(done);
+        }
+        let shutdown = self.shutdown.take();
+        let r = match self.durability.check() {
+            Err(e) => Err(e),
+            Ok(()) => self.engine.close(),
+        };
+        match &r {
+            Ok(()) => info!("engine stopped cleanly"),
+            Err(e) => error!(error = %e, "clean shutdown failed"),
+        }
+        if let Some(reply) = shutdown {
+            let _ = reply.send(r);
+        }
     }
-    let r = engine.close();
-    match &r {
-        Ok(()) => info!("engine stopped cleanly"),
-        Err(e) => error!(error = %e, "clean shutdown failed"),
-    }
-    if let Some(reply) = shutdown {
-        let _ = reply.send(r);
+}
+
+/// The time left until `retry_at`, clearing it once passed.
+fn retry_wait(retry_at: &mut Option<Instant>) -> Option<Duration> {
+    let at = (*retry_at)?;
+    let now = Instant::now();
+    if at > now {
+        Some(at - now)
+    } else {
+        *retry_at = None;
+        None
     }
 }

@@ -20,8 +20,10 @@ use crate::schedule::clock::Clock;
 use crate::schedule::levels::{nearest_level, plan_hop, validate_levels};
 use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::consumequeue::Entry;
+use crate::storage::durability::{Durability, Failure};
 use crate::storage::format::{self, Cause, Home, Hop, Put, Record, Route, State, Transition};
 use crate::storage::index::{Slot, SlotRef};
+use crate::storage::io;
 use crate::storage::reclaim::ReclaimPolicy;
 use crate::storage::store::{dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig};
 
@@ -91,7 +93,8 @@ pub struct Engine {
     schedulers: BTreeMap<u64, LevelScheduler>,
     id_counter: u64,
     id_seed: u64,
-    poisoned: Option<String>,
+    /// The store's health, shared with the threads that sync its files.
+    durability: Durability,
 }
 
 impl Engine {
@@ -114,6 +117,7 @@ impl Engine {
             },
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
+        let durability = store.durability().clone();
         let mut engine = Engine {
             cfg,
             clock,
@@ -122,7 +126,7 @@ impl Engine {
             schedulers: BTreeMap::new(),
             id_counter: 0,
             id_seed,
-            poisoned: None,
+            durability,
         };
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
@@ -180,34 +184,50 @@ impl Engine {
     }
 
     fn writable(&self) -> Result<()> {
-        match &self.poisoned {
-            Some(why) => Err(Error::Unavailable(why.clone())),
-            None => Ok(()),
-        }
+        self.durability.check()
+    }
+
+    /// The store's durability owner (health, durable log offset).
+    pub fn durability(&self) -> &Durability {
+        &self.durability
     }
 
     fn append(&mut self, record: &[u8]) -> Result<u64> {
         self.writable()?;
         let r = self.store.append(record);
+        if r.is_ok() {
+            self.durability.clear_trouble();
+        }
         self.poison_on_io(r)
     }
 
-    /// Turns a failed write, mapping or deletion into a refusal of every later write: the files
-    /// may be in an unknown state, so nothing more may be acknowledged (never retry a failed flush).
+    /// Sorts a failed write, mapping or deletion into what it means for later writes. A resource
+    /// that ran out (disk space, file handles) fails this call only: the store changed nothing
+    /// before it (see `Store::append`), and the next write may succeed. Any other I/O error leaves
+    /// the files in an unknown state, so nothing more may be acknowledged.
     fn poison_on_io<T>(&mut self, r: Result<T>) -> Result<T> {
-        match r {
-            Err(e @ (Error::Io { .. } | Error::Corrupt { .. })) => {
-                self.poisoned = Some(format!("write failed: {e}"));
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        self.writable()?;
+        match e {
+            Error::Io { ref source, .. } if io::is_resource_exhausted(source) => {
+                let f = Failure::from_error(&e);
+                if self.durability.note_trouble(f.clone()) {
+                    tracing::warn!(op = %f.op, file = %f.file, error = %f.error, "write refused for lack of a resource; retry later");
+                }
                 Err(Error::Unavailable(e.to_string()))
             }
-            r => r,
+            Error::Io { .. } | Error::Corrupt { .. } => Err(self.durability.poison(Failure::from_error(&e))),
+            e => Err(e),
         }
     }
 
     /// One bounded round of reclaim: expire final messages past `done_retention`, then move the
     /// oldest segment towards deletion. Deletions wait for a durable checkpoint.
     pub fn maintain(&mut self) -> Result<()> {
-        if self.poisoned.is_some() {
+        if self.durability.is_poisoned() {
             return Ok(());
         }
         // Without traffic, operations would never finish an index resize and the old table would
@@ -235,7 +255,7 @@ impl Engine {
 
     /// True when [`maintain`](Self::maintain) has work it could do at once.
     pub fn maintenance_due(&self) -> bool {
-        self.poisoned.is_none()
+        !self.durability.is_poisoned()
             && (self.store.index.is_copying() || self.cfg.reclaim && self.store.reclaim_busy(self.now()))
     }
 
@@ -250,16 +270,23 @@ impl Engine {
         }
     }
 
-    /// Makes every append durable; on failure the engine refuses further writes.
+    /// Makes every append durable; a failed sync has poisoned the store (see `durability.rs`).
     pub fn flush(&mut self) -> Result<()> {
+        self.writable()?;
         if self.store.log.flushed() >= self.store.log.end() {
             return Ok(());
         }
         let started = std::time::Instant::now();
+        let end = self.store.log.end();
         if let Err(e) = self.store.flush_log() {
-            self.poisoned = Some(format!("flush failed: {e}"));
-            return Err(Error::Unavailable(e.to_string()));
+            // A sync failure poisoned the store in the io layer; anything else (opening a file)
+            // poisons here, since the flush's outcome is unknown.
+            return Err(match self.durability.check() {
+                Err(refusal) => refusal,
+                Ok(()) => self.durability.poison(Failure::from_error(&e)),
+            });
         }
+        self.durability.log_synced(end);
         self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
         Ok(())
     }
@@ -279,14 +306,23 @@ impl Engine {
         self.store.checkpoint(&cursors)
     }
 
-    /// Captures a checkpoint for a background thread to make durable and write.
-    ///
-    /// A failure may leave some queues' writes handed to a job that never runs, so a later
-    /// checkpoint could claim entries that were never synced: refuse further writes instead.
+    /// Captures a checkpoint for a background thread to make durable and write. Nothing counts
+    /// as synced until [`checkpoint_synced`](Self::checkpoint_synced) says the job ran, so a job
+    /// that fails or never runs leaves its files to the next one.
     pub fn checkpoint_job(&mut self) -> Result<crate::storage::checkpoint::CheckpointJob> {
+        self.writable()?;
         let cursors = self.level_cursors();
-        let r = self.store.checkpoint_job(&cursors);
-        self.poison_on_io(r)
+        self.store.checkpoint_job(&cursors)
+    }
+
+    /// Makes the reserve file again if a full disk took it and there is room now.
+    pub fn restore_reserve(&self) {
+        self.store.restore_reserve();
+    }
+
+    /// A checkpoint job ran: the files it synced are durable up to what it captured.
+    pub fn checkpoint_synced(&mut self, synced: &crate::storage::checkpoint::Captured) {
+        self.store.checkpoint_synced(synced);
     }
 
     /// Offset one past the last appended record.
@@ -294,14 +330,14 @@ impl Engine {
         self.store.log.end()
     }
 
-    /// Handles on the segment files holding `[from, to)` of the log, for a background flusher.
-    pub fn log_handles(&self, from: u64, to: u64) -> Result<Vec<std::fs::File>> {
-        self.store.log.handles(from, to)
+    /// Paths of the segment files holding `[from, to)` of the log, for a background flusher.
+    pub fn log_paths(&self, from: u64, to: u64) -> Vec<std::path::PathBuf> {
+        self.store.log.paths(from, to)
     }
 
-    /// Refuses every later write: a flush failed somewhere else, and nothing more may be acknowledged.
-    pub fn poison(&mut self, why: String) {
-        self.poisoned.get_or_insert(why);
+    /// Refuses every later write: something failed whose outcome is unknown.
+    pub fn poison(&mut self, failure: Failure) {
+        self.durability.poison(failure);
     }
 
     /// Checkpoints and leaves the clean-shutdown marker.
@@ -328,6 +364,9 @@ impl Engine {
 
     /// Produces one message.
     pub fn produce(&mut self, topic: &str, req: ProduceRequest) -> Result<Produced> {
+        // Even an idempotent repeat is refused by a poisoned store: the first produce's record
+        // may be among the writes whose sync failed, and a 200 would acknowledge it.
+        self.writable()?;
         validate_topic(topic)?;
         if req.body.len() > self.cfg.max_body_bytes {
             return Err(Error::TooLarge(format!(
@@ -813,7 +852,7 @@ impl Engine {
                 }
             }
             let Some((ms, at, why)) = damaged else { return };
-            if self.poisoned.is_some() {
+            if self.durability.is_poisoned() {
                 // No writes: the scheduler waits before the damaged entry until a restart.
                 return;
             }
@@ -878,7 +917,14 @@ impl Engine {
                 Err(Error::Corrupt { file, offset, reason }) => {
                     tracing::error!(%file, offset, %reason, level_ms = ms, "timer skipped: its message is unreadable");
                 }
-                Err(e) => return Err(e),
+                // Nothing was appended for it (a resource ran out, or the store is poisoned):
+                // the timer fires on the next try instead of being forgotten until a restart.
+                Err(e) => {
+                    if let Some(s) = self.schedulers.get_mut(&ms) {
+                        s.put_back(idx, entry);
+                    }
+                    return Err(e);
+                }
             }
             if let Some(s) = self.schedulers.get_mut(&ms) {
                 s.done(idx);
@@ -978,6 +1024,12 @@ impl Engine {
             log_written_bytes: self.store.log.end(),
             live_bytes: self.store.live_bytes(),
             reclaim: self.store.reclaim_stats(),
+            store_writable: self.durability.writable(),
+            store_error: self
+                .durability
+                .poison_reason()
+                .or_else(|| self.durability.trouble())
+                .map(|f| f.to_string()),
         }
     }
 

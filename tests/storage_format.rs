@@ -1116,7 +1116,8 @@ mod reader {
         for e in fs::read_dir(dir).unwrap() {
             let name = e.unwrap().file_name().into_string().unwrap();
             assert!(
-                ["LOCK", "clean_shutdown", "checkpoint", "commitlog", "cq", "index"].contains(&name.as_str()),
+                ["LOCK", "clean_shutdown", "checkpoint", "commitlog", "cq", "index", "reserve"]
+                    .contains(&name.as_str()),
                 "unexpected {name:?} in the data dir"
             );
         }

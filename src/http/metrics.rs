@@ -170,6 +170,13 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         header(&mut out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
     }
+    header(
+        &mut out,
+        "delayd_store_writable",
+        "gauge",
+        "1 while the store takes writes; 0 after a failed sync (until a restart) or while writes fail for lack of disk space or file handles.",
+    );
+    let _ = writeln!(out, "delayd_store_writable {}", u8::from(stats.store_writable));
     out
 }
 
@@ -199,6 +206,8 @@ mod tests {
             log_written_bytes: 9000,
             live_bytes: 100,
             reclaim: crate::storage::reclaim::ReclaimStats { carried: 7, ..Default::default() },
+            store_writable: false,
+            store_error: Some("fdatasync /data/commitlog/0: Input/output error".into()),
         };
         let text = render(&m, &stats);
         for line in [
@@ -226,6 +235,8 @@ mod tests {
             "delayd_live_bytes 100",
             "delayd_carried_total 7",
             "delayd_log_written_bytes_total 9000",
+            "delayd_store_writable 0",
+            "# TYPE delayd_store_writable gauge",
             "# TYPE delayd_lateness_ms histogram",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");

@@ -89,6 +89,12 @@ impl LevelScheduler {
         }
     }
 
+    /// Gives back an entry [`take_due`](Self::take_due) yielded whose handling failed (nothing
+    /// was written for it), so it is yielded again on the next try.
+    pub fn put_back(&mut self, idx: u64, e: Entry) {
+        self.heap.push(Reverse((e.tag, idx, e.offset, e.size)));
+    }
+
     /// Marks entry `idx` handled and advances the cursor over the handled prefix.
     pub fn done(&mut self, idx: u64) {
         if let Some(slot) = idx.checked_sub(self.window_start).and_then(|i| self.window.get_mut(i as usize)) {

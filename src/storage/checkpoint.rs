@@ -2,9 +2,9 @@
 //! marker. Both are replaced atomically: write temp, fsync, rename, fsync the directory.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
+use super::io;
 use super::mmap::{sync_dir, sync_path};
 use crate::error::{Error, Result};
 
@@ -186,12 +186,23 @@ impl std::fmt::Display for CheckpointDamage {
     }
 }
 
+/// What a checkpoint job covers, handed back to the store once the job has run: only then do the
+/// files count as synced, so a job that fails leaves its files to the next one.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    /// Commit-log offset the job's segment syncs cover.
+    pub log_end: u64,
+    /// Per queue: kind, name, the log offset that created it (to tell a namesake apart) and the
+    /// length whose entries the job syncs.
+    pub queues: Vec<(QueueKind, String, u64, u64)>,
+}
+
 /// A checkpoint to write once its files are durable: built on the engine thread, run on another.
 pub struct CheckpointJob {
     /// The state to record.
     pub checkpoint: Checkpoint,
     /// Open files whose writes the checkpoint covers (log segments, the index).
-    pub files: Vec<fs::File>,
+    pub files: Vec<super::mmap::SyncFile>,
     /// Consume-queue files whose writes the checkpoint covers, opened one at a time when synced,
     /// so a job holds no handle per queue. Nothing deletes them before the job has run: files are
     /// deleted only behind a durable checkpoint's cursors, and these hold entries past them, and a
@@ -199,20 +210,27 @@ pub struct CheckpointJob {
     pub queue_files: Vec<std::path::PathBuf>,
     /// Where the checkpoint goes.
     pub path: std::path::PathBuf,
+    /// What the job covers, for [`Store::checkpoint_synced`](super::store::Store::checkpoint_synced).
+    pub captured: Captured,
+    /// Space to give up when the disk is full, so the checkpoint can still be written.
+    pub reserve: super::durability::Reserve,
 }
 
 impl CheckpointJob {
     /// fdatasyncs every file, then replaces the checkpoint: it never names state not yet on disk.
     pub fn run(self) -> Result<()> {
         for f in &self.files {
-            f.sync_data().map_err(|e| Error::io("fdatasync before checkpoint", e))?;
-            #[cfg(test)]
-            super::synced::note(f, None, None);
+            f.sync_data()?;
         }
         for p in &self.queue_files {
-            sync_path(p)?;
+            match sync_path(p) {
+                // Reclaim deletes queue files only behind a durable checkpoint's cursors (or a
+                // forgotten topic's): a file gone since the capture holds nothing to sync.
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+                r => r?,
+            }
         }
-        self.checkpoint.store(&self.path)
+        self.reserve.retry_on_full_disk(|| self.checkpoint.store(&self.path))
     }
 }
 
@@ -241,14 +259,18 @@ impl<'a> Reader<'a> {
 /// Writes `bytes` to `path` so that a crash leaves the old or the new content, never a mix.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    {
-        let mut f = fs::File::create(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
-        f.write_all(bytes).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
-        f.sync_all().map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))?;
-        #[cfg(test)]
-        super::synced::note(&f, Some(&tmp), None);
+    let written = (|| {
+        let opts = fs::OpenOptions::new().write(true).create(true).truncate(true).clone();
+        let f = io::open(&opts, &tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
+        io::write_all_at(&f, &tmp, bytes, 0).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+        io::sync_all(&f, &tmp).map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))
+    })();
+    if let Err(e) = written {
+        // A part-written temp file only holds disk space that a full disk needs back.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
+    io::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
         _ => sync_dir(Path::new(".")),

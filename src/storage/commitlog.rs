@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
-use super::format::{self, DecodeError, Record, HEADER_BYTES};
+use super::format::{self, DecodeError, Kind, Record, HEADER_BYTES};
 use super::mmap::{sync_dir, MappedFile};
 use super::warmer::Warmer;
 use crate::error::{Error, Result};
@@ -74,6 +74,9 @@ pub struct CommitLog {
     /// File-relative offset in the active segment below which appends need not ask the warmer.
     warm_guard: u64,
 }
+
+/// Largest tail reserve of a segment: room for ~60,000 state changes.
+pub const TAIL_RESERVE_MAX_BYTES: u64 = 4 << 20;
 
 /// Name of the segment file starting at `base`: 20 digits, so names sort like offsets.
 pub fn segment_name(base: u64) -> String {
@@ -385,13 +388,23 @@ impl CommitLog {
                 self.segment_bytes
             )));
         }
+        // A message (Put, Carry) leaves the segment's tail reserve free: when the next segment
+        // cannot be made (a full disk), acks, cancels, deliveries and timers still have room.
+        let grows =
+            matches!(record.get(7).copied(), Some(k) if k == Kind::Put as u8 || k == Kind::Carry as u8);
+        let keep = if grows { self.tail_reserve() } else { 0 };
         let last = self.segments.len() - 1;
-        if self.write_pos + need > self.segments[last].end() {
+        if self.write_pos + need + keep > self.segments[last].end() {
             self.roll()?;
         }
         let at = self.write_pos;
         self.write_last(record);
         Ok(at)
+    }
+
+    /// Bytes at the end of each segment that only state changes (Transition, Hop) may use.
+    pub fn tail_reserve(&self) -> u64 {
+        (self.segment_bytes / 16).min(TAIL_RESERVE_MAX_BYTES)
     }
 
     /// Writes `bytes` at the write position in the last segment, which the caller made sure holds them.
@@ -412,7 +425,9 @@ impl CommitLog {
     /// Points the warmer at the last segment, from the write position.
     fn warm_active(&mut self) {
         let (Some(w), Some(seg)) = (&self.warmer, self.segments.last()) else { return };
-        match seg.file.handle() {
+        // The warmer's own open file description (a dup would share this one's error state).
+        let opened = super::io::open(std::fs::OpenOptions::new().write(true), seg.file.path());
+        match opened {
             Ok(file) => {
                 let from = self.write_pos.saturating_sub(seg.base);
                 self.warm_guard = w.segment(seg.base, seg.file.len(), file, seg.file.path(), from);
@@ -463,8 +478,15 @@ impl CommitLog {
         Ok(())
     }
 
+    /// Paths of the segment files holding `[from, to)`, for a thread that syncs through its own
+    /// open file descriptions.
+    pub fn paths(&self, from: u64, to: u64) -> Vec<PathBuf> {
+        let held = self.segments.iter().filter(|s| s.base < to && s.end() > from);
+        held.map(|s| s.file.path().to_path_buf()).collect()
+    }
+
     /// Handles on the segment files holding `[from, to)`, for an fdatasync on another thread.
-    pub fn handles(&self, from: u64, to: u64) -> Result<Vec<std::fs::File>> {
+    pub fn handles(&self, from: u64, to: u64) -> Result<Vec<super::mmap::SyncFile>> {
         let mut out = Vec::new();
         for seg in &self.segments {
             if seg.base < to && seg.end() > from {

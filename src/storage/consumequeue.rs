@@ -250,6 +250,26 @@ impl ConsumeQueue {
 
     /// Appends an entry and returns its index; reopens the files if closed.
     pub fn append(&mut self, e: Entry) -> Result<u64> {
+        self.prepare_append()?;
+        let i = self.len;
+        let pos = (i % self.per_file) as usize * ENTRY_BYTES;
+        let file = (i / self.per_file - self.first_file) as usize;
+        let Some(f) = self.files.get_mut(file) else {
+            return Err(Error::Corrupt {
+                file: self.dir.display().to_string(),
+                offset: i,
+                reason: "consume-queue entry past its last file".into(),
+            });
+        };
+        f.write_at(pos, &e.encode());
+        self.len += 1;
+        Ok(i)
+    }
+
+    /// Opens, creates or grows files so that the next [`append`](Self::append) only writes into a
+    /// mapping. The store calls it before appending a record, so that running out of disk space or
+    /// file handles fails the request before anything changed.
+    pub fn prepare_append(&mut self) -> Result<()> {
         self.reopen()?;
         let i = self.len;
         let file = (i / self.per_file - self.first_file) as usize;
@@ -258,23 +278,17 @@ impl ConsumeQueue {
         }
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
         let last = file + 1 == self.files.len();
-        let Some(f) = self.files.get_mut(file) else {
-            return Err(Error::Corrupt {
-                file: self.dir.display().to_string(),
-                offset: i,
-                reason: "consume-queue entry past its last file".into(),
-            });
-        };
-        if pos + ENTRY_BYTES > f.len() as usize {
-            let entries = grown_entries(f.len() / ENTRY_BYTES as u64, i % self.per_file + 1, self.per_file);
-            f.grow(entries * ENTRY_BYTES as u64)?;
-            if last {
-                self.last_bytes = f.len();
+        if let Some(f) = self.files.get_mut(file) {
+            if pos + ENTRY_BYTES > f.len() as usize {
+                let entries =
+                    grown_entries(f.len() / ENTRY_BYTES as u64, i % self.per_file + 1, self.per_file);
+                f.grow(entries * ENTRY_BYTES as u64)?;
+                if last {
+                    self.last_bytes = f.len();
+                }
             }
         }
-        f.write_at(pos, &e.encode());
-        self.len += 1;
-        Ok(i)
+        Ok(())
     }
 
     /// Creates file number `k`, small; the full previous file's new size is made durable first, so
@@ -358,13 +372,24 @@ impl ConsumeQueue {
         Ok(())
     }
 
-    /// Paths of the files written since the last flush or call, for a background fdatasync; the
-    /// caller owns making them durable from then on.
-    pub fn take_dirty(&mut self, out: &mut Vec<PathBuf>) {
+    /// Paths of the files written since the last flush or [`mark_flushed`](Self::mark_flushed),
+    /// for a background fdatasync.
+    pub fn dirty_paths(&self, out: &mut Vec<PathBuf>) {
         for k in self.dirty_files() {
             out.push(self.file_path(k));
         }
+    }
+
+    /// [`dirty_paths`](Self::dirty_paths), with the caller owning their sync from then on.
+    pub fn take_dirty(&mut self, out: &mut Vec<PathBuf>) {
+        self.dirty_paths(out);
         self.flushed_len = self.len;
+    }
+
+    /// The first `len` entries are durable (a background sync of [`dirty_paths`](Self::dirty_paths)
+    /// taken at that length succeeded).
+    pub fn mark_flushed(&mut self, len: u64) {
+        self.flushed_len = self.flushed_len.max(len.min(self.len));
     }
 
     /// Deletes the files whose entries all lie before `before` (a durably checkpointed reader

@@ -425,7 +425,7 @@ impl IdIndex {
     }
 
     /// Pushes a handle on every index file in use, for a background fdatasync at a checkpoint.
-    pub fn take_handles(&self, out: &mut Vec<std::fs::File>) -> Result<()> {
+    pub fn take_handles(&self, out: &mut Vec<super::mmap::SyncFile>) -> Result<()> {
         out.push(self.cur.file.handle()?);
         if let Some(m) = &self.from {
             out.push(m.table.file.handle()?);
@@ -614,9 +614,7 @@ impl IdIndex {
         let spawned = std::thread::Builder::new().name("index-retire".into()).spawn(move || {
             // The new file must be durable before the rename drops the old one, or a power loss
             // could leave `ids` without slots copied since the last checkpoint.
-            handle.sync_data().map_err(|e| Error::io(format!("fdatasync {}", next.display()), e))?;
-            #[cfg(test)]
-            super::synced::note(&handle, Some(&next), None);
+            handle.sync_data()?;
             fs::rename(&next, &path).map_err(|e| Error::io(format!("rename {}", next.display()), e))?;
             if let Some(dir) = path.parent() {
                 sync_dir(dir)?;

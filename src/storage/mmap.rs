@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
 
+use super::io;
 use crate::error::{Error, Result};
 
 /// A preallocated file, mapped shared and writable; it only ever grows.
@@ -22,11 +23,21 @@ pub struct MappedFile {
 
 impl MappedFile {
     /// Opens `path`, creating and preallocating it to `len` bytes when new or shorter.
+    ///
+    /// A file this call created is removed again when it cannot be preallocated, so a full disk
+    /// leaves no partial file behind.
     pub fn open(path: &Path, len: u64) -> Result<MappedFile> {
+        let existed = path.exists();
         let file = open_rw(path, true)?;
         let cur = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
         if cur < len {
-            preallocate(&file, len).map_err(|e| Error::io(format!("preallocate {}", path.display()), e))?;
+            if let Err(e) = io::preallocate(&file, path, len) {
+                if !existed {
+                    drop(file);
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(Error::io(format!("preallocate {}", path.display()), e));
+            }
         }
         Self::map(path, file)
     }
@@ -85,7 +96,7 @@ impl MappedFile {
         if len <= self.len() {
             return Ok(());
         }
-        preallocate(&self.file, len)
+        io::preallocate(&self.file, &self.path, len)
             .map_err(|e| Error::io(format!("preallocate {}", self.path.display()), e))?;
         // The old mapping stays valid until the new one replaces it (the file only grew).
         self.map = map_whole(&self.path, &self.file)?;
@@ -154,8 +165,7 @@ impl MappedFile {
         if len == 0 {
             return Ok(());
         }
-        self.map
-            .flush_range(offset, len)
+        io::msync(&self.map, &self.path, offset, len)
             .map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), Some((offset as u64, len as u64)));
@@ -168,10 +178,8 @@ impl MappedFile {
     /// mapping dirty the page cache like write(2) does, so fdatasync covers them; it skips
     /// msync's walk of the mapping and measured cheaper here.
     pub fn sync_data(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))?;
-        #[cfg(test)]
-        super::synced::note(&self.file, Some(&self.path), None);
-        Ok(())
+        io::sync_data(&self.file, &self.path)
+            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
     }
 
     /// Byte ranges at or after `from` that may hold data: the file's allocated, written extents
@@ -221,14 +229,24 @@ impl MappedFile {
         None
     }
 
-    /// A second handle on the file, so another thread can fdatasync it while the map is written.
-    pub fn handle(&self) -> Result<File> {
-        self.file.try_clone().map_err(|e| Error::io(format!("dup {}", self.path.display()), e))
+    /// A new open file description of this file (not a dup, which would share one), so another
+    /// thread can sync it while the map is written and learn of every writeback error itself.
+    /// Opened through `/proc/self/fd`, it names this very file even after a rename.
+    pub fn handle(&self) -> Result<SyncFile> {
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        let file = match std::fs::File::open(&proc) {
+            Ok(f) => Ok(f),
+            // No /proc: open the path (the file is not renamed while a handle is taken).
+            Err(_) => io::open(OpenOptions::new().read(true), &self.path),
+        };
+        file.map(|file| SyncFile { file, path: self.path.clone() })
+            .map_err(|e| Error::io(format!("open {}", self.path.display()), e))
     }
 
     /// Makes the whole mapping durable.
     pub fn flush(&self) -> Result<()> {
-        self.map.flush().map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
+        io::msync(&self.map, &self.path, 0, self.map.len())
+            .map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), None);
         Ok(())
@@ -236,10 +254,8 @@ impl MappedFile {
 
     /// fsyncs file metadata too (after creation).
     pub fn sync_all(&self) -> Result<()> {
-        self.file.sync_all().map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))?;
-        #[cfg(test)]
-        super::synced::note(&self.file, Some(&self.path), None);
-        Ok(())
+        io::sync_all(&self.file, &self.path)
+            .map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))
     }
 }
 
@@ -260,22 +276,18 @@ fn map_whole(path: &Path, file: &File) -> Result<MmapMut> {
     Ok(map)
 }
 
-fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
-    let len = i64::try_from(len).map_err(|_| std::io::Error::other("file too large"))?;
+/// `posix_fallocate(fd, 0, len)`.
+pub(super) fn posix_fallocate(file: &File, len: i64) -> std::io::Result<()> {
     // SAFETY: plain syscall on an fd we own.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
     match rc {
         0 => Ok(()),
-        // Filesystems without fallocate (tmpfs on old kernels, some overlays): fall back to
-        // set_len, accepting a sparse file there.
-        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len as u64),
         e => Err(std::io::Error::from_raw_os_error(e)),
     }
 }
 
-/// Writes back `[offset, offset + len)` of `file` and waits for it (sync_file_range): data only,
-/// no metadata and no cache flush, so it makes nothing durable by itself.
-pub fn sync_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+/// `sync_file_range(fd, offset, len, WAIT_BEFORE | WRITE | WAIT_AFTER)`.
+pub(super) fn sync_file_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
         return Err(std::io::Error::other("range too large"));
     };
@@ -292,29 +304,50 @@ pub fn sync_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
 
 /// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
 fn open_rw(path: &Path, create: bool) -> Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(false)
-        .open(path)
+    io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false), path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
 }
 
 /// fdatasyncs the file at `path` through a new handle. Pages written through a mapping that is
 /// gone are still the file's dirty pages, so this makes them durable too.
 pub fn sync_path(path: &Path) -> Result<()> {
-    let f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    f.sync_data().map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))?;
-    #[cfg(test)]
-    super::synced::note(&f, Some(path), None);
-    Ok(())
+    let f = io::open(OpenOptions::new().read(true), path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    io::sync_data(&f, path).map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))
 }
 
 /// fsyncs a directory so a create, rename or delete in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    let f = File::open(dir).map_err(|e| Error::io(format!("open dir {}", dir.display()), e))?;
-    f.sync_all().map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))
+    let f = io::open(OpenOptions::new().read(true), dir)
+        .map_err(|e| Error::io(format!("open dir {}", dir.display()), e))?;
+    io::sync_all(&f, dir).map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))
+}
+
+/// A file handle of its own (its own open file description) with the path it names, for syncing
+/// on another thread.
+pub struct SyncFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl SyncFile {
+    /// Opens `path` read-only: enough to fdatasync it.
+    pub fn open(path: &Path) -> Result<SyncFile> {
+        io::open(OpenOptions::new().read(true), path)
+            .map(|file| SyncFile { file, path: path.to_path_buf() })
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))
+    }
+
+    /// fdatasync, under the store's durability owner.
+    pub fn sync_data(&self) -> Result<()> {
+        io::sync_data(&self.file, &self.path)
+            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 /// An exclusive advisory lock on a file, held for the life of the value.

@@ -4,8 +4,10 @@
 pub mod checkpoint;
 pub mod commitlog;
 pub mod consumequeue;
+pub mod durability;
 pub mod format;
 pub mod index;
+pub mod io;
 pub mod mmap;
 pub mod reclaim;
 pub mod store;

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use tracing::{error, info, warn};
 
-use super::checkpoint::{self, Checkpoint, CheckpointDamage, CheckpointJob, QueueKind, QueueState};
+use super::checkpoint::{self, Captured, Checkpoint, CheckpointDamage, CheckpointJob, QueueKind, QueueState};
 use super::commitlog::{CommitLog, DurableClaim, RecoveryMode, RecoveryReport};
 use super::consumequeue::{ConsumeQueue, Entry};
+use super::durability::{Durability, Failure, Reserve};
 use super::format::{self, Cause, Home, Put, Record, Route, State};
 use super::index::{IdIndex, Slot, SlotRef};
 use super::mmap::DirLock;
@@ -126,6 +127,10 @@ pub struct Store {
     pub(super) reclaim: super::reclaim::Reclaim,
     /// Damaged records met outside the recovery scan (reads take `&self`, hence atomic).
     corrupt_records: std::sync::atomic::AtomicU64,
+    /// The store's health and durable offsets, shared with every thread that syncs its files.
+    durability: Durability,
+    /// Disk space held back for the writes that let a full disk recover.
+    reserve: Reserve,
 }
 
 fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
@@ -230,6 +235,8 @@ impl Store {
     pub fn open(dir: &Path, cfg: StoreConfig) -> Result<(Store, OpenReport)> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let lock = DirLock::acquire(&dir.join("LOCK"))?;
+        let durability = Durability::register(dir);
+        let reserve = Reserve::new(dir);
         let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"))?;
         let cp_path = dir.join("checkpoint");
         let (cp, cp_damaged) = match Checkpoint::load_or_damage(&cp_path)? {
@@ -312,6 +319,8 @@ impl Store {
             durable_serial: 0,
             reclaim: Default::default(),
             corrupt_records: Default::default(),
+            durability,
+            reserve,
         };
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         if let Some(claimed) = report.log.claimed_end {
@@ -369,6 +378,13 @@ impl Store {
             q.cursor = q.cursor.max(q.cq.first());
         }
         store.touched.clear();
+        if !store.reserve.ensure() {
+            warn!(
+                bytes = super::durability::RESERVE_BYTES,
+                "no room for the reserve file; starting without it"
+            );
+        }
+        store.durability.log_synced(store.log.flushed());
         store.live_bytes = store.count_live_bytes();
         store.expiry = store.log.start();
         if report.rebuilt {
@@ -875,10 +891,67 @@ impl Store {
     }
 
     /// Appends a record to the log and dispatches it at once, so reads see their own writes.
+    ///
+    /// The files the record's dispatch writes to are opened, created or grown first, and the log
+    /// makes room before it writes: so running out of disk space or file handles fails the call
+    /// with nothing changed, and a retry may succeed. A failure after the record is in the log
+    /// leaves queues and index half-updated, which poisons the store.
     pub fn append(&mut self, record: &[u8]) -> Result<u64> {
+        self.prepare_dispatch(record)?;
         let at = self.log.append(record)?;
-        self.dispatch()?;
+        if let Err(e) = self.dispatch() {
+            return Err(self.durability.poison(Failure::from_error(&e)));
+        }
         Ok(at)
+    }
+
+    /// Gets the queue file the record's dispatch appends to ready (see [`append`](Self::append)).
+    /// State changes (not new messages) may use the reserve when the disk is full.
+    fn prepare_dispatch(&mut self, record: &[u8]) -> Result<()> {
+        enum Target {
+            Level(u64),
+            Topic(String),
+        }
+        // Records handed to append are the engine's own; a bad one fails in dispatch instead.
+        let Ok((rec, _)) = format::decode(record) else { return Ok(()) };
+        let grows = matches!(rec, Record::Put(_) | Record::Carry(_));
+        let home_queue = |home: Home, topic: String| match home {
+            Home::Main => topic,
+            Home::DeadLetter => dead_letter_topic(&topic),
+        };
+        let target = match (&rec, rec.route()) {
+            (_, Route::Level { level_ms, .. }) => Target::Level(level_ms),
+            (Record::Put(p), Route::Topic) => Target::Topic(String::from_utf8_lossy(p.topic).into_owned()),
+            (Record::Carry(c), Route::Topic) => {
+                Target::Topic(home_queue(c.home, String::from_utf8_lossy(c.put.topic).into_owned()))
+            }
+            (Record::Transition(t), Route::Topic) if t.msg_offset >= self.log.start() => {
+                Target::Topic(home_queue(t.home, self.topic_of(t.msg_offset)?))
+            }
+            _ => return Ok(()),
+        };
+        let reserve = self.reserve.clone();
+        let mut prepare = || match &target {
+            Target::Level(ms) => self.level_queue(*ms)?.cq.prepare_append(),
+            Target::Topic(q) => self.topic_open(q)?.cq.prepare_append(),
+        };
+        if grows {
+            prepare()
+        } else {
+            reserve.retry_on_full_disk(prepare)
+        }
+    }
+
+    /// The store's durability owner.
+    pub fn durability(&self) -> &Durability {
+        &self.durability
+    }
+
+    /// Makes the reserve file again if it was released and there is room now.
+    pub fn restore_reserve(&self) {
+        if !self.reserve.is_held() && self.reserve.ensure() {
+            info!("disk space is back: the reserve file is made again");
+        }
     }
 
     /// Applies every record between the dispatch position and the log end; returns how many.
@@ -1153,25 +1226,56 @@ impl Store {
         }
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
-        cp.store(&self.dir.join("checkpoint"))?;
+        let path = self.dir.join("checkpoint");
+        self.reserve.retry_on_full_disk(|| cp.store(&path))?;
         Ok(cp)
     }
 
     /// Like [`checkpoint`](Self::checkpoint), but hands the fdatasyncs and the write to the caller
     /// (a background thread), so the engine never stalls on them.
     pub fn checkpoint_job(&mut self, level_cursors: &BTreeMap<u64, u64>) -> Result<CheckpointJob> {
-        let checkpoint = self.snapshot(level_cursors);
+        // Everything fallible first: a failure here changes nothing.
         let mut files = self.log.handles(self.cp_log_end, self.dispatched)?;
-        let mut queue_files = Vec::new();
-        for q in self.levels.values_mut() {
-            q.cq.take_dirty(&mut queue_files);
-        }
-        for q in self.topics.values_mut() {
-            q.cq.take_dirty(&mut queue_files);
-        }
         self.index.take_handles(&mut files)?;
-        self.cp_log_end = self.dispatched;
-        Ok(CheckpointJob { checkpoint, files, queue_files, path: self.dir.join("checkpoint") })
+        let checkpoint = self.snapshot(level_cursors);
+        let mut queue_files = Vec::new();
+        let mut captured = Captured { log_end: self.dispatched, queues: Vec::new() };
+        for (ms, q) in &self.levels {
+            q.cq.dirty_paths(&mut queue_files);
+            captured.queues.push((QueueKind::Level, ms.to_string(), 0, q.cq.len()));
+        }
+        for (name, q) in &self.topics {
+            q.cq.dirty_paths(&mut queue_files);
+            captured.queues.push((QueueKind::Topic, name.clone(), q.created_at, q.cq.len()));
+        }
+        Ok(CheckpointJob {
+            checkpoint,
+            files,
+            queue_files,
+            path: self.dir.join("checkpoint"),
+            captured,
+            reserve: self.reserve.clone(),
+        })
+    }
+
+    /// A checkpoint job ran: the log and queue files it synced count as durable up to what it
+    /// captured (a queue forgotten and made again since is a namesake, and is left alone).
+    pub fn checkpoint_synced(&mut self, c: &Captured) {
+        self.cp_log_end = self.cp_log_end.max(c.log_end);
+        for (kind, name, created_at, len) in &c.queues {
+            match kind {
+                QueueKind::Level => {
+                    if let Some(q) = name.parse().ok().and_then(|ms: u64| self.levels.get_mut(&ms)) {
+                        q.cq.mark_flushed(*len);
+                    }
+                }
+                QueueKind::Topic => {
+                    if let Some(q) = self.topics.get_mut(name).filter(|q| q.created_at == *created_at) {
+                        q.cq.mark_flushed(*len);
+                    }
+                }
+            }
+        }
     }
 
     /// Final checkpoint plus the clean-shutdown marker.
@@ -1185,7 +1289,9 @@ impl Store {
                 break;
             }
         }
-        checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), self.log.end())
+        let end = self.log.end();
+        self.reserve
+            .retry_on_full_disk(|| checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), end))
     }
 
     /// Bytes of disk the data files occupy.

@@ -23,14 +23,13 @@
 //! being zeroed at that moment. Everything is under one mutex, taken once per chunk of appends.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use tracing::{debug, warn};
+use tracing::{error, warn};
 
-use super::mmap::sync_range;
+use super::io::{self, sync_range};
 
 /// Zeroes are written in pieces of one page, so the page cache holds them in single-page folios.
 const PIECE: usize = 4096;
@@ -103,8 +102,8 @@ impl Warmer {
         }
     }
 
-    /// Points the warmer at the segment the appender now writes (`file`, a handle on it), from file
-    /// offset `from`; returns the appender's guard.
+    /// Points the warmer at the segment the appender now writes (`file`, a description of it of
+    /// the warmer's own, open for writing), from file offset `from`; returns the appender's guard.
     pub fn segment(&self, base: u64, len: u64, file: File, path: &Path, from: u64) -> u64 {
         let mut st = self.lock();
         let guard = round_up(from, self.chunk).min(len);
@@ -157,7 +156,7 @@ fn round_up(x: u64, to: u64) -> u64 {
 fn run(shared: &Shared, chunk: u64) {
     let zeroes = [0u8; PIECE];
     // The segment last written to, synced once the window is full.
-    let mut unsynced: Option<Arc<File>> = None;
+    let mut unsynced: Option<(Arc<File>, PathBuf)> = None;
     loop {
         let (target, at, len) = {
             let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,11 +172,15 @@ fn run(shared: &Shared, chunk: u64) {
                         break (t, at, chunk.min(limit - at));
                     }
                 }
-                if let Some(f) = unsynced.take() {
+                if let Some((f, path)) = unsynced.take() {
                     // Caught up: sync the zeroes' extent conversion here, not in the next commit.
                     drop(st);
-                    if let Err(e) = f.sync_data() {
-                        debug!(error = %e, "warmer fdatasync failed");
+                    if let Err(e) = io::sync_data(&f, &path) {
+                        // The io layer has poisoned the store: a writeback error is reported once
+                        // per open file description, and this one saw it. Zeroing stops too.
+                        error!(error = %e, segment = %path.display(), "commit-log warmer fdatasync failed");
+                        shared.state.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+                        return;
                     }
                     st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                     continue;
@@ -185,7 +188,7 @@ fn run(shared: &Shared, chunk: u64) {
                 st = shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let result = zero(&target.file, at, len, &zeroes);
+        let result = zero(&target.file, &target.path, at, len, &zeroes);
         {
             let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
             st.busy = None;
@@ -204,15 +207,17 @@ fn run(shared: &Shared, chunk: u64) {
             let mut pos = at;
             while pos < at + len {
                 let n = WRITEBACK_PIECE.min(at + len - pos);
-                sync_range(&target.file, pos, n)?;
+                sync_range(&target.file, &target.path, pos, n)?;
                 pos += n;
             }
             Ok(())
         });
         match result {
-            Ok(()) => unsynced = Some(target.file.clone()),
+            Ok(()) => unsynced = Some((target.file.clone(), target.path.clone())),
             Err(e) => {
-                // Only speed is at stake: appends work the same on unwritten extents.
+                // Only speed is at stake: appends work the same on unwritten extents. (A failed
+                // sync_file_range has poisoned the store in the io layer; a failed write has not:
+                // it only wrote zeroes where nothing was written yet.)
                 warn!(error = %e, segment = %target.path.display(), "commit-log warmer stopped");
                 shared.state.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
                 return;
@@ -222,11 +227,11 @@ fn run(shared: &Shared, chunk: u64) {
 }
 
 /// Writes zeroes over `[at, at + len)` through the page cache, one page per write.
-fn zero(f: &File, at: u64, len: u64, zeroes: &[u8]) -> std::io::Result<()> {
+fn zero(f: &File, path: &Path, at: u64, len: u64, zeroes: &[u8]) -> std::io::Result<()> {
     let mut pos = at;
     while pos < at + len {
         let n = (at + len - pos).min(PIECE as u64) as usize;
-        f.write_all_at(&zeroes[..n], pos)?;
+        io::write_all_at(f, path, &zeroes[..n], pos)?;
         pos += n as u64;
     }
     Ok(())

@@ -36,6 +36,8 @@ pub struct Server {
     env: Vec<(String, String)>,
     args: Vec<String>,
     client: reqwest::blocking::Client,
+    /// A data directory chosen by the test (e.g. on a small filesystem) instead of one in `tmp`.
+    data: Option<PathBuf>,
 }
 
 /// Unix time in milliseconds, the clock the server uses too.
@@ -61,14 +63,39 @@ impl Server {
             BASE_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let args = args.iter().map(|a| a.to_string()).collect();
-        let mut s = Server { child: None, base: String::new(), tmp, env: all, args, client: client() };
+        let mut s =
+            Server { child: None, base: String::new(), tmp, env: all, args, client: client(), data: None };
         s.spawn();
         s
     }
 
+    /// Starts a server with its data in `data` (which the test owns).
+    pub fn start_at(data: &Path, env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut all: Vec<(String, String)> =
+            BASE_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut s = Server {
+            child: None,
+            base: String::new(),
+            tmp,
+            env: all,
+            args: Vec::new(),
+            client: client(),
+            data: Some(data.to_path_buf()),
+        };
+        s.spawn();
+        s
+    }
+
+    /// Starts the binary again after [`terminate`](Self::terminate) (same data dir and settings).
+    pub fn respawn(&mut self) {
+        self.spawn();
+    }
+
     /// The data directory, which survives restarts.
     pub fn data_dir(&self) -> PathBuf {
-        self.tmp.path().join("data")
+        self.data.clone().unwrap_or_else(|| self.tmp.path().join("data"))
     }
 
     /// The temp dir that holds the data dir and the log.
