@@ -1,9 +1,12 @@
 //! Reclaim: expiring final messages from the id index, carrying live messages out of the oldest
 //! commit-log segment, and deleting segments and consume-queue files nothing needs any more.
 //!
-//! Every step is bounded (a slice of records per call) so the engine thread never stalls on it,
+//! Every step is bounded (a slice of records and a deadline per call) so the engine thread never
+//! stalls on it,
 //! and every deletion waits for a durable checkpoint that covers what replaces the deleted bytes:
 //! recovery never needs a file that is gone. See storage-format.md, "Reclaim".
+
+use std::time::Instant;
 
 use tracing::{debug, info};
 
@@ -13,8 +16,11 @@ use super::index::{Slot, SlotRef};
 use super::store::Store;
 use crate::error::Result;
 
-/// Records examined per scan or expiry step; at most a few milliseconds of work.
+/// Records examined per scan or expiry step, at most (the caller's deadline usually ends it first).
 const SCAN_SLICE: usize = 4096;
+/// Records examined or carried per step before the deadline is looked at: every call makes some
+/// progress, however little time the engine can spare.
+const MIN_SLICE: usize = 32;
 /// Bytes of records examined or copied per step, whichever limit comes first.
 const BYTES_SLICE: u64 = 4 << 20;
 /// Messages carried per step.
@@ -184,14 +190,14 @@ impl Store {
         Ok(())
     }
 
-    /// Removes from the index final messages whose final transition is older than `cutoff_ms`;
-    /// returns how many records it looked at (0 when caught up).
-    pub fn expire(&mut self, cutoff_ms: u64) -> Result<usize> {
+    /// Removes from the index final messages whose final transition is older than `cutoff_ms`,
+    /// until caught up or `until`; returns how many records it looked at (0 when caught up).
+    pub fn expire(&mut self, cutoff_ms: u64, until: Instant) -> Result<usize> {
         self.expiry = self.expiry.max(self.log.start());
         let (mut seen, mut bytes) = (0, 0u64);
         self.reclaim.expiry_behind = false;
         loop {
-            if seen >= SCAN_SLICE || bytes >= BYTES_SLICE {
+            if seen >= SCAN_SLICE || bytes >= BYTES_SLICE || seen >= MIN_SLICE && Instant::now() >= until {
                 self.reclaim.expiry_behind = true;
                 break;
             }
@@ -255,13 +261,14 @@ impl Store {
         })
     }
 
-    /// One bounded step of reclaiming the oldest segment. `plan` gives the level entry for a
-    /// delayed message due at `target` (arguments: now, target).
+    /// One bounded step of reclaiming the oldest segment, ending by `until`. `plan` gives the
+    /// level entry for a delayed message due at `target` (arguments: now, target).
     pub fn reclaim_step(
         &mut self,
         now_ms: u64,
         policy: &ReclaimPolicy,
         plan: &dyn Fn(u64, u64) -> Route,
+        until: Instant,
     ) -> Result<()> {
         let Some((base, end)) = self.log.sealed_head() else { return Ok(()) };
         if self.reclaim.head != base {
@@ -274,9 +281,9 @@ impl Store {
             Phase::Rest { until_ms } if now_ms < until_ms => return Ok(()),
             Phase::Rest { .. } => head,
             Phase::Scan { seg, pos, live, pinned } => {
-                self.scan(now_ms, policy, base, seg, pos, live, pinned)?
+                self.scan(now_ms, policy, until, base, seg, pos, live, pinned)?
             }
-            Phase::Carry { pos } => self.carry(now_ms, policy, plan, base, end, pos)?,
+            Phase::Carry { pos } => self.carry(now_ms, policy, plan, until, base, end, pos)?,
             Phase::Free { need, .. } if self.durable_serial < need => return Ok(()),
             Phase::Free { need, upto } => {
                 let freed = self.log.drop_head(upto)?;
@@ -302,6 +309,7 @@ impl Store {
         &mut self,
         now_ms: u64,
         policy: &ReclaimPolicy,
+        until: Instant,
         base: u64,
         seg: u64,
         mut pos: u64,
@@ -311,7 +319,7 @@ impl Store {
         let Some((_, end)) = self.log.sealed_at(seg) else { return Ok(Phase::Start) };
         let mut seen = 0;
         let start = pos;
-        while seen < SCAN_SLICE && pos - start < BYTES_SLICE {
+        while seen < SCAN_SLICE && pos - start < BYTES_SLICE && (seen < MIN_SLICE || Instant::now() < until) {
             let Some((offset, rec, next)) = self.log.next(pos)? else { break };
             if offset >= end {
                 pos = end;
@@ -357,17 +365,21 @@ impl Store {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn carry(
         &mut self,
         now_ms: u64,
         policy: &ReclaimPolicy,
         plan: &dyn Fn(u64, u64) -> Route,
+        until: Instant,
         base: u64,
         end: u64,
         mut pos: u64,
     ) -> Result<Phase> {
         let (mut moved, mut bytes) = (0, 0u64);
-        while moved < CARRY_SLICE && bytes < BYTES_SLICE {
+        let mut seen = 0;
+        while moved < CARRY_SLICE && bytes < BYTES_SLICE && (seen < MIN_SLICE || Instant::now() < until) {
+            seen += 1;
             let Some((offset, rec, next)) = self.log.next(pos)? else { break };
             if offset >= end {
                 pos = end;
