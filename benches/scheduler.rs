@@ -1,5 +1,5 @@
 //! Scheduler benchmark (harness = false): lateness percentiles at paced rates, catch-up rate after
-//! downtime, anonymous memory per pending message and the longest engine step while the backlog
+//! downtime, anonymous memory per pending message, the engine steps of a real broker while the backlog
 //! and its id index grow, and bytes written per delivered message.
 //!
 //! Run: `cargo bench --bench scheduler` (env `PENDING=N` changes the 10,000,000 pending messages of
@@ -168,27 +168,6 @@ fn rss_anon_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Where this thread's time went so far: (ns on a CPU, ns waiting for one, minor faults, major
-/// faults), from /proc/thread-self. A slow step that was neither on a CPU nor waiting for one was
-/// blocked in the kernel (a page fault waiting for I/O or the journal).
-fn thread_times() -> [u64; 4] {
-    let sched = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
-    let mut s = sched.split_whitespace().map(|v| v.parse().unwrap_or(0));
-    let (cpu, wait) = (s.next().unwrap_or(0), s.next().unwrap_or(0));
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
-    // Fields after the parenthesised name: state is field 3, minflt 10, majflt 12.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
-    [cpu, wait, f.get(7).copied().unwrap_or(0), f.get(9).copied().unwrap_or(0)]
-}
-
-/// Requests the broker's engine loop takes into one batch (its `MAX_BATCH`).
-const ENGINE_BATCH: usize = 1024;
-
-/// One slow engine step: (duration, messages before it, index slots, index resize under way,
-/// commit-log end offset, `thread_times` spent in it).
-type Slow = (Duration, usize, u64, bool, u64, [u64; 4]);
-
 /// What growing the backlog (and the id index) to `n` pending messages cost.
 struct Pending {
     rss_before_kib: u64,
@@ -199,20 +178,12 @@ struct Pending {
     longest_call: Duration,
     /// 99.9th percentile of produce calls (upper edge of its 1 µs bucket).
     p999_call: Duration,
-    /// Longest engine step: a batch of `ENGINE_BATCH` produces plus one maintenance call, as the
-    /// broker's loop runs them.
-    longest_step: Duration,
-    /// On-CPU time of a step: p50, p99, p99.9, max.
-    step_cpu: [Duration; 4],
     /// Index slots when the run ended.
     index_slots: u64,
-    /// The slowest steps: (duration, messages before it, index slots, index resize under way,
-    /// commit-log end offset, `thread_times` spent in it).
-    slowest: Vec<Slow>,
 }
 
-/// Anonymous memory growth while `n` messages sit pending on the 1 h level, and the longest
-/// engine step on the way (the id index grows from its default size to hold them all).
+/// Anonymous memory growth while `n` messages sit pending on the 1 h level (the id index grows
+/// from its default size to hold them all), measured on the engine alone so nothing else allocates.
 fn pending_memory(n: usize) -> Pending {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = config(dir.path(), FlushMode::Async);
@@ -223,60 +194,20 @@ fn pending_memory(n: usize) -> Pending {
     // and touched before the baseline is read.
     let mut calls = vec![0u64; 100_000];
     let before = rss_anon_kib();
-    let mut longest_step = Duration::ZERO;
     let mut longest_call = Duration::ZERO;
-    let mut slowest: Vec<Slow> = Vec::new();
-    // On-CPU time of every step, µs: what the engine's own work costs, without the time other
-    // processes on a shared machine take the CPU away.
-    let mut step_cpu_us: Vec<u32> = Vec::with_capacity(n / ENGINE_BATCH + 1);
-    let mut last_checkpoint = Instant::now();
-    let mut i = 0;
-    while i < n {
-        let times = thread_times();
-        let step = Instant::now();
-        for _ in 0..ENGINE_BATCH.min(n - i) {
-            let t = Instant::now();
-            e.produce("mem", req(3_600_000, &body)).expect("produce");
-            let took = t.elapsed();
-            let last = calls.len() - 1;
-            calls[(took.as_micros() as usize).min(last)] += 1;
-            longest_call = longest_call.max(took);
-            i += 1;
-        }
-        e.maintain().expect("maintain");
-        let took = step.elapsed();
-        longest_step = longest_step.max(took);
-        let now = thread_times();
-        let spent = [0, 1, 2, 3].map(|k| now[k].saturating_sub(times[k]));
-        step_cpu_us.push((spent[0] / 1000).min(u64::from(u32::MAX)) as u32);
-        if slowest.len() < 8 || took > slowest[slowest.len() - 1].0 {
-            let at = (
-                took,
-                i,
-                e.index_slots_for_bench(),
-                e.index_resizing_for_bench(),
-                e.log_end_for_bench(),
-                spent,
-            );
-            slowest.push(at);
-            slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
-            slowest.truncate(8);
-        }
-        // In sync mode under load the broker's flusher thread syncs each batch, not the engine
-        // thread: outside the step, as there.
-        e.flush().expect("flush");
-        // The broker checkpoints every 5 s; each one syncs the index and queue files, which cleans
-        // their pages (the next write to each is a fault unless it goes through pwrite).
-        if last_checkpoint.elapsed() >= Duration::from_secs(5) {
-            e.checkpoint().expect("checkpoint");
-            last_checkpoint = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        e.produce("mem", req(3_600_000, &body)).expect("produce");
+        let took = t.elapsed();
+        let last = calls.len() - 1;
+        calls[(took.as_micros() as usize).min(last)] += 1;
+        longest_call = longest_call.max(took);
+        if i % 1024 == 1023 {
+            e.maintain().expect("maintain");
+            e.flush().expect("flush");
         }
     }
     e.flush().expect("flush");
-    step_cpu_us.sort_unstable();
-    let pick =
-        |q: f64| Duration::from_micros(u64::from(step_cpu_us[((step_cpu_us.len() - 1) as f64 * q) as usize]));
-    let step_cpu = [pick(0.5), pick(0.99), pick(0.999), pick(1.0)];
     let after = rss_anon_kib();
     let (mut seen, want) = (0, (n as u64 * 999).div_ceil(1000));
     let p999_us = calls.iter().position(|c| {
@@ -291,11 +222,89 @@ fn pending_memory(n: usize) -> Pending {
         disk,
         longest_call,
         p999_call: Duration::from_micros(p999_us.unwrap_or(0) as u64 + 1),
-        longest_step,
-        step_cpu,
         index_slots: e.index_slots_for_bench(),
-        slowest,
     }
+}
+
+/// Engine steps of a real broker (its own loop, flusher and checkpoint threads, sync mode) while
+/// `producers` clients push `n` messages on the 1 h level in batches of `batch`: the id index
+/// grows from its default size to hold them all.
+struct Steps {
+    n: usize,
+    secs: f64,
+    /// Steps counted, and how many took over 10 ms of wall time / of CPU time.
+    count: u64,
+    over_10ms_wall: u64,
+    over_10ms_cpu: u64,
+    /// Upper bucket edges of the median and 99.9th percentile step, wall and CPU (µs).
+    p50: (u64, u64),
+    p999: (u64, u64),
+    /// Longest step, wall and CPU.
+    max: (Duration, Duration),
+}
+
+fn broker_steps(n: usize, producers: usize, batch: usize) -> Steps {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("rt");
+    rt.block_on(async move {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path(), FlushMode::Sync);
+        cfg.segment_bytes = 1 << 30;
+        let broker = Broker::open(cfg).expect("open");
+        let body = Bytes::from(vec![b'x'; 100]);
+        let started = Instant::now();
+        let per = n / producers;
+        let tasks: Vec<_> = (0..producers)
+            .map(|_| {
+                let (b, body) = (broker.clone(), body.clone());
+                tokio::spawn(async move {
+                    let mut sent = 0;
+                    while sent < per {
+                        let k = batch.min(per - sent);
+                        let reqs = (0..k).map(|_| req(3_600_000, &body)).collect();
+                        let out = b.produce_batch("steps", reqs).await.expect("produce");
+                        assert!(out.iter().all(|r| r.is_ok()));
+                        sent += k;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("producer");
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let m = broker.metrics();
+        let over = |h: &delayd::metrics::Histogram| {
+            let (bounds, counts, _, _) = h.snapshot();
+            // Inclusive upper bounds: a step over 10 ms is in a later bucket or the overflow.
+            bounds.iter().zip(&counts).filter(|(b, _)| **b > 10_000).map(|(_, c)| c).sum::<u64>()
+                + counts.last().copied().unwrap_or(0)
+        };
+        let pct = |h: &delayd::metrics::Histogram, q: f64| {
+            let (bounds, counts, _, count) = h.snapshot();
+            let want = (count as f64 * q).ceil() as u64;
+            let mut seen = 0;
+            for (b, c) in bounds.iter().zip(&counts) {
+                seen += c;
+                if seen >= want {
+                    return *b;
+                }
+            }
+            u64::MAX
+        };
+        let (wall, cpu) = (&m.engine_step_us, &m.engine_step_cpu_us);
+        let out = Steps {
+            n: per * producers,
+            secs,
+            count: wall.snapshot().3,
+            over_10ms_wall: over(wall),
+            over_10ms_cpu: over(cpu),
+            p50: (pct(wall, 0.5), pct(cpu, 0.5)),
+            p999: (pct(wall, 0.999), pct(cpu, 0.999)),
+            max: (Duration::from_micros(wall.max()), Duration::from_micros(cpu.max())),
+        };
+        broker.shutdown().await.expect("shutdown");
+        out
+    })
 }
 
 /// Log and queue bytes per message for a 1h59m59s delay with a 1 KiB body, on the manual clock.
@@ -329,6 +338,13 @@ fn bytes_per_message(n: usize) -> (f64, f64, usize) {
 }
 
 fn main() {
+    // `RUST_LOG=delayd=debug` shows each slow engine step with its parts.
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     // `cargo bench` passes "--bench"; nothing else is expected.
     let q = quick();
     println!("# delayd scheduler benchmark\n");
@@ -359,22 +375,27 @@ fn main() {
         p.disk as f64 / pending as f64
     );
     println!(
-        "engine steps while the id index grew to {} slots: longest step ({ENGINE_BATCH} produces + maintenance) {:.2?}; longest produce {:.2?}, p99.9 {:?}",
-        p.index_slots, p.longest_step, p.longest_call, p.p999_call
+        "while the id index grew to {} slots: longest produce call {:.2?}, p99.9 {:?}",
+        p.index_slots, p.longest_call, p.p999_call
     );
+    let producers = 4;
+    let st = broker_steps(pending, producers, 1000);
     println!(
-        "on-CPU time per engine step (checkpoint every 5 s, outside the step): p50 {:.2?}, p99 {:.2?}, p99.9 {:.2?}, max {:.2?}",
-        p.step_cpu[0], p.step_cpu[1], p.step_cpu[2], p.step_cpu[3]
+        "broker engine steps while {} messages were produced ({producers} clients, batches of 1000, sync, {:.0} msgs/s): {} steps; \
+         over 10 ms: {} by wall time, {} by CPU time; median step <= {} us wall / <= {} us CPU; p99.9 <= {} us wall / <= {} us CPU; \
+         longest {:.2?} wall, {:.2?} CPU",
+        st.n,
+        st.n as f64 / st.secs,
+        st.count,
+        st.over_10ms_wall,
+        st.over_10ms_cpu,
+        st.p50.0,
+        st.p50.1,
+        st.p999.0,
+        st.p999.1,
+        st.max.0,
+        st.max.1,
     );
-    for (took, at, slots, resizing, log_end, [cpu, wait, minflt, majflt]) in &p.slowest {
-        println!(
-            "  slow step {took:.2?} after {at} messages: index {slots} slots (resize under way: {resizing}), log end {log_end}; \
-             on CPU {:.1} ms, waiting for a CPU {:.1} ms, blocked {:.1} ms; {minflt} minor / {majflt} major faults",
-            *cpu as f64 / 1e6,
-            *wait as f64 / 1e6,
-            (took.as_nanos() as f64 - *cpu as f64 - *wait as f64).max(0.0) / 1e6,
-        );
-    }
     if !all {
         return;
     }

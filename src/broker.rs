@@ -269,12 +269,26 @@ pub struct Stats {
     pub store_error: Option<String>,
 }
 
-/// Largest number of requests the engine takes into one batch (one flush).
-const MAX_BATCH: usize = 1024;
-/// Most timers fired between two looks at the request channel, so catch-up never starves clients.
-const FIRE_SLICE: usize = 4096;
-/// Batches of at most this many requests are flushed on the engine thread when no flush is in flight.
+/// A batch of at most this many requests and bytes may be flushed on the engine thread.
 const INLINE_FLUSH_MAX: usize = 2;
+/// See [`INLINE_FLUSH_MAX`].
+const INLINE_FLUSH_BYTES: u64 = 64 << 10;
+/// Largest number of requests the engine takes off the channel at once.
+const MAX_BATCH: usize = 1024;
+/// Timers fired between two looks at the clock.
+const FIRE_CHUNK: usize = 64;
+/// Produce requests of one batch applied between two looks at the clock.
+const PRODUCE_CHUNK: usize = 32;
+/// An engine step spends up to this long on requests before it moves on (a single pop or ack
+/// may run past it)...
+const REQUESTS_UNTIL: Duration = Duration::from_millis(3);
+/// ...fires due timers until this far into the step...
+const TIMERS_UNTIL: Duration = Duration::from_millis(4);
+/// ...and maintains (index resize, reclaim) until this far, then answers what it did. Requests
+/// left over wait for the next step, which starts at once: no step holds the engine much past
+/// 5 ms, whatever the load, so a long-poll or an ack is never stuck behind a burst of work, and
+/// the 10 ms bound holds with room for one large request.
+const STEP_UNTIL: Duration = Duration::from_millis(5);
 /// How often queue lengths and cursors are persisted. Each checkpoint fdatasyncs the id index,
 /// whose random slot writes dirty most of its pages under load; every 5 s rather than every 1 s cut
 /// the flush latency of a sustained 64-writer sync load by a fifth (554 -> 454 us) here, and costs
@@ -655,8 +669,12 @@ struct EngineLoop {
     flush_every: Duration,
     shared: std::sync::Weak<Shared>,
     durability: Durability,
-    batch: Vec<Command>,
+    /// Requests taken off the channel and not yet applied (a step stops at its time budget).
+    batch: std::collections::VecDeque<Command>,
+    /// A produce batch cut by the end of a step: applied first in the next one.
+    producing: Option<Producing>,
     pending: Vec<Pending>,
+    metrics: Arc<Metrics>,
     shutdown: Option<oneshot::Sender<Result<()>>>,
     last_checkpoint: Instant,
     last_flush: Instant,
@@ -681,6 +699,79 @@ struct EngineLoop {
     checkpoint_log: FailureLog,
 }
 
+/// Times one engine step: wall clock and the engine thread's own CPU time, and when each of its
+/// parts ended, to say which one ran long.
+struct StepTimer {
+    started: Instant,
+    cpu_ns: u64,
+    switches: [u64; 4],
+    marks: [(&'static str, Instant); 6],
+    marked: usize,
+}
+
+/// A step over this much wall or CPU time is logged with its parts, faults and context switches
+/// (at debug level: the histograms count them, and on a loaded machine they are not news).
+const SLOW_STEP: Duration = Duration::from_millis(10);
+
+impl StepTimer {
+    fn start() -> StepTimer {
+        let started = Instant::now();
+        StepTimer {
+            started,
+            cpu_ns: crate::storage::mmap::thread_cpu_ns(),
+            switches: crate::storage::mmap::thread_switches(),
+            marks: [("", started); 6],
+            marked: 0,
+        }
+    }
+
+    /// Notes that the part `name` ended now.
+    fn mark(&mut self, name: &'static str) {
+        if let Some(m) = self.marks.get_mut(self.marked) {
+            *m = (name, Instant::now());
+            self.marked += 1;
+        }
+    }
+
+    fn record(&self, metrics: &Metrics) {
+        let wall = self.started.elapsed();
+        let cpu = crate::storage::mmap::thread_cpu_ns().saturating_sub(self.cpu_ns);
+        metrics.engine_step_us.observe(wall.as_micros() as u64);
+        metrics.engine_step_cpu_us.observe(cpu / 1000);
+        if (wall >= SLOW_STEP || Duration::from_nanos(cpu) >= SLOW_STEP)
+            && tracing::enabled!(tracing::Level::DEBUG)
+        {
+            let now = crate::storage::mmap::thread_switches();
+            let [minflt, majflt, blocked, preempted] =
+                [0, 1, 2, 3].map(|k| now[k].saturating_sub(self.switches[k]));
+            let mut parts = String::new();
+            let mut from = self.started;
+            for (name, at) in &self.marks[..self.marked] {
+                parts.push_str(&format!("{name} {:.1?} ", at.duration_since(from)));
+                from = *at;
+            }
+            tracing::debug!(
+                ?wall,
+                cpu = ?Duration::from_nanos(cpu),
+                parts = parts.trim_end(),
+                minflt,
+                majflt,
+                blocked,
+                preempted,
+                "slow engine step"
+            );
+        }
+    }
+}
+
+/// A produce batch part-way through: the requests left and the results so far.
+struct Producing {
+    topic: String,
+    reqs: std::vec::IntoIter<ProduceRequest>,
+    done: Vec<Result<Produced>>,
+    reply: oneshot::Sender<Result<Vec<Result<Produced>>>>,
+}
+
 fn run_engine(
     engine: Engine,
     rx: flume::Receiver<Command>,
@@ -694,7 +785,7 @@ fn run_engine(
     let in_flight = Arc::new(AtomicUsize::new(0));
     let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
     let flusher = {
-        let (durability, metrics, in_flight) = (durability.clone(), metrics, in_flight.clone());
+        let (durability, metrics, in_flight) = (durability.clone(), metrics.clone(), in_flight.clone());
         std::thread::Builder::new()
             .name("delayd-flusher".into())
             .spawn(move || run_flusher(sync_rx, durability, metrics, in_flight))
@@ -733,8 +824,10 @@ fn run_engine(
         flush_every,
         shared,
         durability,
-        batch: Vec::with_capacity(MAX_BATCH),
+        batch: std::collections::VecDeque::with_capacity(MAX_BATCH),
+        producing: None,
         pending: Vec::with_capacity(MAX_BATCH),
+        metrics,
         shutdown: None,
         last_checkpoint: Instant::now(),
         last_flush: Instant::now(),
@@ -759,13 +852,18 @@ fn run_engine(
 impl EngineLoop {
     fn run(mut self) {
         while self.wait() {
-            self.apply();
+            let mut step = StepTimer::start();
+            self.apply(&mut step);
             self.commit();
+            step.mark("commit");
             self.notify();
+            step.mark("notify");
             if self.shutdown.is_some() {
                 break;
             }
             self.checkpoint();
+            step.mark("checkpoint");
+            step.record(&self.metrics);
         }
         self.stop();
     }
@@ -778,6 +876,9 @@ impl EngineLoop {
     /// a resource wakes for them again after [`RETRY_AFTER_TROUBLE`].
     fn wait(&mut self) -> bool {
         let mut wait = CHECKPOINT_EVERY.saturating_sub(self.last_checkpoint.elapsed());
+        if self.producing.is_some() || !self.batch.is_empty() {
+            wait = Duration::ZERO;
+        }
         if self.flush == FlushMode::Async && self.engine.dirty() {
             wait = wait.min(self.flush_every.saturating_sub(self.last_flush.elapsed()));
         }
@@ -799,28 +900,65 @@ impl EngineLoop {
                 None => RECLAIM_TICK,
             });
         }
-        match self.rx.recv_timeout(wait) {
-            Ok(cmd) => self.batch.push(cmd),
-            Err(flume::RecvTimeoutError::Timeout) => {}
-            Err(flume::RecvTimeoutError::Disconnected) => return false,
+        if wait.is_zero() {
+            if self.rx.is_disconnected()
+                && self.rx.is_empty()
+                && self.batch.is_empty()
+                && self.producing.is_none()
+            {
+                return false;
+            }
+        } else {
+            match self.rx.recv_timeout(wait) {
+                Ok(cmd) => self.batch.push_back(cmd),
+                Err(flume::RecvTimeoutError::Timeout) => {}
+                Err(flume::RecvTimeoutError::Disconnected) => return false,
+            }
         }
         while self.batch.len() < MAX_BATCH {
             match self.rx.try_recv() {
-                Ok(cmd) => self.batch.push(cmd),
+                Ok(cmd) => self.batch.push_back(cmd),
                 Err(_) => break,
             }
         }
         true
     }
 
-    /// Applies the batch's requests, then fires due timers and runs a slice of reclaim.
-    fn apply(&mut self) {
+    /// Applies requests, fires due timers and runs a slice of maintenance, each until its share
+    /// of the step's time budget is spent (and each a little even when it is).
+    fn apply(&mut self, step: &mut StepTimer) {
+        self.apply_requests(step.started + REQUESTS_UNTIL);
+        step.mark("requests");
+        self.fire_timers(step.started + TIMERS_UNTIL);
+        step.mark("timers");
+        self.reclaim(step.started + STEP_UNTIL);
+        step.mark("maintenance");
+    }
+
+    /// Applies queued requests in order until `until` (at least one).
+    fn apply_requests(&mut self, until: Instant) {
         let engine = &mut self.engine;
-        for cmd in self.batch.drain(..) {
+        let mut first = true;
+        loop {
+            if !first && Instant::now() >= until {
+                return;
+            }
+            first = false;
+            if let Some(mut p) = self.producing.take() {
+                let before = p.done.len();
+                p.done.extend(p.reqs.by_ref().take(PRODUCE_CHUNK).map(|req| engine.produce(&p.topic, req)));
+                if p.done.len() - before == PRODUCE_CHUNK && p.reqs.len() > 0 {
+                    self.producing = Some(p);
+                } else {
+                    self.pending.push(Pending::Produce(p.reply, Ok(p.done)));
+                }
+                continue;
+            }
+            let Some(cmd) = self.batch.pop_front() else { return };
             match cmd {
                 Command::Produce { topic, reqs, reply } => {
-                    let r = reqs.into_iter().map(|req| engine.produce(&topic, req)).collect();
-                    self.pending.push(Pending::Produce(reply, Ok(r)));
+                    let done = Vec::with_capacity(reqs.len());
+                    self.producing = Some(Producing { topic, reqs: reqs.into_iter(), done, reply });
                 }
                 Command::Pop { topics, max, ttr_ms, reply } => {
                     self.pending.push(Pending::Pop(reply, engine.pop(&topics, max, ttr_ms)))
@@ -839,38 +977,50 @@ impl EngineLoop {
                 Command::Stats { reply } => {
                     let _ = reply.send(Ok(engine.stats()));
                 }
-                Command::Shutdown { reply } => self.shutdown = Some(reply),
+                Command::Shutdown { reply } => {
+                    // Requests behind it are dropped (their callers see the broker stopped).
+                    self.shutdown = Some(reply);
+                    self.batch.clear();
+                    return;
+                }
             }
         }
-        self.fire_timers();
-        self.reclaim();
     }
 
-    /// Fires due timers; after a failure, waits before trying again and logs it once.
-    fn fire_timers(&mut self) {
+    /// Fires due timers until `until` (some, at least); after a failure, waits before trying
+    /// again and logs it once.
+    fn fire_timers(&mut self, until: Instant) {
         if self.durability.is_poisoned() || self.timers_retry_at.is_some() {
             return;
         }
-        match self.engine.run_due(FIRE_SLICE) {
-            Ok(_) => self.timer_log.clear(),
-            // Poisoned: logged where it happened; timers stay idle until a restart.
-            Err(_) if self.durability.is_poisoned() => {}
-            Err(e) => {
-                self.timer_log.report("firing due timers", &Failure::from_error(&e));
-                self.timers_retry_at = Some(Instant::now() + RETRY_AFTER_TROUBLE);
+        loop {
+            match self.engine.run_due(FIRE_CHUNK) {
+                Ok(n) => {
+                    self.timer_log.clear();
+                    if n < FIRE_CHUNK || Instant::now() >= until {
+                        return;
+                    }
+                }
+                // Poisoned: logged where it happened; timers stay idle until a restart.
+                Err(_) if self.durability.is_poisoned() => return,
+                Err(e) => {
+                    self.timer_log.report("firing due timers", &Failure::from_error(&e));
+                    self.timers_retry_at = Some(Instant::now() + RETRY_AFTER_TROUBLE);
+                    return;
+                }
             }
         }
     }
 
-    /// Applies durable checkpoints and runs a slice of reclaim.
-    fn reclaim(&mut self) {
+    /// Applies durable checkpoints and runs a slice of reclaim, until `until`.
+    fn reclaim(&mut self, until: Instant) {
         while let Ok(done) = self.cp_done.try_recv() {
             self.checkpoint_done(done);
         }
         if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() {
             return;
         }
-        match self.engine.maintain() {
+        match self.engine.maintain_until(until) {
             Ok(()) => self.reclaim_log.clear(),
             Err(_) if self.durability.is_poisoned() => {}
             Err(e) => {
@@ -883,13 +1033,12 @@ impl EngineLoop {
     /// Makes the batch durable and answers it: hands it to the flusher, or flushes inline.
     fn commit(&mut self) {
         let end = self.engine.log_end();
-        let in_flight = self.in_flight.load(Ordering::Acquire);
         match (self.flush, self.sync_tx.as_ref()) {
-            // A lone small batch with nothing in flight is flushed right here (next arm): handing
-            // it to the flusher would only add a thread wake-up to a single writer's latency.
-            (FlushMode::Sync, Some(tx))
-                if end > self.handed_off && (self.pending.len() > INLINE_FLUSH_MAX || in_flight > 0) =>
-            {
+            // Syncs go to the flusher, so the engine never stops for an fdatasync (5-70 ms now
+            // and then on a busy disk, however little it writes); only a lone small batch with
+            // nothing else queued or in flight is flushed right here (next arm), where a thread
+            // wake-up would cost a lone writer a third of its throughput.
+            (FlushMode::Sync, Some(tx)) if end > self.handed_off && !self.lone_small_batch(end) => {
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 // Replies wait for the flusher; the engine goes on with the next batch.
                 let paths = self.engine.log_paths(self.handed_off, end);
@@ -923,6 +1072,17 @@ impl EngineLoop {
                 }
             }
         }
+    }
+
+    /// True when the batch just applied is small, and nothing waits behind it or is being
+    /// flushed: syncing it on the engine thread delays nobody.
+    fn lone_small_batch(&self, end: u64) -> bool {
+        self.pending.len() <= INLINE_FLUSH_MAX
+            && end - self.handed_off <= INLINE_FLUSH_BYTES
+            && self.in_flight.load(Ordering::Acquire) == 0
+            && self.batch.is_empty()
+            && self.producing.is_none()
+            && self.rx.is_empty()
     }
 
     /// Wakes long-polls waiting on topics that got entries.

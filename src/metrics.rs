@@ -6,6 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const LATENESS_BUCKETS_MS: [u64; 12] = [0, 1, 2, 5, 10, 20, 50, 100, 250, 500, 1000, 5000];
 /// Upper bounds of the flush latency histogram buckets, in microseconds.
 pub const FLUSH_BUCKETS_US: [u64; 10] = [100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 100_000, 1_000_000];
+/// Upper bounds of the engine step histograms, in microseconds: fine around the 10 ms target.
+pub const STEP_BUCKETS_US: [u64; 12] =
+    [50, 100, 250, 500, 1000, 2000, 4000, 6000, 8000, 10_000, 25_000, 100_000];
 
 /// A fixed-bucket histogram: counts per bucket plus one overflow, a sum and a count.
 #[derive(Debug)]
@@ -14,6 +17,7 @@ pub struct Histogram {
     buckets: Vec<AtomicU64>,
     sum: AtomicU64,
     count: AtomicU64,
+    max: AtomicU64,
 }
 
 impl Histogram {
@@ -24,6 +28,7 @@ impl Histogram {
             buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
             sum: AtomicU64::new(0),
             count: AtomicU64::new(0),
+            max: AtomicU64::new(0),
         }
     }
 
@@ -33,6 +38,12 @@ impl Histogram {
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
         self.sum.fetch_add(value, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
+        self.max.fetch_max(value, Ordering::Relaxed);
+    }
+
+    /// Largest value observed.
+    pub fn max(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
     }
 
     /// Bucket bounds and their non-cumulative counts; the last count is the overflow.
@@ -69,6 +80,10 @@ pub struct Metrics {
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
     pub flush_us: Histogram,
+    /// Wall time of each engine step (requests, timers, maintenance, hand-off), us.
+    pub engine_step_us: Histogram,
+    /// Time the engine thread was on a CPU during each step, us.
+    pub engine_step_cpu_us: Histogram,
 }
 
 impl Default for Metrics {
@@ -86,6 +101,8 @@ impl Default for Metrics {
             queue_repairs: AtomicU64::new(0),
             lateness_ms: Histogram::new(&LATENESS_BUCKETS_MS),
             flush_us: Histogram::new(&FLUSH_BUCKETS_US),
+            engine_step_us: Histogram::new(&STEP_BUCKETS_US),
+            engine_step_cpu_us: Histogram::new(&STEP_BUCKETS_US),
         }
     }
 }

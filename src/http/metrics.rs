@@ -46,6 +46,24 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     let _ = writeln!(out, "{name}_count {count}");
 }
 
+/// A histogram kept in microseconds, exposed in seconds (Prometheus' base unit), with a gauge of
+/// its largest value.
+fn histogram_seconds(out: &mut String, name: &str, help: &str, h: &Histogram) {
+    header(out, name, "histogram", help);
+    let (bounds, counts, sum, count) = h.snapshot();
+    let mut cumulative = 0u64;
+    for (bound, c) in bounds.iter().zip(&counts) {
+        cumulative += c;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {}", sum as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {count}");
+    let max = format!("{name}_max");
+    header(out, &max, "gauge", &format!("Longest observation of {name} since the start, in seconds."));
+    let _ = writeln!(out, "{max} {}", h.max() as f64 / 1e6);
+}
+
 /// A per-topic gauge: name, help text and how to read it.
 type TopicGauge = (&'static str, &'static str, fn(&TopicStats) -> u64);
 
@@ -119,6 +137,18 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         "delayd_flush_duration_us",
         "Duration of commit-log flushes, in microseconds.",
         &m.flush_us,
+    );
+    histogram_seconds(
+        &mut out,
+        "delayd_engine_step_seconds",
+        "Wall time of each engine step: a time-bounded slice of requests, due timers and maintenance, then the hand-off to the flusher.",
+        &m.engine_step_us,
+    );
+    histogram_seconds(
+        &mut out,
+        "delayd_engine_step_cpu_seconds",
+        "Time the engine thread spent on a CPU in each engine step.",
+        &m.engine_step_cpu_us,
     );
 
     let r = &stats.reclaim;

@@ -378,3 +378,27 @@ impl DirLock {
         Ok(DirLock { _file: file })
     }
 }
+
+/// CPU time of the calling thread, ns (0 if the clock cannot be read). Here because this module
+/// holds the crate's system calls; the engine loop uses it to tell its own work from time other
+/// processes take the CPU away.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Page faults and context switches of the calling thread so far: (minor faults, major faults,
+/// voluntary switches (it blocked), involuntary switches (it was preempted)); zeros if unknown.
+pub fn thread_switches() -> [u64; 4] {
+    // SAFETY: an all-zero rusage is valid, and the call only fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid rusage for the call to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+        return [0; 4];
+    }
+    [ru.ru_minflt, ru.ru_majflt, ru.ru_nvcsw, ru.ru_nivcsw].map(|v| v.max(0) as u64)
+}
