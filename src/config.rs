@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::broker::{BrokerConfig, DelayPolicy, FlushMode, RecoveryMode};
 use crate::error::{Error, Result};
+pub use crate::storage::commitlog::RecoveryMode;
 
 /// Default delay levels, RocketMQ's list.
 pub const DEFAULT_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
@@ -58,6 +58,77 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// How appends become durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushMode {
+    /// A write is acknowledged only after its bytes are on disk (group commit).
+    Sync,
+    /// A background flush every `flush_interval_ms`; a crash of the machine may lose that window.
+    Async,
+}
+
+/// How an arbitrary delay maps onto delay levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DelayPolicy {
+    /// Hop greedily across levels so the message fires at its exact due time.
+    Chain,
+    /// Put the message on the nearest level (RocketMQ's behaviour).
+    Round,
+}
+
+/// Everything the broker core needs; built by [`Config::broker_config`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerConfig {
+    /// Root of the data directory.
+    pub data_dir: PathBuf,
+    /// Sync or async durability.
+    pub flush: FlushMode,
+    /// Async mode: how often the flusher runs.
+    pub flush_interval_ms: u64,
+    /// Commit-log segment size in bytes.
+    pub segment_bytes: u64,
+    /// Entries per consume-queue file.
+    pub cq_entries_per_file: u64,
+    /// Delay levels in milliseconds, ascending.
+    pub levels_ms: Vec<u64>,
+    /// Chain or round.
+    pub delay_policy: DelayPolicy,
+    /// Longest accepted delay.
+    pub max_delay_ms: u64,
+    /// Time-to-run when neither the pop nor the message names one.
+    pub default_ttr_ms: u64,
+    /// Deliveries before a message is dead-lettered.
+    pub default_max_attempts: u32,
+    /// Retry schedule used by nack when the message carries none.
+    pub default_backoff_ms: Vec<u64>,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Longest long-poll wait a pop may ask for.
+    pub max_wait_ms: u64,
+    /// Initial slot count of the id index file.
+    pub index_initial_slots: u64,
+    /// What to do when recovery finds a bad record with valid records after it.
+    pub recovery: RecoveryMode,
+    /// How long a done or cancelled message stays visible to look-ups and the idempotent produce.
+    pub done_retention_ms: u64,
+    /// Whether expired messages, old segments and read queue files are deleted at all.
+    pub reclaim: bool,
+    /// Most topics the broker creates.
+    pub max_topics: usize,
+    /// Most topic queues whose files are open at once.
+    pub open_queues: usize,
+}
+
+impl BrokerConfig {
+    /// The embedded defaults, with data in `data_dir`.
+    pub fn with_defaults(data_dir: impl Into<PathBuf>) -> BrokerConfig {
+        // One source of defaults: the program's embedded configuration.
+        BrokerConfig { data_dir: data_dir.into(), ..Config::default().broker_config() }
+    }
 }
 
 /// Command-line flags; they override every other source.
