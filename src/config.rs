@@ -11,12 +11,25 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{Error, Result};
+use crate::schedule::levels::validate_levels;
 pub use crate::storage::commitlog::RecoveryMode;
+use units::{
+    fmt_ms, parse_duration, parse_duration_list, parse_size, parse_u64, DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS,
+};
 
-/// Default delay levels, RocketMQ's list.
-pub const DEFAULT_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
-/// Default nack backoff schedule.
-pub const DEFAULT_BACKOFF: &str = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
+pub mod units;
+
+const S: u64 = SECOND_MS;
+const M: u64 = MINUTE_MS;
+const H: u64 = HOUR_MS;
+/// Default delay levels, RocketMQ's list: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+#[rustfmt::skip]
+pub const DEFAULT_LEVELS_MS: [u64; 18] =
+    [S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
+/// Default nack backoff schedule: the default levels from 10s on.
+#[rustfmt::skip]
+pub const DEFAULT_BACKOFF_MS: [u64; 16] =
+    [10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
 /// Prefix of every environment variable that sets a key.
 pub const ENV_PREFIX: &str = "DELAYD_";
 
@@ -226,12 +239,12 @@ impl Default for Config {
             segment_bytes: 64 << 20,
             cq_entries_per_file: 300_000,
             index_initial_slots: 1 << 16,
-            levels: parse_duration_list(DEFAULT_LEVELS).unwrap_or_default(),
+            levels: DEFAULT_LEVELS_MS.to_vec(),
             delay_policy: DelayPolicy::Chain,
             max_delay: 30 * DAY_MS,
             default_ttr: 30_000,
             max_attempts: 16,
-            backoff: parse_duration_list(DEFAULT_BACKOFF).unwrap_or_default(),
+            backoff: DEFAULT_BACKOFF_MS.to_vec(),
             max_body_bytes: 4 << 20,
             max_batch: 1000,
             max_wait: 180_000,
@@ -248,8 +261,6 @@ impl Default for Config {
         }
     }
 }
-
-const DAY_MS: u64 = 86_400_000;
 
 impl Config {
     /// Builds the configuration from all layers and validates it.
@@ -404,18 +415,7 @@ impl Config {
         if self.open_queues == 0 {
             return bad("open_queues", "must be at least 1".into());
         }
-        if self.levels.is_empty() {
-            return bad("levels", "needs at least one level".into());
-        }
-        if self.levels[0] == 0 {
-            return bad("levels", "a level must be longer than 0ms".into());
-        }
-        if let Some(w) = self.levels.windows(2).find(|w| w[0] >= w[1]) {
-            return bad(
-                "levels",
-                format!("must be strictly ascending, but {} is followed by {}", fmt_ms(w[0]), fmt_ms(w[1])),
-            );
-        }
+        validate_levels(&self.levels)?;
         if self.max_delay == 0 {
             return bad("max_delay", "must be longer than 0ms".into());
         }
@@ -506,65 +506,6 @@ impl Config {
             open_queues: self.open_queues,
         }
     }
-}
-
-/// Formats milliseconds the way the config accepts them back (`90s` becomes `90s`, `3600000` becomes `1h`).
-pub fn fmt_ms(ms: u64) -> String {
-    for (unit, size) in [("d", DAY_MS), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms >= size && ms.checked_rem(size) == Some(0) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
-}
-
-fn parse_u64(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim().replace('_', "");
-    s.parse::<u64>().map_err(|_| format!("{s:?} is not a non-negative integer"))
-}
-
-/// Parses `500ms`, `10s`, `1m`, `1h`, `1d` or a plain number of milliseconds.
-pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!("{s:?} is not a duration like 500ms, 10s, 1m, 1h, 1d or a number of ms"));
-    }
-    let n = parse_u64(num)?;
-    let mult = match unit.trim() {
-        "" | "ms" => 1,
-        "s" => 1000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => DAY_MS,
-        other => return Err(format!("unknown duration unit {other:?} in {s:?} (use ms, s, m, h or d)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
-}
-
-/// Parses a list of durations separated by commas and/or whitespace.
-pub fn parse_duration_list(s: &str) -> std::result::Result<Vec<u64>, String> {
-    s.split(|c: char| c == ',' || c.is_whitespace()).filter(|p| !p.is_empty()).map(parse_duration).collect()
-}
-
-/// Parses a byte size: a plain number, or a number with `KiB`, `MiB`, `GiB` (also `k`, `m`, `g`).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!("{s:?} is not a size like 4MiB or a number of bytes"));
-    }
-    let n = parse_u64(num)?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} in {s:?} (use KiB, MiB or GiB)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// A TOML value that is either a number or a string.
@@ -678,30 +619,6 @@ mod tests {
                 "{key}"
             );
         }
-    }
-
-    #[test]
-    fn durations_and_sizes_parse() {
-        assert_eq!(parse_duration("500ms"), Ok(500));
-        assert_eq!(parse_duration("10s"), Ok(10_000));
-        assert_eq!(parse_duration("1m"), Ok(60_000));
-        assert_eq!(parse_duration("1h"), Ok(3_600_000));
-        assert_eq!(parse_duration("1d"), Ok(DAY_MS));
-        assert_eq!(parse_duration("250"), Ok(250));
-        assert!(parse_duration("1.5s").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("5 fortnights").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("99999999999999999999d").is_err());
-        assert_eq!(parse_duration_list("1s 5s,1m  2h"), Ok(vec![1000, 5000, 60_000, 7_200_000]));
-        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("1000"), Ok(1000));
-        assert!(parse_size("4 parsecs").is_err());
-        assert_eq!(fmt_ms(3_600_000), "1h");
-        assert_eq!(fmt_ms(90_000), "90s");
-        assert_eq!(fmt_ms(1500), "1500ms");
     }
 
     #[test]
@@ -896,5 +813,56 @@ mod tests {
         assert_eq!(b.segment_bytes, c.segment_bytes);
         assert_eq!(b.data_dir, c.data_dir);
         assert_eq!(b.open_queues, c.open_queues);
+    }
+
+    /// `BrokerConfig::with_defaults` (what tests and embedders use) and the program's defaults are
+    /// one source: every field, named here without `..` so a new field must be added to this test.
+    #[test]
+    fn broker_config_defaults_are_the_config_defaults() {
+        let c = Config::default();
+        let b = BrokerConfig::with_defaults("/some/dir");
+        assert_eq!(b, Config { data_dir: "/some/dir".into(), ..Config::default() }.broker_config());
+        let BrokerConfig {
+            data_dir,
+            flush,
+            flush_interval_ms,
+            segment_bytes,
+            cq_entries_per_file,
+            levels_ms,
+            delay_policy,
+            max_delay_ms,
+            default_ttr_ms,
+            default_max_attempts,
+            default_backoff_ms,
+            max_body_bytes,
+            max_wait_ms,
+            index_initial_slots,
+            recovery,
+            done_retention_ms,
+            reclaim,
+            max_topics,
+            open_queues,
+        } = b;
+        assert_eq!(data_dir, PathBuf::from("/some/dir"));
+        assert_eq!(flush, c.flush);
+        assert_eq!(flush_interval_ms, c.flush_interval_ms);
+        assert_eq!(segment_bytes, c.segment_bytes);
+        assert_eq!(cq_entries_per_file, c.cq_entries_per_file);
+        assert_eq!(levels_ms, c.levels);
+        assert_eq!(levels_ms, DEFAULT_LEVELS_MS);
+        assert_eq!(delay_policy, c.delay_policy);
+        assert_eq!(max_delay_ms, c.max_delay);
+        assert_eq!(default_ttr_ms, c.default_ttr);
+        assert_eq!(default_max_attempts, c.max_attempts);
+        assert_eq!(default_backoff_ms, c.backoff);
+        assert_eq!(default_backoff_ms, DEFAULT_BACKOFF_MS);
+        assert_eq!(max_body_bytes as u64, c.max_body_bytes);
+        assert_eq!(max_wait_ms, c.max_wait.max(c.compat_max_wait));
+        assert_eq!(index_initial_slots, c.index_initial_slots);
+        assert_eq!(recovery, c.recovery);
+        assert_eq!(done_retention_ms, c.done_retention);
+        assert_eq!(reclaim, c.reclaim);
+        assert_eq!(max_topics, c.max_topics);
+        assert_eq!(open_queues, c.open_queues);
     }
 }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::AppState;
-use crate::config::fmt_ms;
+use crate::config::units::fmt_ms;
 use crate::message::{Stats, TopicStats};
 use crate::metrics::{Histogram, Metrics};
 
