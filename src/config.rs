@@ -1,8 +1,8 @@
 //! Program configuration: embedded defaults < TOML file < `DELAYD_*` environment < command-line flags.
 //!
-//! Durations are written as `500ms`, `10s`, `1m`, `1h`, `1d` or a plain number of milliseconds;
-//! sizes as `4MiB`, `64KiB`, `1GiB` or a plain number of bytes; lists of durations as a TOML array
-//! or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
+//! Durations and sizes are parsed by [`units`] (`500ms`, `1h30m`, a plain number of milliseconds;
+//! `4MB` = 4,000,000 bytes, `4MiB` = 4,194,304, a plain number of bytes); lists of durations are a
+//! TOML array or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -706,7 +706,7 @@ mod tests {
             ("default_ttr", "2s"),
             ("max_attempts", "2"),
             ("backoff", "1s"),
-            ("max_body_bytes", "1k"),
+            ("max_body_bytes", "1KiB"),
             ("max_batch", "10"),
             ("max_wait", "1s"),
             ("compat_max_wait", "2s"),
