@@ -27,7 +27,7 @@ pub const SIZE_SYNTAX: &str = "a size like 64KiB, 4MB, 4MiB, 1GiB or a number of
 /// Formats milliseconds the way the parser reads them back (`90000` becomes `90s`, `3600000` `1h`).
 pub fn fmt_ms(ms: u64) -> String {
     for (unit, size) in [("d", DAY_MS), ("h", HOUR_MS), ("m", MINUTE_MS), ("s", SECOND_MS)] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -39,7 +39,7 @@ pub fn fmt_ms(ms: u64) -> String {
 pub fn fmt_size(bytes: u64) -> String {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
         let size = 1u64 << shift;
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }
     }
@@ -78,7 +78,7 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
             humantime::parse_duration(part).map_err(|e| format!("{s:?} is not {DURATION_SYNTAX} ({e})"))?;
         d = d.checked_add(p).ok_or_else(|| format!("{s:?} is too large"))?;
     }
-    if d.subsec_nanos() % 1_000_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(format!("{s:?} is not a whole number of milliseconds"));
     }
     u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too large"))
