@@ -1,54 +1,131 @@
 //! Program configuration: embedded defaults < TOML file < `DELAYD_*` environment < command-line flags.
 //!
-//! Durations are written as `500ms`, `10s`, `1m`, `1h`, `1d` or a plain number of milliseconds;
-//! sizes as `4MiB`, `64KiB`, `1GiB` or a plain number of bytes; lists of durations as a TOML array
-//! or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
+//! Durations and sizes are parsed by [`units`] (`500ms`, `1h30m`, a plain number of milliseconds;
+//! `4MB` = 4,000,000 bytes, `4MiB` = 4,194,304, a plain number of bytes); lists of durations are a
+//! TOML array or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
 
+use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::broker::{BrokerConfig, DelayPolicy, FlushMode, RecoveryMode};
 use crate::error::{Error, Result};
+use crate::schedule::levels::validate_levels;
+pub use crate::storage::commitlog::RecoveryMode;
+use units::{
+    fmt_ms, fmt_size, parse_duration, parse_duration_list, parse_size, parse_u64, DAY_MS, HOUR_MS, MINUTE_MS,
+    SECOND_MS,
+};
 
-/// Default delay levels, RocketMQ's list.
-pub const DEFAULT_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
-/// Default nack backoff schedule.
-pub const DEFAULT_BACKOFF: &str = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
+pub mod cli;
+pub mod units;
+
+use cli::Cli;
+
+const S: u64 = SECOND_MS;
+const M: u64 = MINUTE_MS;
+const H: u64 = HOUR_MS;
+/// Default delay levels, RocketMQ's list: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+#[rustfmt::skip]
+pub const DEFAULT_LEVELS_MS: [u64; 18] =
+    [S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
+/// Default nack backoff schedule: the default levels from 10s on.
+#[rustfmt::skip]
+pub const DEFAULT_BACKOFF_MS: [u64; 16] =
+    [10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
 /// Prefix of every environment variable that sets a key.
 pub const ENV_PREFIX: &str = "DELAYD_";
 
-/// Every key of the program, in the order `config/delayd.toml` documents them.
-pub const KEYS: [&str; 26] = [
-    "listen",
-    "data_dir",
-    "flush",
-    "flush_interval_ms",
-    "segment_bytes",
-    "cq_entries_per_file",
-    "index_initial_slots",
-    "levels",
-    "delay_policy",
-    "max_delay",
-    "default_ttr",
-    "max_attempts",
-    "backoff",
-    "max_body_bytes",
-    "max_batch",
-    "max_wait",
-    "compat_max_wait",
-    "auth_token",
-    "log_format",
-    "log_level",
-    "shutdown_grace",
-    "recovery",
-    "done_retention",
-    "reclaim",
-    "max_topics",
-    "open_queues",
+/// One key: its name in the file, what its value looks like, and one line of help. The environment
+/// variable is [`ENV_PREFIX`] and the name in upper case ([`env_var`]), the flag `--` and the name
+/// with dashes ([`flag`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    /// The key as the file writes it.
+    pub name: &'static str,
+    /// What its value looks like, for `--help`.
+    pub value_name: &'static str,
+    /// One line for `--help`.
+    pub help: &'static str,
+}
+
+const fn key(name: &'static str, value_name: &'static str, help: &'static str) -> Key {
+    Key { name, value_name, help }
+}
+
+/// Every key of the program with its help, in the order `config/delayd.toml` documents them.
+pub const KEY_TABLE: [Key; 26] = [
+    key("listen", "ADDR", "Address of the HTTP server; port 0 picks a free one (printed on stdout)"),
+    key("data_dir", "DIR", "Data directory; one delayd per directory"),
+    key(
+        "flush",
+        "sync|async",
+        "sync: answer after the write is on disk; async: flush every flush_interval_ms",
+    ),
+    key("flush_interval_ms", "DURATION", "Async mode: how often writes are made durable"),
+    key("segment_bytes", "SIZE", "Commit-log segment file size, preallocated; the grain of disk reclaim"),
+    key("cq_entries_per_file", "N", "Entries per consume-queue file"),
+    key("index_initial_slots", "N", "Initial slot count of the on-disk id index"),
+    key("levels", "DURATIONS", "Delay levels, ascending"),
+    key("delay_policy", "chain|round", "chain: exact delays by hopping levels; round: nearest level"),
+    key("max_delay", "DURATION", "Longest accepted delay"),
+    key("default_ttr", "DURATION", "Time-to-run of a popped message when neither pop nor message sets one"),
+    key("max_attempts", "N", "Deliveries before a message moves to {topic}.dlq"),
+    key("backoff", "DURATIONS", "Nack retry schedule when the message carries none"),
+    key("max_body_bytes", "SIZE", "Largest message body"),
+    key("max_batch", "N", "Most messages in one batch produce or pop"),
+    key("max_wait", "DURATION", "Cap on a native pop's wait_ms"),
+    key("compat_max_wait", "DURATION", "How long a compat /pop long-polls"),
+    key(
+        "auth_token",
+        "TOKEN",
+        "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
+    ),
+    key("log_format", "text|json", "Log line format, on stderr"),
+    key("log_level", "FILTER", "A tracing filter such as info or delayd=debug,warn"),
+    key("shutdown_grace", "DURATION", "On SIGTERM, how long in-flight requests may take"),
+    key(
+        "recovery",
+        "strict|truncate",
+        "On a bad record inside acknowledged data: refuse to start, or drop from it on",
+    ),
+    key(
+        "done_retention",
+        "DURATION",
+        "How long a done or cancelled message stays visible to look-ups and retries",
+    ),
+    key("reclaim", "true|false", "Delete expired messages, old segments and read queue files"),
+    key("max_topics", "N", "Most topics (dead-letter topics included)"),
+    key("open_queues", "N", "Most topic queues with open files at once"),
 ];
+
+/// Every key's name, in the order of [`KEY_TABLE`].
+pub const KEYS: [&str; 26] = {
+    let mut names = [""; 26];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = KEY_TABLE[i].name;
+        i += 1;
+    }
+    names
+};
+
+/// The environment variable that sets `key`: `DELAYD_` and the key in upper case.
+pub fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.to_ascii_uppercase())
+}
+
+/// The key an environment variable sets, if it names one.
+pub fn key_of_env_var(name: &str) -> Option<&'static str> {
+    KEYS.iter().copied().find(|k| env_var(k) == name)
+}
+
+/// The command-line flag that sets `key`: `--` and the key with dashes.
+pub fn flag(key: &str) -> String {
+    format!("--{}", key.replace('_', "-"))
+}
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,19 +137,75 @@ pub enum LogFormat {
     Json,
 }
 
-/// Command-line flags; they override every other source.
-#[derive(Debug, Clone, Default, clap::Parser)]
-#[command(name = "delayd", version, about = "A durable delay-message broker over HTTP")]
-pub struct Cli {
-    /// TOML config file (see config/delayd.toml for every key).
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Address to listen on, e.g. 127.0.0.1:9277 (port 0 picks a free one).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Data directory.
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+/// How appends become durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushMode {
+    /// A write is acknowledged only after its bytes are on disk (group commit).
+    Sync,
+    /// A background flush every `flush_interval_ms`; a crash of the machine may lose that window.
+    Async,
+}
+
+/// How an arbitrary delay maps onto delay levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DelayPolicy {
+    /// Hop greedily across levels so the message fires at its exact due time.
+    Chain,
+    /// Put the message on the nearest level (RocketMQ's behaviour).
+    Round,
+}
+
+/// Everything the broker core needs; built by [`Config::broker_config`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerConfig {
+    /// Root of the data directory.
+    pub data_dir: PathBuf,
+    /// Sync or async durability.
+    pub flush: FlushMode,
+    /// Async mode: how often the flusher runs.
+    pub flush_interval_ms: u64,
+    /// Commit-log segment size in bytes.
+    pub segment_bytes: u64,
+    /// Entries per consume-queue file.
+    pub cq_entries_per_file: u64,
+    /// Delay levels in milliseconds, ascending.
+    pub levels_ms: Vec<u64>,
+    /// Chain or round.
+    pub delay_policy: DelayPolicy,
+    /// Longest accepted delay.
+    pub max_delay_ms: u64,
+    /// Time-to-run when neither the pop nor the message names one.
+    pub default_ttr_ms: u64,
+    /// Deliveries before a message is dead-lettered.
+    pub default_max_attempts: u32,
+    /// Retry schedule used by nack when the message carries none.
+    pub default_backoff_ms: Vec<u64>,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Longest long-poll wait a pop may ask for.
+    pub max_wait_ms: u64,
+    /// Initial slot count of the id index file.
+    pub index_initial_slots: u64,
+    /// What to do when recovery finds a bad record with valid records after it.
+    pub recovery: RecoveryMode,
+    /// How long a done or cancelled message stays visible to look-ups and the idempotent produce.
+    pub done_retention_ms: u64,
+    /// Whether expired messages, old segments and read queue files are deleted at all.
+    pub reclaim: bool,
+    /// Most topics the broker creates.
+    pub max_topics: usize,
+    /// Most topic queues whose files are open at once.
+    pub open_queues: usize,
+}
+
+impl BrokerConfig {
+    /// The embedded defaults, with data in `data_dir`.
+    pub fn with_defaults(data_dir: impl Into<PathBuf>) -> BrokerConfig {
+        // One source of defaults: the program's embedded configuration.
+        BrokerConfig { data_dir: data_dir.into(), ..Config::default().broker_config() }
+    }
 }
 
 /// The full program configuration; every field has an embedded default.
@@ -155,12 +288,12 @@ impl Default for Config {
             segment_bytes: 64 << 20,
             cq_entries_per_file: 300_000,
             index_initial_slots: 1 << 16,
-            levels: parse_duration_list(DEFAULT_LEVELS).unwrap_or_default(),
+            levels: DEFAULT_LEVELS_MS.to_vec(),
             delay_policy: DelayPolicy::Chain,
             max_delay: 30 * DAY_MS,
             default_ttr: 30_000,
             max_attempts: 16,
-            backoff: parse_duration_list(DEFAULT_BACKOFF).unwrap_or_default(),
+            backoff: DEFAULT_BACKOFF_MS.to_vec(),
             max_body_bytes: 4 << 20,
             max_batch: 1000,
             max_wait: 180_000,
@@ -178,21 +311,22 @@ impl Default for Config {
     }
 }
 
-const DAY_MS: u64 = 86_400_000;
-
 impl Config {
-    /// Builds the configuration from all layers and validates it.
-    pub fn load(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
+    /// Builds the configuration from all layers and validates it: the defaults, the file `cli`
+    /// names, every `DELAYD_*` variable of `env`, then the flags of `cli`.
+    pub fn load(cli: &Cli, env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Config> {
+        // The environment is checked first, so a misspelt variable is reported even when the file
+        // has a problem of its own.
+        let from_env = env_settings(env)?;
         let mut cfg = match &cli.config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
-        cfg.apply_env(env)?;
-        if let Some(listen) = &cli.listen {
-            cfg.listen = listen.clone();
+        for (key, var, value) in &from_env {
+            cfg.set(key, value).map_err(|m| Error::Config(format!("{var}: {m}")))?;
         }
-        if let Some(dir) = &cli.data_dir {
-            cfg.data_dir = dir.clone();
+        for (key, value) in &cli.flags {
+            cfg.set(key, value).map_err(|m| Error::Config(format!("{}: {m}", flag(key))))?;
         }
         cfg.validate()?;
         Ok(cfg)
@@ -214,96 +348,104 @@ impl Config {
             let message = e.message().trim();
             match e.span() {
                 Some(span) => {
-                    let line = text.get(..span.start).unwrap_or(text).matches('\n').count() + 1;
-                    Error::Config(format!("line {line}: {message}"))
+                    let before = text.get(..span.start).unwrap_or(text);
+                    let line = before.matches('\n').count() + 1;
+                    // serde's message for a bad value says what is wrong but not which key it is.
+                    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+                    let key = text
+                        .get(line_start..)
+                        .and_then(|rest| rest.split('=').next())
+                        .map(str::trim)
+                        .filter(|k| KEYS.contains(k) && !message.contains(k));
+                    match key {
+                        Some(key) => Error::Config(format!("line {line}: {key}: {message}")),
+                        None => Error::Config(format!("line {line}: {message}")),
+                    }
                 }
                 None => Error::Config(message.to_string()),
             }
         })
     }
 
-    /// Applies every `DELAYD_<KEY>` variable that is set.
-    pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
-        for key in KEYS {
-            let var = format!("{ENV_PREFIX}{}", key.to_ascii_uppercase());
-            if let Some(value) = env(&var) {
-                self.set(key, &value).map_err(|m| Error::Config(format!("{var}={value:?}: {m}")))?;
-            }
+    /// Applies every `DELAYD_<KEY>` variable of `env`; any other `DELAYD_*` variable is an error.
+    pub fn apply_env(&mut self, env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<()> {
+        for (key, var, value) in env_settings(env)? {
+            self.set(key, &value).map_err(|m| Error::Config(format!("{var}: {m}")))?;
         }
         Ok(())
     }
 
-    /// Sets one key from its string form, as the environment gives it.
+    /// Sets one key from its string form, as the environment or a flag gives it. The error names
+    /// the value; the caller adds where it came from.
     pub fn set(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
         let v = value.trim();
         match key {
             "listen" => self.listen = v.to_string(),
             "data_dir" => self.data_dir = PathBuf::from(v),
-            "flush" => {
-                self.flush = match v.to_ascii_lowercase().as_str() {
-                    "sync" => FlushMode::Sync,
-                    "async" => FlushMode::Async,
-                    _ => return Err("expected sync or async".into()),
-                }
-            }
+            "flush" => self.flush = choose(v, &FLUSH_MODES)?,
             "flush_interval_ms" => self.flush_interval_ms = parse_duration(v)?,
             "segment_bytes" => self.segment_bytes = parse_size(v)?,
             "cq_entries_per_file" => self.cq_entries_per_file = parse_u64(v)?,
             "index_initial_slots" => self.index_initial_slots = parse_u64(v)?,
             "levels" => self.levels = parse_duration_list(v)?,
-            "delay_policy" => {
-                self.delay_policy = match v.to_ascii_lowercase().as_str() {
-                    "chain" => DelayPolicy::Chain,
-                    "round" => DelayPolicy::Round,
-                    _ => return Err("expected chain or round".into()),
-                }
-            }
+            "delay_policy" => self.delay_policy = choose(v, &DELAY_POLICIES)?,
             "max_delay" => self.max_delay = parse_duration(v)?,
             "default_ttr" => self.default_ttr = parse_duration(v)?,
-            "max_attempts" => {
-                self.max_attempts = u32::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
-            }
+            "max_attempts" => self.max_attempts = parse_count(v)?,
             "backoff" => self.backoff = parse_duration_list(v)?,
             "max_body_bytes" => self.max_body_bytes = parse_size(v)?,
-            "max_batch" => {
-                self.max_batch = usize::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
-            }
+            "max_batch" => self.max_batch = parse_count(v)?,
             "max_wait" => self.max_wait = parse_duration(v)?,
             "compat_max_wait" => self.compat_max_wait = parse_duration(v)?,
-            "auth_token" => self.auth_token = if v.is_empty() { None } else { Some(v.to_string()) },
-            "log_format" => {
-                self.log_format = match v.to_ascii_lowercase().as_str() {
-                    "text" => LogFormat::Text,
-                    "json" => LogFormat::Json,
-                    _ => return Err("expected text or json".into()),
-                }
-            }
+            // An empty token must not quietly turn authentication off: unset is the only way.
+            "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
+            "auth_token" => self.auth_token = Some(v.to_string()),
+            "log_format" => self.log_format = choose(v, &LOG_FORMATS)?,
             "log_level" => self.log_level = v.to_string(),
             "shutdown_grace" => self.shutdown_grace = parse_duration(v)?,
-            "recovery" => {
-                self.recovery = match v.to_ascii_lowercase().as_str() {
-                    "strict" => RecoveryMode::Strict,
-                    "truncate" => RecoveryMode::Truncate,
-                    _ => return Err("expected strict or truncate".into()),
-                }
-            }
+            "recovery" => self.recovery = choose(v, &RECOVERY_MODES)?,
             "done_retention" => self.done_retention = parse_duration(v)?,
-            "reclaim" => {
-                self.reclaim = match v.to_ascii_lowercase().as_str() {
-                    "true" | "on" | "1" => true,
-                    "false" | "off" | "0" => false,
-                    _ => return Err("expected true or false".into()),
-                }
-            }
-            "max_topics" => {
-                self.max_topics = usize::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
-            }
-            "open_queues" => {
-                self.open_queues = usize::try_from(parse_u64(v)?).map_err(|_| "too large".to_string())?
-            }
+            "reclaim" => self.reclaim = choose(v, &BOOLS)?,
+            "max_topics" => self.max_topics = parse_count(v)?,
+            "open_queues" => self.open_queues = parse_count(v)?,
             other => return Err(format!("unknown key {other}")),
         }
         Ok(())
+    }
+
+    /// The value of `key` in the form [`Config::set`] reads back (what `--help` shows as the
+    /// default); `None` for an unset `auth_token` or an unknown key.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let list = |ms: &[u64]| ms.iter().map(|m| fmt_ms(*m)).collect::<Vec<_>>().join(" ");
+        Some(match key {
+            "listen" => self.listen.clone(),
+            "data_dir" => self.data_dir.display().to_string(),
+            "flush" => name_of(&FLUSH_MODES, self.flush),
+            "flush_interval_ms" => fmt_ms(self.flush_interval_ms),
+            "segment_bytes" => fmt_size(self.segment_bytes),
+            "cq_entries_per_file" => self.cq_entries_per_file.to_string(),
+            "index_initial_slots" => self.index_initial_slots.to_string(),
+            "levels" => list(&self.levels),
+            "delay_policy" => name_of(&DELAY_POLICIES, self.delay_policy),
+            "max_delay" => fmt_ms(self.max_delay),
+            "default_ttr" => fmt_ms(self.default_ttr),
+            "max_attempts" => self.max_attempts.to_string(),
+            "backoff" => list(&self.backoff),
+            "max_body_bytes" => fmt_size(self.max_body_bytes),
+            "max_batch" => self.max_batch.to_string(),
+            "max_wait" => fmt_ms(self.max_wait),
+            "compat_max_wait" => fmt_ms(self.compat_max_wait),
+            "auth_token" => self.auth_token.clone()?,
+            "log_format" => name_of(&LOG_FORMATS, self.log_format),
+            "log_level" => self.log_level.clone(),
+            "shutdown_grace" => fmt_ms(self.shutdown_grace),
+            "recovery" => name_of(&RECOVERY_MODES, self.recovery),
+            "done_retention" => fmt_ms(self.done_retention),
+            "reclaim" => name_of(&BOOLS, self.reclaim),
+            "max_topics" => self.max_topics.to_string(),
+            "open_queues" => self.open_queues.to_string(),
+            _ => return None,
+        })
     }
 
     /// Checks every key; the message names the key and the rule it breaks.
@@ -333,18 +475,7 @@ impl Config {
         if self.open_queues == 0 {
             return bad("open_queues", "must be at least 1".into());
         }
-        if self.levels.is_empty() {
-            return bad("levels", "needs at least one level".into());
-        }
-        if self.levels[0] == 0 {
-            return bad("levels", "a level must be longer than 0ms".into());
-        }
-        if let Some(w) = self.levels.windows(2).find(|w| w[0] >= w[1]) {
-            return bad(
-                "levels",
-                format!("must be strictly ascending, but {} is followed by {}", fmt_ms(w[0]), fmt_ms(w[1])),
-            );
-        }
+        validate_levels(&self.levels)?;
         if self.max_delay == 0 {
             return bad("max_delay", "must be longer than 0ms".into());
         }
@@ -393,7 +524,12 @@ impl Config {
         }
         if let Some(token) = &self.auth_token {
             if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return bad("auth_token", "must be non-empty and contain no whitespace".into());
+                let rule = if token.is_empty() {
+                    EMPTY_TOKEN
+                } else {
+                    "must contain no whitespace or control characters"
+                };
+                return bad("auth_token", rule.into());
             }
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
@@ -437,63 +573,83 @@ impl Config {
     }
 }
 
-/// Formats milliseconds the way the config accepts them back (`90s` becomes `90s`, `3600000` becomes `1h`).
-pub fn fmt_ms(ms: u64) -> String {
-    for (unit, size) in [("d", DAY_MS), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms >= size && ms.checked_rem(size) == Some(0) {
-            return format!("{}{unit}", ms / size);
+const EMPTY_TOKEN: &str = "must not be empty; leave auth_token unset to turn authentication off";
+
+const FLUSH_MODES: [(&str, FlushMode); 2] = [("sync", FlushMode::Sync), ("async", FlushMode::Async)];
+const DELAY_POLICIES: [(&str, DelayPolicy); 2] =
+    [("chain", DelayPolicy::Chain), ("round", DelayPolicy::Round)];
+const LOG_FORMATS: [(&str, LogFormat); 2] = [("text", LogFormat::Text), ("json", LogFormat::Json)];
+const RECOVERY_MODES: [(&str, RecoveryMode); 2] =
+    [("strict", RecoveryMode::Strict), ("truncate", RecoveryMode::Truncate)];
+const BOOLS: [(&str, bool); 6] =
+    [("true", true), ("false", false), ("on", true), ("off", false), ("1", true), ("0", false)];
+
+/// The option named `v` (in any case); the error lists the names.
+fn choose<T: Copy>(v: &str, options: &[(&str, T)]) -> std::result::Result<T, String> {
+    match options.iter().find(|(name, _)| name.eq_ignore_ascii_case(v)) {
+        Some((_, value)) => Ok(*value),
+        None => {
+            let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+            Err(format!("{v:?} is not one of {}", names.join(", ")))
         }
     }
-    format!("{ms}ms")
 }
 
-fn parse_u64(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim().replace('_', "");
-    s.parse::<u64>().map_err(|_| format!("{s:?} is not a non-negative integer"))
+/// The first name of `value` among `options`.
+fn name_of<T: PartialEq>(options: &[(&str, T)], value: T) -> String {
+    options.iter().find(|(_, v)| *v == value).map(|(name, _)| name.to_string()).unwrap_or_default()
 }
 
-/// Parses `500ms`, `10s`, `1m`, `1h`, `1d` or a plain number of milliseconds.
-pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!("{s:?} is not a duration like 500ms, 10s, 1m, 1h, 1d or a number of ms"));
+/// A count that must fit its field's type.
+fn parse_count<T: TryFrom<u64>>(v: &str) -> std::result::Result<T, String> {
+    T::try_from(parse_u64(v)?).map_err(|_| format!("{v:?} is too large"))
+}
+
+/// The `(key, variable, value)` of every `DELAYD_*` variable in `env`, in the order of [`KEYS`].
+/// A variable that names no key is an error, as an unknown key in the file is: a typo must not
+/// quietly leave the default in force.
+fn env_settings(
+    env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Result<Vec<(&'static str, String, String)>> {
+    let mut found = Vec::new();
+    let mut unknown = Vec::new();
+    for (name, value) in env {
+        if !name.as_encoded_bytes().starts_with(ENV_PREFIX.as_bytes()) {
+            continue;
+        }
+        let name = name.to_string_lossy().into_owned();
+        let Some(key) = key_of_env_var(&name) else {
+            unknown.push(match closest_env_var(&name) {
+                Some(near) => format!("{name} (did you mean {near}?)"),
+                None => name,
+            });
+            continue;
+        };
+        let value =
+            value.into_string().map_err(|_| Error::Config(format!("{name}: the value is not UTF-8")))?;
+        found.push((key, name, value));
     }
-    let n = parse_u64(num)?;
-    let mult = match unit.trim() {
-        "" | "ms" => 1,
-        "s" => 1000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => DAY_MS,
-        other => return Err(format!("unknown duration unit {other:?} in {s:?} (use ms, s, m, h or d)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
-}
-
-/// Parses a list of durations separated by commas and/or whitespace.
-pub fn parse_duration_list(s: &str) -> std::result::Result<Vec<u64>, String> {
-    s.split(|c: char| c == ',' || c.is_whitespace()).filter(|p| !p.is_empty()).map(parse_duration).collect()
-}
-
-/// Parses a byte size: a plain number, or a number with `KiB`, `MiB`, `GiB` (also `k`, `m`, `g`).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!("{s:?} is not a size like 4MiB or a number of bytes"));
+    if !unknown.is_empty() {
+        // The environment comes in no particular order; sort so the message is stable.
+        unknown.sort();
+        let s = if unknown.len() == 1 { "" } else { "s" };
+        return Err(Error::Config(format!(
+            "unknown environment variable{s} {}: no such setting (`delayd --help` lists every DELAYD_ variable)",
+            unknown.join(", ")
+        )));
     }
-    let n = parse_u64(num)?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} in {s:?} (use KiB, MiB or GiB)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    found.sort_by_key(|(key, ..)| KEYS.iter().position(|k| k == key));
+    Ok(found)
+}
+
+/// The key variable most like `name`, if one is close enough to be the likely meaning.
+fn closest_env_var(name: &str) -> Option<String> {
+    let typed = name.get(ENV_PREFIX.len()..)?.to_ascii_lowercase();
+    KEYS.iter()
+        .map(|k| (strsim::jaro_winkler(&typed, k), k))
+        .filter(|(score, _)| *score > 0.85)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| env_var(k))
 }
 
 /// A TOML value that is either a number or a string.
@@ -558,12 +714,9 @@ fn de_duration_list<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        move |k| map.get(k).cloned()
+    fn env(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        pairs.iter().map(|(k, v)| (k.into(), v.into())).collect()
     }
 
     #[test]
@@ -610,30 +763,6 @@ mod tests {
     }
 
     #[test]
-    fn durations_and_sizes_parse() {
-        assert_eq!(parse_duration("500ms"), Ok(500));
-        assert_eq!(parse_duration("10s"), Ok(10_000));
-        assert_eq!(parse_duration("1m"), Ok(60_000));
-        assert_eq!(parse_duration("1h"), Ok(3_600_000));
-        assert_eq!(parse_duration("1d"), Ok(DAY_MS));
-        assert_eq!(parse_duration("250"), Ok(250));
-        assert!(parse_duration("1.5s").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("5 fortnights").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("99999999999999999999d").is_err());
-        assert_eq!(parse_duration_list("1s 5s,1m  2h"), Ok(vec![1000, 5000, 60_000, 7_200_000]));
-        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("1000"), Ok(1000));
-        assert!(parse_size("4 parsecs").is_err());
-        assert_eq!(fmt_ms(3_600_000), "1h");
-        assert_eq!(fmt_ms(90_000), "90s");
-        assert_eq!(fmt_ms(1500), "1500ms");
-    }
-
-    #[test]
     fn toml_accepts_strings_numbers_and_lists() {
         let c = Config::from_toml(
             "flush = \"async\"\nmax_delay = \"2d\"\nlevels = [\"1s\", 5000, \"1m\"]\nbackoff = \"1s, 2s\"\n\
@@ -658,7 +787,9 @@ mod tests {
         let e = Config::from_toml("flush = \"sometimes\"\n").unwrap_err().to_string();
         assert!(e.contains("sometimes"), "{e}");
         let e = Config::from_toml("max_delay = \"1 fortnight\"\n").unwrap_err().to_string();
-        assert!(e.contains("fortnight"), "{e}");
+        assert!(e.contains("line 1: max_delay: \"1 fortnight\" is not a duration"), "{e}");
+        let e = Config::from_toml("\nsegment_bytes = \"4 parsecs\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 2: segment_bytes: \"4 parsecs\" is not a size"), "{e}");
         let e = Config::from_toml("max_delay = -5\n").unwrap_err().to_string();
         assert!(e.contains("negative"), "{e}");
     }
@@ -672,7 +803,7 @@ mod tests {
             "listen = \"127.0.0.1:1000\"\ndata_dir = \"/from/file\"\nmax_batch = 7\nmax_attempts = 3\n",
         )
         .unwrap();
-        let cli = Cli { config: Some(file), listen: Some("127.0.0.1:3000".into()), data_dir: None };
+        let cli = Cli { config: Some(file), flags: vec![("listen", "127.0.0.1:3000".into())] };
         let c = Config::load(
             &cli,
             env(&[
@@ -718,7 +849,7 @@ mod tests {
             ("default_ttr", "2s"),
             ("max_attempts", "2"),
             ("backoff", "1s"),
-            ("max_body_bytes", "1k"),
+            ("max_body_bytes", "1KiB"),
             ("max_batch", "10"),
             ("max_wait", "1s"),
             ("compat_max_wait", "2s"),
@@ -737,8 +868,8 @@ mod tests {
             .iter()
             .map(|(k, v)| (format!("DELAYD_{}", k.to_ascii_uppercase()), v.to_string()))
             .collect();
-        c.apply_env(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())).unwrap();
-        let mut expected = Config {
+        c.apply_env(vars.iter().map(|(k, v)| (k.into(), v.into()))).unwrap();
+        let expected = Config {
             listen: "127.0.0.1:1".into(),
             data_dir: "/x".into(),
             flush: FlushMode::Async,
@@ -768,9 +899,86 @@ mod tests {
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
-        expected.auth_token = None;
-        c.set("auth_token", "").unwrap();
-        assert_eq!(c, expected, "an empty DELAYD_AUTH_TOKEN turns auth off");
+    }
+
+    #[test]
+    fn every_key_reads_back_what_get_shows() {
+        let mut changed = Config::default();
+        for (key, value) in
+            [("levels", "1s 1h30m"), ("segment_bytes", "4MB"), ("auth_token", "t"), ("reclaim", "off")]
+        {
+            changed.set(key, value).unwrap();
+        }
+        for original in [Config::default(), changed] {
+            let mut c = Config { auth_token: Some("other".into()), ..Config::default() };
+            for key in KEYS {
+                match original.get(key) {
+                    Some(v) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
+                    None => c.auth_token = None,
+                }
+            }
+            assert_eq!(c, original);
+        }
+        assert_eq!(Config::default().get("segment_bytes").as_deref(), Some("64MiB"));
+        assert_eq!(Config::default().get("auth_token"), None);
+        assert_eq!(Config::default().get("no_such_key"), None);
+    }
+
+    #[test]
+    fn an_empty_auth_token_is_an_error_everywhere() {
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_AUTH_TOKEN", "")])).unwrap_err().to_string();
+        assert!(e.contains("DELAYD_AUTH_TOKEN") && e.contains("must not be empty"), "{e}");
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_AUTH_TOKEN", "  ")])).unwrap_err().to_string();
+        assert!(e.contains("DELAYD_AUTH_TOKEN") && e.contains("must not be empty"), "{e}");
+        let cli = Cli { config: None, flags: vec![("auth_token", String::new())] };
+        let e = Config::load(&cli, env(&[])).unwrap_err().to_string();
+        assert!(e.contains("--auth-token") && e.contains("must not be empty"), "{e}");
+        let e = Config::from_toml("auth_token = \"\"\n").unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("auth_token") && e.contains("must not be empty"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("d.toml");
+        std::fs::write(&file, "auth_token = \"\"\n").unwrap();
+        let e = Config::load(&Cli { config: Some(file), flags: vec![] }, env(&[])).unwrap_err().to_string();
+        assert!(e.contains("auth_token") && e.contains("must not be empty"), "{e}");
+    }
+
+    #[test]
+    fn unknown_environment_variables_stop_the_start() {
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_FLUSHH", "async")])).unwrap_err().to_string();
+        assert!(e.contains("DELAYD_FLUSHH") && e.contains("did you mean DELAYD_FLUSH?"), "{e}");
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_flush", "async")])).unwrap_err().to_string();
+        assert!(e.contains("DELAYD_flush (did you mean DELAYD_FLUSH?)"), "{e}");
+        // Nothing near: no guess. Several: all named, in a stable order.
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_ZZZ", "1"), ("DELAYD_BENCH_FONT", "none")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("variables DELAYD_BENCH_FONT, DELAYD_ZZZ:"), "{e}");
+        assert!(!e.contains("did you mean"), "{e}");
+        // Other programs' variables are none of delayd's business.
+        let c = Config::load(
+            &Cli::default(),
+            env(&[("PATH", "/bin"), ("DELAYDX", "1"), ("DELAYD_FLUSH", "async")]),
+        )
+        .unwrap();
+        assert_eq!(c.flush, FlushMode::Async);
+    }
+
+    #[test]
+    fn non_utf8_environment_is_an_error_not_a_panic() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = OsString::from_vec(vec![0xff, 0xfe]);
+        let e = Config::load(&Cli::default(), vec![("DELAYD_LISTEN".into(), bad.clone())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DELAYD_LISTEN") && e.contains("not UTF-8"), "{e}");
+        let mut name = b"DELAYD_".to_vec();
+        name.push(0xff);
+        let e = Config::load(&Cli::default(), vec![(OsString::from_vec(name), "1".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown environment variable DELAYD_"), "{e}");
+        // Not ours: ignored, whatever its bytes.
+        assert!(Config::load(&Cli::default(), vec![(bad.clone(), bad)]).is_ok());
     }
 
     #[test]
@@ -778,7 +986,18 @@ mod tests {
         let e = Config::load(&Cli::default(), env(&[("DELAYD_MAX_DELAY", "soon")])).unwrap_err().to_string();
         assert!(e.contains("DELAYD_MAX_DELAY"), "{e}");
         let e = Config::load(&Cli::default(), env(&[("DELAYD_FLUSH", "maybe")])).unwrap_err().to_string();
-        assert!(e.contains("DELAYD_FLUSH") && e.contains("sync or async"), "{e}");
+        assert!(e.contains("DELAYD_FLUSH: \"maybe\" is not one of sync, async"), "{e}");
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_SEGMENT_BYTES", "4 parsecs")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DELAYD_SEGMENT_BYTES: \"4 parsecs\" is not a size"), "{e}");
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_MAX_ATTEMPTS", "9999999999")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DELAYD_MAX_ATTEMPTS: \"9999999999\" is too large"), "{e}");
+        let cli = Cli { config: None, flags: vec![("max_delay", "1 fortnight".into())] };
+        let e = Config::load(&cli, env(&[])).unwrap_err().to_string();
+        assert!(e.contains("--max-delay: \"1 fortnight\" is not a duration"), "{e}");
     }
 
     #[test]
@@ -825,5 +1044,56 @@ mod tests {
         assert_eq!(b.segment_bytes, c.segment_bytes);
         assert_eq!(b.data_dir, c.data_dir);
         assert_eq!(b.open_queues, c.open_queues);
+    }
+
+    /// `BrokerConfig::with_defaults` (what tests and embedders use) and the program's defaults are
+    /// one source: every field, named here without `..` so a new field must be added to this test.
+    #[test]
+    fn broker_config_defaults_are_the_config_defaults() {
+        let c = Config::default();
+        let b = BrokerConfig::with_defaults("/some/dir");
+        assert_eq!(b, Config { data_dir: "/some/dir".into(), ..Config::default() }.broker_config());
+        let BrokerConfig {
+            data_dir,
+            flush,
+            flush_interval_ms,
+            segment_bytes,
+            cq_entries_per_file,
+            levels_ms,
+            delay_policy,
+            max_delay_ms,
+            default_ttr_ms,
+            default_max_attempts,
+            default_backoff_ms,
+            max_body_bytes,
+            max_wait_ms,
+            index_initial_slots,
+            recovery,
+            done_retention_ms,
+            reclaim,
+            max_topics,
+            open_queues,
+        } = b;
+        assert_eq!(data_dir, PathBuf::from("/some/dir"));
+        assert_eq!(flush, c.flush);
+        assert_eq!(flush_interval_ms, c.flush_interval_ms);
+        assert_eq!(segment_bytes, c.segment_bytes);
+        assert_eq!(cq_entries_per_file, c.cq_entries_per_file);
+        assert_eq!(levels_ms, c.levels);
+        assert_eq!(levels_ms, DEFAULT_LEVELS_MS);
+        assert_eq!(delay_policy, c.delay_policy);
+        assert_eq!(max_delay_ms, c.max_delay);
+        assert_eq!(default_ttr_ms, c.default_ttr);
+        assert_eq!(default_max_attempts, c.max_attempts);
+        assert_eq!(default_backoff_ms, c.backoff);
+        assert_eq!(default_backoff_ms, DEFAULT_BACKOFF_MS);
+        assert_eq!(max_body_bytes as u64, c.max_body_bytes);
+        assert_eq!(max_wait_ms, c.max_wait.max(c.compat_max_wait));
+        assert_eq!(index_initial_slots, c.index_initial_slots);
+        assert_eq!(recovery, c.recovery);
+        assert_eq!(done_retention_ms, c.done_retention);
+        assert_eq!(reclaim, c.reclaim);
+        assert_eq!(max_topics, c.max_topics);
+        assert_eq!(open_queues, c.open_queues);
     }
 }

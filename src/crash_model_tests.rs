@@ -16,9 +16,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use crate::broker::{BrokerConfig, MessageState, ProduceRequest, When};
+use crate::config::BrokerConfig;
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::message::{MessageState, ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::{Clock, ManualClock};
 use crate::storage::checkpoint::CheckpointJob;

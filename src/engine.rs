@@ -10,11 +10,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tracing::debug;
 
-use crate::broker::{
-    BrokerConfig, DelayPolicy, Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest,
-    Produced, Stats, TopicStats, When,
-};
+use crate::config::{BrokerConfig, DelayPolicy};
 use crate::error::{Error, Result};
+use crate::message::{
+    Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats, TopicStats,
+    When,
+};
 use crate::metrics::{inc, Metrics};
 use crate::schedule::clock::Clock;
 use crate::schedule::levels::{nearest_level, plan_hop, validate_levels};

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use crate::broker::{BrokerConfig, MessageState, Nacked, ProduceRequest, When};
+use crate::config::BrokerConfig;
 use crate::engine::Engine;
+use crate::message::{MessageState, Nacked, ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::ManualClock;
 use crate::storage::format::Record;
@@ -353,7 +354,7 @@ fn round_policy_uses_the_nearest_level() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::at_ms(T0));
     let mut cfg = config(dir.path());
-    cfg.delay_policy = crate::broker::DelayPolicy::Round;
+    cfg.delay_policy = crate::config::DelayPolicy::Round;
     let mut e = Engine::open(cfg, clock.clone(), Arc::new(Metrics::default())).unwrap().0;
     let p = e.produce("t", req("r", When::DelayMs(4_200))).unwrap();
     assert_eq!(p.deliver_at_ms, T0 + 5_000);

@@ -10,6 +10,9 @@
 //!   record; the body is never copied) or moves the message to its topic queue (a `Transition`).
 //!   Pop, ack, nack, cancel and reservation expiry are `Transition`s too.
 //! - [`broker`] runs the engine on its own thread with group commit and long-poll wake-ups.
+//! - [`message`] holds the requests and answers both `engine` and `broker` speak, and [`config`] the
+//!   settings (with [`config::BrokerConfig`], what the core needs of them), so neither of the two
+//!   imports the other's types.
 //! - `http` serves the native and compat APIs over the broker.
 
 pub mod broker;
@@ -21,6 +24,7 @@ pub mod engine;
 mod engine_tests;
 pub mod error;
 pub mod http;
+pub mod message;
 pub mod metrics;
 #[cfg(test)]
 mod reclaim_tests;

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use crate::broker::{BrokerConfig, MessageState, ProduceRequest, When};
+use crate::config::BrokerConfig;
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::message::{MessageState, ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::{Clock, ManualClock};
 
@@ -225,7 +226,7 @@ fn final_messages_that_pin_a_log_over_its_bound_are_carried_and_still_expire_on_
     let mut late = Vec::new();
     for d in e.pop(&topics(), 1000, None).unwrap() {
         let n: usize = d.id[1..].parse().unwrap();
-        if n % 10 == 0 {
+        if n.is_multiple_of(10) {
             late.push(d);
         } else {
             e.ack(&d.receipt).unwrap();

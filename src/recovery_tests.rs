@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::broker::{BrokerConfig, MessageState, ProduceRequest, When};
+use crate::config::BrokerConfig;
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::message::{MessageState, ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::ManualClock;
 use crate::storage::commitlog::{list_numbered, RecoveryMode};

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::broker::{BrokerConfig, ProduceRequest, When};
+use crate::config::BrokerConfig;
 use crate::engine::Engine;
+use crate::message::{ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::ManualClock;
 
@@ -221,7 +222,7 @@ fn an_emptied_topic_is_forgotten_after_a_durable_checkpoint_and_can_come_back() 
     assert!(matches!(e.produce("d", req("d1")), Err(crate::Error::TooManyTopics(_))));
     assert_eq!(stat_topics(&mut e), [("a".into(), 1, 0), ("c".into(), 1, 0)]);
     // Done messages of a forgotten topic stay what they were; nothing is delivered twice.
-    assert_eq!(e.get("a1").unwrap().state, crate::broker::MessageState::Done);
+    assert_eq!(e.get("a1").unwrap().state, crate::message::MessageState::Done);
     assert_eq!(pop_ids(&mut e, "a"), ["a3"]);
     assert_eq!(pop_ids(&mut e, "b"), Vec::<String>::new());
 
@@ -254,7 +255,7 @@ fn crashes_around_forgetting_lose_and_resurrect_nothing() {
     drop(e);
     let mut e = open_with(dir.path(), &clock, cfg);
     assert_eq!(pop_ids(&mut e, "t"), Vec::<String>::new(), "nothing acked comes back");
-    assert_eq!(e.get("old5").unwrap().state, crate::broker::MessageState::Done);
+    assert_eq!(e.get("old5").unwrap().state, crate::message::MessageState::Done);
 
     // Forgotten, then recreated with more entries than the old checkpoint's length before the
     // crash: the recreated queue's entries start at 0 again, and all of them must survive.

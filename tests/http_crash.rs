@@ -109,7 +109,7 @@ fn kill_under_load(flush: &str) {
                         }
                     };
                     n += 1;
-                    if n % 5 == 0 && !redelivered {
+                    if n.is_multiple_of(5) && !redelivered {
                         let attempt = m["attempt"].as_u64().unwrap();
                         seen.lock().unwrap().left_reserved.insert(id, (sent, attempt));
                         continue;

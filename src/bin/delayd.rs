@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
-use delayd::config::{Cli, Config, LogFormat};
+use delayd::config::cli::Cli;
+use delayd::config::{Config, LogFormat};
 use delayd::http::{router, AppState, Limits};
 use delayd::Broker;
 use tokio::sync::Notify;
@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match Config::load(&cli, |key| std::env::var(key).ok()) {
+    let cfg = match Config::load(&cli, std::env::vars_os()) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("delayd: {e}");

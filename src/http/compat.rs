@@ -14,8 +14,8 @@ use super::error::ApiError;
 use super::extract::RawBody;
 use super::native::pop_or_shutdown;
 use super::{validate, AppState};
-use crate::broker::{MessageState, PopRequest, ProduceRequest, When};
 use crate::error::Error;
+use crate::message::{MessageState, PopRequest, ProduceRequest, When};
 
 /// Longest time-to-run the original API accepts, in seconds.
 const MAX_TTR_S: u64 = 86_400;

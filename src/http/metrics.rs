@@ -9,8 +9,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::AppState;
-use crate::broker::{Stats, TopicStats};
-use crate::config::fmt_ms;
+use crate::config::units::fmt_ms;
+use crate::message::{Stats, TopicStats};
 use crate::metrics::{Histogram, Metrics};
 
 /// The content type Prometheus expects for the text format.
@@ -213,7 +213,7 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::LevelStats;
+    use crate::message::LevelStats;
 
     #[test]
     fn renders_every_family_with_cumulative_buckets() {

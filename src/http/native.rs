@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{from_raw, JsonBody, PathParam};
 use super::{now_ms, validate, AppState, Limits};
-use crate::broker::{Delivery, MessageInfo, Nacked, PopRequest, ProduceRequest, Produced, When};
+use crate::message::{Delivery, MessageInfo, Nacked, PopRequest, ProduceRequest, Produced, When};
 
 /// The body of a produce, one element of a batch.
 #[derive(Debug, Deserialize)]

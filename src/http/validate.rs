@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::Limits;
-use crate::config::{fmt_ms, parse_duration};
+use crate::config::units::{fmt_ms, parse_duration, parse_duration_list};
 
 /// Longest topic name, in characters.
 pub const MAX_TOPIC_LEN: usize = 128;
@@ -106,9 +106,7 @@ pub fn level(limits: &Limits, v: &Value) -> Result<u32, ApiError> {
 /// Parses a per-message backoff: an array of ms numbers or duration strings, or one string list.
 pub fn backoff(limits: &Limits, v: &Value) -> Result<Vec<u64>, ApiError> {
     let steps: Vec<u64> = match v {
-        Value::String(s) => {
-            crate::config::parse_duration_list(s).map_err(|e| ApiError::invalid("backoff", e))?
-        }
+        Value::String(s) => parse_duration_list(s).map_err(|e| ApiError::invalid("backoff", e))?,
         Value::Array(items) => items
             .iter()
             .enumerate()

@@ -199,7 +199,7 @@ fn soak_params(cli: &Cli, p: &Params, delayd_env: &[(String, String)]) -> Result
         }
     };
     let segment_bytes = match env("DELAYD_SEGMENT_BYTES") {
-        Some(v) => delayd::config::parse_size(&v).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?,
+        Some(v) => delayd::config::units::parse_size(&v).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?,
         None => delayd::config::Config::default().segment_bytes,
     };
     let sp = SoakParams {
@@ -230,7 +230,7 @@ fn soak_params(cli: &Cli, p: &Params, delayd_env: &[(String, String)]) -> Result
 fn fit_body_limit(delayd_env: &mut Vec<(String, String)>) -> Result<(), String> {
     let given = |key: &str| delayd_env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
     let Some(seg) = given("DELAYD_SEGMENT_BYTES") else { return Ok(()) };
-    let seg = delayd::config::parse_size(&seg).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?;
+    let seg = delayd::config::units::parse_size(&seg).map_err(|e| format!("DELAYD_SEGMENT_BYTES: {e}"))?;
     let default_limit = delayd::config::Config::default().max_body_bytes;
     if given("DELAYD_MAX_BODY_BYTES").is_none() && default_limit + 4096 > seg {
         delayd_env.push(("DELAYD_MAX_BODY_BYTES".to_string(), (seg / 4).to_string()));

@@ -163,6 +163,16 @@ impl Server {
         let log2 = log.try_clone().map_err(|e| format!("cannot clone log handle: {e}"))?;
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args).stdin(Stdio::null()).stdout(log).stderr(log2);
+        if self.system.engine == Engine::Delayd {
+            // delayd refuses to start on a DELAYD_* variable that is not one of its keys, and the
+            // bench's own (DELAYD_BENCH_FONT) are set in the shell it inherits from.
+            for (name, _) in std::env::vars_os() {
+                let ours = name.as_encoded_bytes().starts_with(delayd::config::ENV_PREFIX.as_bytes());
+                if ours && name.to_str().and_then(delayd::config::key_of_env_var).is_none() {
+                    cmd.env_remove(&name);
+                }
+            }
+        }
         for (k, v) in &self.envs {
             cmd.env(k, v);
         }

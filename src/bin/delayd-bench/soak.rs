@@ -265,7 +265,7 @@ fn mib(b: u64) -> f64 {
 /// A byte count in the largest binary unit that keeps it whole, as delayd's settings write it.
 pub fn size(b: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{} {unit}", b >> shift);
         }
     }

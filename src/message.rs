@@ -1,0 +1,179 @@
+//! The message model: what clients ask the broker for and what it answers.
+//!
+//! These types sit below both `engine` (which applies requests) and `broker` (which carries them
+//! to the engine thread), so neither has to import the other's types.
+
+use bytes::Bytes;
+
+use crate::storage::reclaim::ReclaimStats;
+
+/// When a produced message should become ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum When {
+    /// Ready now.
+    Now,
+    /// Milliseconds after the broker receives the request.
+    DelayMs(u64),
+    /// An absolute unix time in milliseconds.
+    AtMs(u64),
+    /// A named level: 1-based index into the configured list.
+    LevelIndex(u32),
+}
+
+/// One message to produce.
+#[derive(Debug, Clone)]
+pub struct ProduceRequest {
+    /// Client-chosen id; the broker makes one when absent.
+    pub id: Option<String>,
+    /// Opaque payload (the HTTP API carries UTF-8 strings).
+    pub body: Bytes,
+    /// When it becomes ready.
+    pub when: When,
+    /// Per-message time-to-run.
+    pub ttr_ms: Option<u64>,
+    /// Per-message delivery limit.
+    pub max_attempts: Option<u32>,
+    /// Per-message retry schedule for nack.
+    pub backoff_ms: Option<Vec<u64>>,
+}
+
+/// Result of a produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Produced {
+    /// The message id.
+    pub id: String,
+    /// When it becomes ready, unix ms.
+    pub deliver_at_ms: u64,
+    /// False when this was an idempotent repeat of an earlier produce.
+    pub created: bool,
+}
+
+/// What a pop asks for.
+#[derive(Debug, Clone)]
+pub struct PopRequest {
+    /// Topics to take from, in order of preference.
+    pub topics: Vec<String>,
+    /// Most messages to return.
+    pub max: usize,
+    /// Long-poll: how long to wait for a message when none is ready.
+    pub wait_ms: u64,
+    /// Reservation length; falls back to the message's, then the default.
+    pub ttr_ms: Option<u64>,
+}
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Message id.
+    pub id: String,
+    /// Topic it was popped from.
+    pub topic: String,
+    /// Payload.
+    pub body: Bytes,
+    /// Token for ack/nack of this delivery only.
+    pub receipt: String,
+    /// 1 for the first delivery.
+    pub attempt: u32,
+    /// When the message became due, unix ms.
+    pub deliver_at_ms: u64,
+    /// Reservation length in ms.
+    pub ttr_ms: u64,
+}
+
+/// Where a message is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageState {
+    /// Waiting on a delay level.
+    Delayed,
+    /// In its topic queue, poppable.
+    Ready,
+    /// Popped, waiting for ack within its time-to-run.
+    Reserved,
+    /// Acked.
+    Done,
+    /// Cancelled before delivery.
+    Cancelled,
+    /// Moved to the dead-letter topic.
+    Dead,
+}
+
+/// A look-up by id.
+#[derive(Debug, Clone)]
+pub struct MessageInfo {
+    /// Message id.
+    pub id: String,
+    /// Original topic.
+    pub topic: String,
+    /// Current state.
+    pub state: MessageState,
+    /// Next due time (or the due time it was delivered at), unix ms.
+    pub deliver_at_ms: u64,
+    /// Deliveries so far.
+    pub attempt: u32,
+    /// Payload.
+    pub body: Bytes,
+    /// Time-to-run carried by the message.
+    pub ttr_ms: u64,
+    /// When it was produced, unix ms.
+    pub created_at_ms: u64,
+}
+
+/// Result of a nack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Nacked {
+    /// Scheduled again at this unix ms.
+    Retry { deliver_at_ms: u64 },
+    /// Attempts exhausted: moved to this dead-letter topic.
+    DeadLettered { topic: String },
+}
+
+/// Per-level counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LevelStats {
+    /// Level duration in ms.
+    pub level_ms: u64,
+    /// Entries not yet fired (includes ones that will be skipped as cancelled).
+    pub backlog: u64,
+    /// Due time of the head entry, unix ms.
+    pub next_due_ms: Option<u64>,
+}
+
+/// Per-topic counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TopicStats {
+    /// Topic name.
+    pub topic: String,
+    /// Entries in the queue not yet popped.
+    pub ready: u64,
+    /// Messages popped and not yet acked.
+    pub reserved: u64,
+    /// Messages moved to `{topic}.dlq` since the topic was last created (forgetting it resets this).
+    pub dead_lettered: u64,
+}
+
+/// Snapshot for `/v1/stats` and `/metrics`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    /// One entry per level, ascending.
+    pub levels: Vec<LevelStats>,
+    /// One entry per topic, by name.
+    pub topics: Vec<TopicStats>,
+    /// Bytes used by the data directory's files.
+    pub disk_bytes: u64,
+    /// Topic queues whose files are open (mapped, with a handle) now; at most `open_queues`.
+    pub open_queues: usize,
+    /// Bytes of the commit-log segment files.
+    pub log_bytes: u64,
+    /// Bytes ever appended to the commit log (its end offset), carries included.
+    pub log_written_bytes: u64,
+    /// Bytes of the records of every message still indexed (live or final within retention).
+    pub live_bytes: u64,
+    /// What reclaim did since start.
+    pub reclaim: ReclaimStats,
+    /// False while writes are refused: a sync failed (until a restart), or the last write ran out
+    /// of disk space or file handles (until one succeeds).
+    pub store_writable: bool,
+    /// Why writes are refused (operation, file, OS error), if they are.
+    pub store_error: Option<String>,
+}

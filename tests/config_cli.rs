@@ -1,0 +1,113 @@
+//! The configuration as a user meets it, against the real binary: `--help`, refused settings (exit
+//! code 2 and a message naming what is wrong), and units that mean what they say.
+
+mod common;
+
+use std::process::Command;
+
+use common::{run_binary, Server};
+use delayd::config::{env_var, flag, Config, KEYS};
+use serde_json::json;
+
+/// Runs the binary with `--help` and no DELAYD_* variables of the caller's; returns stdout.
+fn help() -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_delayd"));
+    for (k, _) in std::env::vars_os().filter(|(k, _)| k.as_encoded_bytes().starts_with(b"DELAYD_")) {
+        cmd.env_remove(k);
+    }
+    let out = cmd.arg("--help").output().expect("run delayd --help");
+    assert!(out.status.success(), "--help failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// Runs the binary expecting it to refuse the configuration: exit code 2, and `needles` in stderr.
+fn refused(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut all = vec!["--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let (status, log) = run_binary(&all, env, tmp.path());
+    assert_eq!(status.code(), Some(2), "{args:?} {env:?} should be refused: {log}");
+    for needle in needles {
+        assert!(log.contains(needle), "{args:?} {env:?}: the message should say {needle:?}: {log}");
+    }
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(!data.exists(), "a refused configuration must not touch the data directory");
+}
+
+#[test]
+fn help_lists_every_key_with_its_variable_and_default() {
+    let help = help();
+    let defaults = Config::default();
+    for key in KEYS {
+        let line = help.lines().find(|l| l.contains(&format!("{} <", flag(key)))).unwrap_or_else(|| {
+            panic!("no line for {} in --help:\n{help}", flag(key));
+        });
+        assert!(line.contains(&format!("[env: {}", env_var(key))), "{key}: {line}");
+        if let Some(d) = defaults.get(key) {
+            assert!(
+                line.contains(&format!("[default: {d}]")) || line.contains(&format!("[default: {d:?}]")),
+                "{line}"
+            );
+        }
+    }
+    assert!(help.contains("--config <FILE>"), "{help}");
+}
+
+#[test]
+fn an_unknown_environment_variable_is_refused_with_a_hint() {
+    refused(
+        &[],
+        &[("DELAYD_FLUSHH", "async")],
+        &["unknown environment variable DELAYD_FLUSHH", "did you mean DELAYD_FLUSH?"],
+    );
+    refused(&[], &[("DELAYD_BENCH_FONT", "none")], &["DELAYD_BENCH_FONT"]);
+}
+
+#[test]
+fn an_empty_auth_token_is_refused_from_env_file_and_flag() {
+    refused(&[], &[("DELAYD_AUTH_TOKEN", "")], &["DELAYD_AUTH_TOKEN", "must not be empty"]);
+    refused(&["--auth-token", ""], &[], &["--auth-token", "must not be empty"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("delayd.toml");
+    std::fs::write(&file, "auth_token = \"\"\n").unwrap();
+    refused(&["--config", file.to_str().unwrap()], &[], &["auth_token", "must not be empty"]);
+}
+
+#[test]
+fn bad_durations_and_sizes_are_refused_naming_the_key_and_the_value() {
+    refused(
+        &[],
+        &[("DELAYD_MAX_DELAY", "1fortnight")],
+        &["DELAYD_MAX_DELAY", "\"1fortnight\" is not a duration"],
+    );
+    refused(&["--shutdown-grace", "soon"], &[], &["--shutdown-grace", "\"soon\" is not a duration"]);
+    refused(&[], &[("DELAYD_LEVELS", "1s 5x")], &["DELAYD_LEVELS", "\"5x\" is not a duration"]);
+    refused(
+        &[],
+        &[("DELAYD_SEGMENT_BYTES", "4 parsecs")],
+        &["DELAYD_SEGMENT_BYTES", "\"4 parsecs\" is not a size"],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("delayd.toml");
+    std::fs::write(&file, "max_delay = \"2d\"\ndefault_ttr = \"-5s\"\n").unwrap();
+    refused(&["--config", file.to_str().unwrap()], &[], &["line 2", "default_ttr", "\"-5s\""]);
+}
+
+#[test]
+fn decimal_and_binary_units_mean_what_they_say() {
+    // 10KB is 10,000 bytes; 2h30m is 9,000,000 ms.
+    let s = Server::start(&[("DELAYD_MAX_BODY_BYTES", "10KB"), ("DELAYD_MAX_DELAY", "2h30m")]);
+    let p = "/v1/topics/u/messages";
+    assert_eq!(s.post(p, &json!({ "body": "x".repeat(10_000) })).0, 201);
+    let (st, v) = s.post(p, &json!({ "body": "x".repeat(10_001) }));
+    Server::assert_error(st, &v, 413, "too_large");
+    assert_eq!(s.post(p, &json!({ "body": "b", "delay_ms": 9_000_000 })).0, 201);
+    assert_eq!(s.post(p, &json!({ "body": "b", "delay_ms": 9_000_001 })).0, 400);
+    drop(s);
+    // 10KiB is 10,240 bytes, and the flag beats the environment.
+    let s = Server::start_with_args(&[("DELAYD_MAX_BODY_BYTES", "10KB")], &["--max-body-bytes", "10KiB"]);
+    assert_eq!(s.post(p, &json!({ "body": "x".repeat(10_240) })).0, 201);
+    let (st, v) = s.post(p, &json!({ "body": "x".repeat(10_241) }));
+    Server::assert_error(st, &v, 413, "too_large");
+}
