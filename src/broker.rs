@@ -27,8 +27,7 @@ pub use crate::message::{
 use crate::metrics::Metrics;
 use crate::schedule::clock::{Clock, SystemClock};
 use crate::storage::checkpoint::{Captured, Checkpoint, CheckpointJob};
-use crate::storage::durability::{Durability, Failure, FailureLog};
-use crate::storage::mmap::SyncFile;
+use crate::storage::durability::{Durability, Failure, FailureLog, LogSyncer};
 
 /// A batch of at most this many requests and bytes may be flushed on the engine thread.
 const INLINE_FLUSH_MAX: usize = 2;
@@ -338,7 +337,7 @@ fn run_flusher(
     metrics: Arc<Metrics>,
     in_flight: Arc<AtomicUsize>,
 ) {
-    let mut own: Vec<SyncFile> = Vec::new();
+    let mut syncer = LogSyncer::new(durability);
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -348,41 +347,9 @@ fn run_flusher(
         let mut paths: Vec<&PathBuf> = jobs.iter().flat_map(|j| &j.paths).collect();
         paths.sort();
         paths.dedup();
-        // Descriptions of segments no longer written are closed (reclaim may delete them).
-        own.retain(|f| paths.iter().any(|p| p.as_path() == f.path()));
-        let mut failure: Option<Error> = durability.check().err();
-        for path in paths {
-            if failure.is_some() {
-                break;
-            }
-            let at = match own.iter().position(|f| f.path() == path.as_path()) {
-                Some(i) => i,
-                None => match SyncFile::open(path) {
-                    Ok(f) => {
-                        own.push(f);
-                        own.len() - 1
-                    }
-                    // Out of file handles: this batch is not known durable (503), but nothing is
-                    // lost: the next successful fdatasync of the file covers its pages too.
-                    Err(e) => {
-                        durability.note_trouble(Failure::from_error(&e));
-                        failure = Some(Error::Unavailable(e.to_string()));
-                        break;
-                    }
-                },
-            };
-            if let Err(e) = own[at].sync_data() {
-                failure = Some(durability.check().err().unwrap_or(Error::Unavailable(e.to_string())));
-            }
-        }
+        let end = jobs.iter().map(|j| j.end).max().unwrap_or(0);
+        let failure = syncer.sync(&paths, end).err();
         metrics.flush_us.observe(started.elapsed().as_micros() as u64);
-        // Another thread's sync may have failed meanwhile: nothing is answered after that.
-        if failure.is_none() {
-            failure = durability.check().err();
-        }
-        if failure.is_none() {
-            durability.log_synced(jobs.iter().map(|j| j.end).max().unwrap_or(0));
-        }
         let n = jobs.len();
         for job in jobs {
             for p in job.replies {

@@ -202,6 +202,52 @@ fn refusal(p: Option<&Failure>) -> String {
     }
 }
 
+/// Syncs commit-log segments for the flusher thread, through file descriptions of its own (a
+/// writeback error is reported once per description, so sharing one with another thread could
+/// hide it), and records the log offset made durable.
+pub struct LogSyncer {
+    durability: Durability,
+    own: Vec<super::mmap::SyncFile>,
+}
+
+impl LogSyncer {
+    /// A syncer reporting to `durability`.
+    pub fn new(durability: Durability) -> LogSyncer {
+        LogSyncer { durability, own: Vec::new() }
+    }
+
+    /// fdatasyncs every segment in `paths` (the only ones still written: descriptions of others
+    /// are closed, as reclaim may delete them), then records `end` as durable. An error means
+    /// nothing up to `end` may be acknowledged: the store is poisoned (a failed sync), or a
+    /// file could not be opened (out of handles: nothing is lost, the next sync covers it).
+    pub fn sync(&mut self, paths: &[&PathBuf], end: u64) -> Result<(), Error> {
+        self.durability.check()?;
+        self.own.retain(|f| paths.iter().any(|p| p.as_path() == f.path()));
+        for path in paths {
+            let at = match self.own.iter().position(|f| f.path() == path.as_path()) {
+                Some(i) => i,
+                None => match super::mmap::SyncFile::open(path) {
+                    Ok(f) => {
+                        self.own.push(f);
+                        self.own.len() - 1
+                    }
+                    Err(e) => {
+                        self.durability.note_trouble(Failure::from_error(&e));
+                        return Err(Error::Unavailable(e.to_string()));
+                    }
+                },
+            };
+            if let Err(e) = self.own[at].sync_data() {
+                return Err(self.durability.check().err().unwrap_or(Error::Unavailable(e.to_string())));
+            }
+        }
+        // Another thread's sync may have failed meanwhile: nothing is acknowledged after that.
+        self.durability.check()?;
+        self.durability.log_synced(end);
+        Ok(())
+    }
+}
+
 /// Logs each distinct failure once, then a reminder at most every `every` while it goes on.
 pub struct FailureLog {
     last: Option<Failure>,
