@@ -447,7 +447,12 @@ impl StepTimer {
         StepTimer {
             started,
             cpu_ns: crate::storage::mmap::thread_cpu_ns(),
-            switches: crate::storage::mmap::thread_switches(),
+            // Only the slow-step log reads them: no system call per step otherwise.
+            switches: if tracing::enabled!(tracing::Level::DEBUG) {
+                crate::storage::mmap::thread_switches()
+            } else {
+                [0; 4]
+            },
             marks: [("", started); 6],
             marked: 0,
         }
@@ -673,9 +678,8 @@ impl EngineLoop {
             }
             first = false;
             if let Some(mut p) = self.producing.take() {
-                let before = p.done.len();
                 p.done.extend(p.reqs.by_ref().take(PRODUCE_CHUNK).map(|req| engine.produce(&p.topic, req)));
-                if p.done.len() - before == PRODUCE_CHUNK && p.reqs.len() > 0 {
+                if p.reqs.len() > 0 {
                     self.producing = Some(p);
                 } else {
                     self.pending.push(Pending::Produce(p.reply, Ok(p.done)));

@@ -33,35 +33,33 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
-    header(out, name, "histogram", help);
-    let (bounds, counts, sum, count) = h.snapshot();
-    let mut cumulative = 0u64;
-    for (bound, c) in bounds.iter().zip(&counts) {
-        cumulative += c;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-    }
-    // The +Inf bucket is the total count by definition, overflow bucket included.
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum {sum}");
-    let _ = writeln!(out, "{name}_count {count}");
+    histogram_scaled(out, name, help, h, 1)
 }
 
 /// A histogram kept in microseconds, exposed in seconds (Prometheus' base unit), with a gauge of
 /// its largest value.
 fn histogram_seconds(out: &mut String, name: &str, help: &str, h: &Histogram) {
-    header(out, name, "histogram", help);
-    let (bounds, counts, sum, count) = h.snapshot();
-    let mut cumulative = 0u64;
-    for (bound, c) in bounds.iter().zip(&counts) {
-        cumulative += c;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
-    }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum {}", sum as f64 / 1e6);
-    let _ = writeln!(out, "{name}_count {count}");
+    histogram_scaled(out, name, help, h, 1_000_000);
     let max = format!("{name}_max");
     header(out, &max, "gauge", &format!("Longest observation of {name} since the start, in seconds."));
     let _ = writeln!(out, "{max} {}", h.max() as f64 / 1e6);
+}
+
+/// Renders `h` with its bounds and sum divided by `per_unit` (1 keeps them as recorded).
+fn histogram_scaled(out: &mut String, name: &str, help: &str, h: &Histogram, per_unit: u64) {
+    header(out, name, "histogram", help);
+    let (bounds, counts, sum, count) = h.snapshot();
+    let scaled =
+        |v: u64| if per_unit == 1 { v.to_string() } else { (v as f64 / per_unit as f64).to_string() };
+    let mut cumulative = 0u64;
+    for (bound, c) in bounds.iter().zip(&counts) {
+        cumulative += c;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", scaled(*bound));
+    }
+    // The +Inf bucket is the total count by definition, overflow bucket included.
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {}", scaled(sum));
+    let _ = writeln!(out, "{name}_count {count}");
 }
 
 /// A per-topic gauge: name, help text and how to read it.
