@@ -89,6 +89,9 @@ pub struct OpenReport {
     pub messages_lost: u64,
     /// Same: indexed messages whose latest change is gone (they go back to an earlier state).
     pub messages_reverted: u64,
+    /// Queues found shorter than the checkpoint said was durable: a checkpoint vouched for
+    /// writes nobody synced (rebuilt from the log, but a broken sync protocol, never a power cut).
+    pub behind_checkpoint: Vec<String>,
 }
 
 /// The store.
@@ -444,11 +447,15 @@ impl Store {
             };
             if cq.len() < q.len {
                 warn!(queue = %q.name, "consume queue shorter than its checkpoint; rebuilding");
+                report.behind_checkpoint.push(q.name.clone());
                 return Ok(false);
             }
-            if let Some(why) = self.queue_damage(&cq, q.cursor, dispatched) {
+            if let Some((why, unwritten)) = self.queue_damage(&cq, q.cursor, dispatched) {
                 warn!(queue = %q.name, %why, "consume queue disagrees with the commit log; rebuilding all queues from the log");
                 report.queue_damaged = true;
+                if unwritten {
+                    report.behind_checkpoint.push(q.name.clone());
+                }
                 return Ok(false);
             }
             let dropped = cq.truncate_to_offset(dispatched)?;
@@ -499,21 +506,27 @@ impl Store {
     /// must be written (`size != 0`) and ascend strictly in log offset; the unread ones (from
     /// `cursor`) below `dispatched` must point at a record header of their `size`. Entries past
     /// `dispatched` are the torn suffix that recovery drops, which ascending order keeps a suffix.
-    /// Costs one read of each queue file and one record header per unread entry.
-    fn queue_damage(&self, cq: &ConsumeQueue, cursor: u64, dispatched: u64) -> Option<String> {
+    /// Costs one read of each queue file and one record header per unread entry. The flag says
+    /// the cause is an entry below the checkpointed length that was never written: the checkpoint
+    /// vouched for a write nobody synced.
+    fn queue_damage(&self, cq: &ConsumeQueue, cursor: u64, dispatched: u64) -> Option<(String, bool)> {
         let mut prev: Option<u64> = None;
         for i in cq.first()..cq.len() {
-            let Some(e) = cq.get(i) else { return Some(format!("entry {i} is missing")) };
+            let Some(e) = cq.get(i) else { return Some((format!("entry {i} is missing"), false)) };
             if e.size == 0 {
-                return Some(format!("entry {i} is unwritten (zero) below the queue length {}", cq.len()));
+                return Some((
+                    format!("entry {i} is unwritten (zero) below the queue length {}", cq.len()),
+                    true,
+                ));
             }
             if prev.is_some_and(|p| e.offset <= p) {
-                return Some(format!("entry {i} (log offset {}) does not follow the previous one", e.offset));
+                let why = format!("entry {i} (log offset {}) does not follow the previous one", e.offset);
+                return Some((why, false));
             }
             prev = Some(e.offset);
             if i >= cursor && e.offset >= self.log.start() && e.offset < dispatched {
                 if let Some(why) = self.header_mismatch(e.offset, e.size) {
-                    return Some(format!("entry {i}: {why}"));
+                    return Some((format!("entry {i}: {why}"), false));
                 }
             }
         }
