@@ -14,6 +14,7 @@ use delayd::metrics::Metrics;
 use delayd::schedule::clock::SystemClock;
 use delayd::storage::commitlog::{CommitLog, RecoveryMode};
 use delayd::storage::consumequeue::{ConsumeQueue, Entry};
+use delayd::storage::durability::Durability;
 use delayd::storage::format::{encode_put, Put, Route};
 
 fn put_record(body: &[u8]) -> Vec<u8> {
@@ -57,8 +58,15 @@ fn commit_log_append(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for size in [100usize, 1024] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut log, _) =
-            CommitLog::open(dir.path(), 256 << 20, 0, RecoveryMode::Strict, &[]).expect("open log");
+        let (mut log, _) = CommitLog::open(
+            dir.path(),
+            256 << 20,
+            0,
+            RecoveryMode::Strict,
+            &[],
+            Durability::register(dir.path()),
+        )
+        .expect("open log");
         let rec = put_record(&vec![7u8; size]);
         g.bench_function(BenchmarkId::from_parameter(format!("{size}B")), |b| {
             b.iter(|| log.append(&rec).expect("append"))

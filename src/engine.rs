@@ -287,7 +287,6 @@ impl Engine {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let end = self.store.log.end();
         if let Err(e) = self.store.flush_log() {
             // A sync failure poisoned the store in the io layer; anything else (opening a file)
             // poisons here, since the flush's outcome is unknown.
@@ -296,7 +295,6 @@ impl Engine {
                 Ok(()) => self.durability.poison(Failure::from_error(&e)),
             });
         }
-        self.durability.log_synced(end);
         self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
         Ok(())
     }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
+use super::durability::Durability;
 use super::format::{self, DecodeError, Kind, Record, HEADER_BYTES};
 use super::mmap::{sync_dir, MappedFile};
 use super::warmer::Warmer;
@@ -68,7 +69,8 @@ pub struct CommitLog {
     segment_bytes: u64,
     segments: Vec<Segment>,
     write_pos: u64,
-    flushed: u64,
+    /// Owns the offset below which the log is durable, whichever thread synced it.
+    durability: Durability,
     /// Zero-fills the active segment ahead of `write_pos` (see `warmer.rs`).
     warmer: Option<Warmer>,
     /// File-relative offset in the active segment below which appends need not ask the warmer.
@@ -96,6 +98,7 @@ impl CommitLog {
         scan_from: u64,
         mode: RecoveryMode,
         claims: &[DurableClaim],
+        durability: Durability,
     ) -> Result<(CommitLog, RecoveryReport)> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let mut segments = Vec::new();
@@ -164,7 +167,7 @@ impl CommitLog {
             segment_bytes,
             segments,
             write_pos: 0,
-            flushed: 0,
+            durability,
             warmer: None,
             warm_guard: 0,
         };
@@ -181,7 +184,8 @@ impl CommitLog {
         // since reads as a clean end right there). The scan costs at most one segment.
         let report = log.recover(start, mode, claim)?;
         log.write_pos = report.end;
-        log.flushed = report.end;
+        // What recovery kept is on disk (it read it back from there).
+        log.durability.log_synced(report.end);
         log.drop_segments_after(report.end)?;
         log.warmer = Warmer::start(segment_bytes);
         log.warm_active();
@@ -373,9 +377,9 @@ impl CommitLog {
         self.segments.first().map_or(0, |s| s.base)
     }
 
-    /// Offset up to which appends are durable.
+    /// Offset up to which appends are durable (synced here or by the flusher).
     pub fn flushed(&self) -> u64 {
-        self.flushed
+        self.durability.log_durable()
     }
 
     /// Appends one encoded record and returns its offset. Rolls to a new segment when it does not fit.
@@ -457,24 +461,26 @@ impl CommitLog {
         self.flush()?;
         self.segments.push(Segment { base: next, file });
         self.write_pos = next;
-        self.flushed = next;
+        // Past the marker the old segment holds only preallocated zeroes.
+        self.durability.log_synced(next);
         self.warm_active();
         Ok(())
     }
 
     /// Makes every appended byte durable; one msync per touched segment.
     pub fn flush(&mut self) -> Result<()> {
-        if self.flushed >= self.write_pos {
+        let durable = self.flushed();
+        if durable >= self.write_pos {
             return Ok(());
         }
         for seg in &self.segments {
-            let from = self.flushed.max(seg.base);
+            let from = durable.max(seg.base);
             let to = self.write_pos.min(seg.end());
             if from < to {
                 seg.file.sync_data()?;
             }
         }
-        self.flushed = self.write_pos;
+        self.durability.log_synced(self.write_pos);
         Ok(())
     }
 
@@ -687,7 +693,7 @@ mod tests {
     }
 
     fn open(dir: &Path, seg: u64, mode: RecoveryMode) -> Result<(CommitLog, RecoveryReport)> {
-        CommitLog::open(dir, seg, 0, mode, &[])
+        CommitLog::open(dir, seg, 0, mode, &[], Durability::register(dir))
     }
 
     fn offsets(log: &CommitLog) -> Vec<u64> {

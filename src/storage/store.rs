@@ -279,8 +279,14 @@ impl Store {
                 ),
             });
         }
-        let (log, log_report) =
-            CommitLog::open(&dir.join("commitlog"), cfg.segment_bytes, cp.dispatched, cfg.recovery, &claims)?;
+        let (log, log_report) = CommitLog::open(
+            &dir.join("commitlog"),
+            cfg.segment_bytes,
+            cp.dispatched,
+            cfg.recovery,
+            &claims,
+            durability.clone(),
+        )?;
         let mut report = OpenReport {
             clean: clean_end.is_some(),
             log: log_report,
@@ -387,7 +393,6 @@ impl Store {
                 "no room for the reserve file; starting without it"
             );
         }
-        store.durability.log_synced(store.log.flushed());
         store.live_bytes = store.count_live_bytes();
         store.expiry = store.log.start();
         if report.rebuilt {
