@@ -290,6 +290,15 @@ async fn a_full_disk_at_the_next_segment_fails_produces_keeps_acks_and_leaves_no
         other => panic!("expected 503 for a full disk, got {other:?}"),
     }
     assert_eq!(segments(dir.path()), before, "a refused segment must leave no file behind");
+    // Produces that keep coming are refused without preallocating a whole segment each: the log
+    // tries the next segment again at most once a second.
+    let (tried, started) = (g.seen(), std::time::Instant::now());
+    for i in 0..50 {
+        let r = b.produce("t", req(format!("again-{i}"), 16 << 10, When::DelayMs(60_000))).await;
+        assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
+    }
+    let allowed = started.elapsed().as_secs() + 1;
+    assert!(g.seen() - tried <= allowed, "{} preallocations for 50 refused produces", g.seen() - tried);
     // Deliveries and acks still have room: the segment keeps a tail for state changes.
     let got =
         b.pop(PopRequest { topics: vec!["t".into()], max: 20, wait_ms: 0, ttr_ms: None }).await.unwrap();
@@ -298,7 +307,12 @@ async fn a_full_disk_at_the_next_segment_fails_produces_keeps_acks_and_leaves_no
         b.ack(&d.receipt).await.expect("acks must go through on a full disk");
     }
     drop(g);
-    b.produce("t", req("after".into(), 16 << 10, When::DelayMs(60_000))).await.expect("space is back");
+    // Space is back: within a retry interval produces go through again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while let Err(e) = b.produce("t", req("after".into(), 16 << 10, When::DelayMs(60_000))).await {
+        assert!(std::time::Instant::now() < deadline, "still refused after space came back: {e}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(b.store_writable());
     b.shutdown().await.unwrap();
 }

@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -75,7 +76,13 @@ pub struct CommitLog {
     warmer: Option<Warmer>,
     /// File-relative offset in the active segment below which appends need not ask the warmer.
     warm_guard: u64,
+    /// Until when making the next segment is not tried again, and what refused it last time: on
+    /// a full disk every produce would otherwise preallocate (and give back) a whole segment.
+    roll_refused: Option<(Instant, String, i32)>,
 }
+
+/// How long a next segment refused for want of space or file handles is not tried again.
+const ROLL_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Largest tail reserve of a segment: room for ~60,000 state changes.
 pub const TAIL_RESERVE_MAX_BYTES: u64 = 4 << 20;
@@ -170,6 +177,7 @@ impl CommitLog {
             durability,
             warmer: None,
             warm_guard: 0,
+            roll_refused: None,
         };
         // Scan from the start of the segment holding the checkpoint rather than the checkpoint
         // itself: it costs at most one segment and also re-checks what the checkpoint covers there,
@@ -453,7 +461,25 @@ impl CommitLog {
         let last = self.segments.len() - 1;
         let eos = format::encode_end_of_segment();
         let next = self.segments[last].end();
-        let file = MappedFile::open(&self.dir.join(segment_name(next)), self.segment_bytes)?;
+        if let Some((until, context, code)) = &self.roll_refused {
+            if Instant::now() < *until {
+                return Err(Error::io(context.clone(), std::io::Error::from_raw_os_error(*code)));
+            }
+            self.roll_refused = None;
+        }
+        let file = match MappedFile::open(&self.dir.join(segment_name(next)), self.segment_bytes) {
+            Ok(file) => file,
+            Err(e) => {
+                if let Error::Io { context, source } = &e {
+                    if let (true, Some(code)) =
+                        (super::io::is_resource_exhausted(source), source.raw_os_error())
+                    {
+                        self.roll_refused = Some((Instant::now() + ROLL_RETRY_AFTER, context.clone(), code));
+                    }
+                }
+                return Err(e);
+            }
+        };
         file.sync_all()?;
         sync_dir(&self.dir)?;
         // The old segment's tail, marker included, must be durable before anything in the new one.
