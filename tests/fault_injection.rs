@@ -316,3 +316,43 @@ async fn a_full_disk_at_the_next_segment_fails_produces_keeps_acks_and_leaves_no
     assert!(b.store_writable());
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rename_retiring_the_old_index_table_refuses_writes_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::open(config(dir.path())).unwrap();
+    // The index outgrows its 4,096 slots; the rename that makes the new table `ids` fails.
+    let g = Fault::new(Op::Rename, dir.path(), libc::EIO).path_contains("ids.next").inject();
+    let mut acked = Vec::new();
+    let mut refused = None;
+    for i in 0..20_000 {
+        let id = format!("m{i}");
+        match b.produce("t", req(id.clone(), 10, When::DelayMs(600_000))).await {
+            Ok(_) => acked.push(id),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(g.failed() >= 1, "the resize never reached its rename ({} produced)", acked.len());
+    match refused {
+        Some(Error::Unavailable(why)) => assert!(why.contains("rename"), "the refusal must say why: {why}"),
+        other => panic!("expected 503 after the failed rename, got {other:?}"),
+    }
+    let again = b.produce("t", req("x".into(), 10, When::Now)).await;
+    assert!(matches!(again, Err(Error::Unavailable(_))), "writes stay refused until a restart: {again:?}");
+    let info = b.get(&acked[0]).await.expect("look-ups keep working");
+    assert_eq!(info.id, acked[0]);
+    let _ = b.shutdown().await;
+    drop(b);
+    drop(g);
+
+    // The restart finishes the resize from the files on disk: every acknowledged message is there.
+    let b = Broker::open(config(dir.path())).unwrap();
+    for id in &acked {
+        b.get(id).await.unwrap_or_else(|e| panic!("{id} lost after the failed rename: {e}"));
+    }
+    b.produce("t", req("after".into(), 10, When::Now)).await.expect("writable after a restart");
+    b.shutdown().await.unwrap();
+}

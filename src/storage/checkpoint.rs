@@ -267,7 +267,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })();
     if let Err(e) = written {
         // A part-written temp file only holds disk space that a full disk needs back.
-        let _ = fs::remove_file(&tmp);
+        let _ = io::remove_file(&tmp);
         return Err(e);
     }
     io::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
@@ -296,7 +296,7 @@ pub fn take_clean_marker(path: &Path) -> Result<Option<u64>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
     };
-    fs::remove_file(path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    io::remove_file(path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }

@@ -345,7 +345,8 @@ impl CommitLog {
             if let Some(seg) = self.segments.pop() {
                 let path = seg.file.path().to_path_buf();
                 drop(seg);
-                fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+                super::io::remove_file(&path)
+                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
                 sync_dir(&self.dir)?;
             }
         }
@@ -598,7 +599,7 @@ impl CommitLog {
         let seg = self.segments.remove(0);
         let (path, bytes) = (seg.file.path().to_path_buf(), seg.file.len());
         drop(seg);
-        fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+        super::io::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
         sync_dir(&self.dir)?;
         Ok(bytes)
     }
@@ -666,7 +667,7 @@ fn next_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
 /// Lists files in `dir` whose names are 20-digit numbers, ascending.
 pub fn list_numbered(dir: &Path) -> Result<Vec<u64>> {
     let mut out = Vec::new();
-    let rd = match fs::read_dir(dir) {
+    let rd = match super::io::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(Error::io(format!("read dir {}", dir.display()), e)),

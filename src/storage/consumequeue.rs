@@ -403,7 +403,7 @@ impl ConsumeQueue {
                 drop(self.files.remove(0));
             }
             let path = self.file_path(self.first_file);
-            fs::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+            super::io::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
             self.first_file += 1;
             self.file_count -= 1;
             dropped += 1;
@@ -424,7 +424,7 @@ impl ConsumeQueue {
     /// its checkpoint shows emptied or does not list.
     pub fn remove(mut self) -> Result<usize> {
         self.close();
-        match fs::remove_dir_all(&self.dir) {
+        match super::io::remove_dir_all(&self.dir) {
             Ok(()) => Ok(self.file_count as usize),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
             Err(e) => Err(Error::io(format!("remove {}", self.dir.display()), e)),

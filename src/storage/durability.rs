@@ -323,14 +323,14 @@ impl Reserve {
             // Renamed into place only when whole, so a crash never leaves a short reserve.
             .and_then(|()| super::io::rename(&tmp, &self.path));
         if made.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = super::io::remove_file(&tmp);
         }
         made.is_ok()
     }
 
     /// Deletes the reserve, giving its space to the next write; true if there was one.
     pub fn release(&self) -> bool {
-        let released = std::fs::remove_file(&self.path).is_ok();
+        let released = super::io::remove_file(&self.path).is_ok();
         if released {
             warn!(file = %self.path.display(), bytes = RESERVE_BYTES, "disk full: released the reserve");
         }

@@ -14,7 +14,6 @@
 //! the next migration, which the fill (live plus removed) triggers. When the copy is done, a
 //! background thread fdatasyncs the new file and renames it over `ids`.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -615,7 +614,8 @@ impl IdIndex {
             // The new file must be durable before the rename drops the old one, or a power loss
             // could leave `ids` without slots copied since the last checkpoint.
             handle.sync_data()?;
-            fs::rename(&next, &path).map_err(|e| Error::io(format!("rename {}", next.display()), e))?;
+            super::io::rename(&next, &path)
+                .map_err(|e| Error::io(format!("rename {}", next.display()), e))?;
             if let Some(dir) = path.parent() {
                 sync_dir(dir)?;
             }
@@ -647,7 +647,7 @@ impl Drop for IdIndex {
             Some(Job::Prepare { thread, .. }) => {
                 if let Ok(Ok(file)) = thread.join() {
                     drop(file);
-                    let _ = fs::remove_file(&self.next_path);
+                    let _ = super::io::remove_file(&self.next_path);
                 }
             }
             Some(Job::Finish(thread)) => {
@@ -681,7 +681,8 @@ fn finish_interrupted(path: &Path, old: Table, mut next: Table) -> Result<Table>
     next.file.flush()?;
     drop(old);
     let next_path = next.file.path().to_path_buf();
-    fs::rename(&next_path, path).map_err(|e| Error::io(format!("rename {}", next_path.display()), e))?;
+    super::io::rename(&next_path, path)
+        .map_err(|e| Error::io(format!("rename {}", next_path.display()), e))?;
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }
@@ -705,7 +706,7 @@ fn create_table(tmp: &Path, dest: &Path, slots: u64) -> Result<MappedFile> {
     file.write_at(0, &h);
     file.flush()?;
     file.sync_all()?;
-    fs::rename(tmp, dest).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
+    super::io::rename(tmp, dest).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     if let Some(dir) = dest.parent() {
         sync_dir(dir)?;
     }
@@ -715,7 +716,7 @@ fn create_table(tmp: &Path, dest: &Path, slots: u64) -> Result<MappedFile> {
 }
 
 fn remove_if_exists(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
+    match super::io::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
@@ -733,6 +734,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+    use std::fs;
 
     type Key = (u64, u64);
 

@@ -33,6 +33,8 @@ pub enum Op {
     Sync,
     /// A rename.
     Rename,
+    /// Removing a file or a directory tree.
+    Remove,
 }
 
 /// What one registered fault does.
@@ -317,6 +319,18 @@ pub fn sync_range(file: &File, path: &Path, offset: u64, len: u64) -> io::Result
 pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
     fail_if_injected(Op::Rename, from)?;
     std::fs::rename(from, to)
+}
+
+/// Removes the file `path`.
+pub fn remove_file(path: &Path) -> io::Result<()> {
+    fail_if_injected(Op::Remove, path)?;
+    std::fs::remove_file(path)
+}
+
+/// Removes the directory `path` and everything under it.
+pub fn remove_dir_all(path: &Path) -> io::Result<()> {
+    fail_if_injected(Op::Remove, path)?;
+    std::fs::remove_dir_all(path)
 }
 
 /// True for errors that say a resource ran out (disk space, quota, file handles, memory for a

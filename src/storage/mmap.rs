@@ -34,7 +34,7 @@ impl MappedFile {
             if let Err(e) = io::preallocate(&file, path, len) {
                 if !existed {
                     drop(file);
-                    let _ = std::fs::remove_file(path);
+                    let _ = io::remove_file(path);
                 }
                 return Err(Error::io(format!("preallocate {}", path.display()), e));
             }

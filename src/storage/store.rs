@@ -148,7 +148,7 @@ fn topic_dir(root: &Path, topic: &str) -> PathBuf {
 /// Deletes the index and its resize files, so the next open creates a fresh one.
 fn remove_index_files(ids: &Path) -> Result<()> {
     for path in [ids.to_path_buf(), ids.with_extension("next"), ids.with_extension("new")] {
-        match fs::remove_file(&path) {
+        match super::io::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(Error::io(format!("remove {}", path.display()), e))
             }
@@ -159,7 +159,7 @@ fn remove_index_files(ids: &Path) -> Result<()> {
 }
 
 fn remove_dir_if_present(dir: &Path) -> Result<()> {
-    match fs::remove_dir_all(dir) {
+    match super::io::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(Error::io(format!("remove {}", dir.display()), e))
         }
@@ -482,7 +482,7 @@ impl Store {
         // topics (perhaps forgotten before the crash) go and come back if the replay names them.
         for (kind, sub) in [(QueueKind::Level, "level"), (QueueKind::Topic, "topic")] {
             let root = self.dir.join("cq").join(sub);
-            let Ok(rd) = fs::read_dir(&root) else { continue };
+            let Ok(rd) = super::io::read_dir(&root) else { continue };
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
                 match kind {
@@ -652,7 +652,7 @@ impl Store {
         self.lru.clear();
         let cq_root = self.dir.join("cq");
         if cq_root.exists() {
-            fs::remove_dir_all(&cq_root)
+            super::io::remove_dir_all(&cq_root)
                 .map_err(|e| Error::io(format!("remove {}", cq_root.display()), e))?;
         }
         let index_path = self.dir.join("index").join("ids");
