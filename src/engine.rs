@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use tracing::debug;
 
 use crate::config::{BrokerConfig, DelayPolicy};
@@ -63,19 +65,57 @@ pub fn validate_id(id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Receipts name one delivery: the message's Put offset and the seq its reservation made.
-fn encode_receipt(msg_offset: u64, seq: u32) -> String {
-    format!("{msg_offset:016x}{seq:08x}")
+/// Signs and checks receipts. A receipt names one delivery (the message's Put offset and the seq
+/// its reservation made) and carries a 64-bit HMAC-SHA256 tag of both under the data directory's
+/// key: a consumer holding receipts cannot derive another delivery's by guessing.
+#[derive(Clone)]
+pub(crate) struct Receipts {
+    mac: Hmac<Sha256>,
 }
 
-fn decode_receipt(receipt: &str) -> Result<(u64, u32)> {
-    let bad = || Error::NotFound("unknown or expired receipt".to_string());
-    if receipt.len() != 24 || !receipt.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad());
+/// Hex digits of a receipt: offset (16), seq (8), tag (16).
+const RECEIPT_LEN: usize = 40;
+
+impl Receipts {
+    pub(crate) fn new(key: &[u8]) -> Receipts {
+        // HMAC takes a key of any length, so this cannot fail.
+        let mac = <Hmac<Sha256> as Mac>::new_from_slice(key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts any key"));
+        Receipts { mac }
     }
-    let off = u64::from_str_radix(&receipt[..16], 16).map_err(|_| bad())?;
-    let seq = u32::from_str_radix(&receipt[16..], 16).map_err(|_| bad())?;
-    Ok((off, seq))
+
+    fn tag(&self, msg_offset: u64, seq: u32) -> Hmac<Sha256> {
+        let mut m = self.mac.clone();
+        m.update(&msg_offset.to_le_bytes());
+        m.update(&seq.to_le_bytes());
+        m
+    }
+
+    pub(crate) fn encode(&self, msg_offset: u64, seq: u32) -> String {
+        let tag = self.tag(msg_offset, seq).finalize().into_bytes();
+        let mut out = format!("{msg_offset:016x}{seq:08x}");
+        for b in &tag[..8] {
+            out.push_str(&format!("{b:02x}"));
+        }
+        out
+    }
+
+    /// The delivery a receipt names, if it is well formed and its tag checks out (compared in
+    /// constant time); every failure reads as an unknown receipt.
+    pub(crate) fn decode(&self, receipt: &str) -> Result<(u64, u32)> {
+        let bad = || Error::NotFound("unknown or expired receipt".to_string());
+        if receipt.len() != RECEIPT_LEN || !receipt.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let off = u64::from_str_radix(&receipt[..16], 16).map_err(|_| bad())?;
+        let seq = u32::from_str_radix(&receipt[16..24], 16).map_err(|_| bad())?;
+        let mut tag = [0u8; 8];
+        for (i, b) in tag.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&receipt[24 + 2 * i..26 + 2 * i], 16).map_err(|_| bad())?;
+        }
+        self.tag(off, seq).verify_truncated_left(&tag).map_err(|_| bad())?;
+        Ok((off, seq))
+    }
 }
 
 /// Timers either make a delayed message ready or expire a reservation.
@@ -96,6 +136,7 @@ pub struct Engine {
     id_seed: u64,
     /// The store's health, shared with the threads that sync its files.
     durability: Durability,
+    receipts: Receipts,
 }
 
 impl Engine {
@@ -119,6 +160,8 @@ impl Engine {
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
         let durability = store.durability().clone();
+        let receipts =
+            Receipts::new(&crate::storage::secret::load_or_create(&cfg.data_dir.join("receipt_key"))?);
         let mut engine = Engine {
             cfg,
             clock,
@@ -128,6 +171,7 @@ impl Engine {
             id_counter: 0,
             id_seed,
             durability,
+            receipts,
         };
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
@@ -640,7 +684,7 @@ impl Engine {
             id,
             topic: topic.to_string(),
             body,
-            receipt: encode_receipt(msg_offset, new_seq),
+            receipt: self.receipts.encode(msg_offset, new_seq),
             attempt,
             deliver_at_ms: entry.tag,
             ttr_ms: ttr,
@@ -648,7 +692,7 @@ impl Engine {
     }
 
     fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
-        let (msg_offset, seq) = decode_receipt(receipt)?;
+        let (msg_offset, seq) = self.receipts.decode(receipt)?;
         let gone = || Error::NotFound("unknown or expired receipt".to_string());
         if msg_offset >= self.store.log.end() || msg_offset < self.store.log.start() {
             return Err(gone());

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use crate::config::BrokerConfig;
-use crate::engine::Engine;
+use crate::engine::{Engine, Receipts};
 use crate::message::{MessageState, Nacked, ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::ManualClock;
@@ -360,4 +360,20 @@ fn round_policy_uses_the_nearest_level() {
     assert_eq!(p.deliver_at_ms, T0 + 5_000);
     let got = run_until(&mut e, &clock, T0 + 10_000, 1 << 40);
     assert_eq!(got, vec![("r".to_string(), T0 + 5_000, T0 + 5_000)]);
+}
+
+#[test]
+fn receipts_carry_a_tag_that_only_this_data_directory_accepts() {
+    let a = Receipts::new(b"key one");
+    let b = Receipts::new(b"key two");
+    let r = a.encode(4096, 7);
+    assert_eq!(a.decode(&r).unwrap(), (4096, 7));
+    assert!(b.decode(&r).is_err(), "another key's receipt is refused");
+    for i in 0..r.len() {
+        let mut bytes = r.clone().into_bytes();
+        bytes[i] = if bytes[i] == b'0' { b'1' } else { b'0' };
+        let forged = String::from_utf8(bytes).unwrap();
+        assert!(a.decode(&forged).is_err(), "one changed digit ({i}) must be refused: {forged}");
+    }
+    assert!(a.decode(&r[..24]).is_err(), "the unsigned layout is refused");
 }

@@ -10,6 +10,7 @@ pub mod index;
 pub mod io;
 pub mod mmap;
 pub mod reclaim;
+pub mod secret;
 pub mod store;
 #[cfg(test)]
 pub mod synced;

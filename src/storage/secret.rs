@@ -1,0 +1,108 @@
+//! The data directory's receipt key: 32 random bytes that sign every delivery receipt, so a
+//! consumer cannot ack or nack a delivery it was not given by guessing its receipt.
+//!
+//! The key is not derived from the log and nothing else depends on it: a missing or damaged key
+//! file is replaced by a new key, which only invalidates receipts handed out before (their
+//! messages come back when their time-to-run ends, as for a consumer that died).
+
+use std::path::Path;
+
+use tracing::warn;
+
+use super::checkpoint::write_atomic;
+use crate::error::{Error, Result};
+
+/// Bytes of the key.
+pub const KEY_BYTES: usize = 32;
+/// `DLRK` little-endian: the file's magic.
+const MAGIC: u32 = u32::from_le_bytes(*b"DLRK");
+const VERSION: u16 = 1;
+/// magic, version, reserved, key, CRC.
+const FILE_BYTES: usize = 4 + 2 + 2 + KEY_BYTES + 4;
+
+/// Reads the key in `path`, or makes, stores and returns a new one when the file is missing or
+/// fails its check.
+pub fn load_or_create(path: &Path) -> Result<[u8; KEY_BYTES]> {
+    match std::fs::read(path) {
+        Ok(b) => match decode(&b) {
+            Some(key) => return Ok(key),
+            None => warn!(
+                file = %path.display(),
+                "receipt key damaged; making a new one (receipts handed out before are refused, \
+                 their messages come back after their time-to-run)"
+            ),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    }
+    let key = random_key()?;
+    write_atomic(path, &encode(&key))?;
+    Ok(key)
+}
+
+fn encode(key: &[u8; KEY_BYTES]) -> [u8; FILE_BYTES] {
+    let mut b = [0u8; FILE_BYTES];
+    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    b[8..8 + KEY_BYTES].copy_from_slice(key);
+    let crc = crc32fast::hash(&b[..8 + KEY_BYTES]);
+    b[8 + KEY_BYTES..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn decode(b: &[u8]) -> Option<[u8; KEY_BYTES]> {
+    if b.len() != FILE_BYTES {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[8 + KEY_BYTES..].try_into().ok()?);
+    if crc32fast::hash(&b[..8 + KEY_BYTES]) != crc
+        || u32::from_le_bytes(b[0..4].try_into().ok()?) != MAGIC
+        || u16::from_le_bytes(b[4..6].try_into().ok()?) != VERSION
+    {
+        return None;
+    }
+    b[8..8 + KEY_BYTES].try_into().ok()
+}
+
+/// 32 bytes from the kernel's CSPRNG (getrandom(2), which blocks only before the pool is seeded).
+fn random_key() -> Result<[u8; KEY_BYTES]> {
+    let mut key = [0u8; KEY_BYTES];
+    let mut filled = 0;
+    while filled < KEY_BYTES {
+        let rest = &mut key[filled..];
+        // SAFETY: the pointer and length describe `rest`, a live, writable buffer.
+        #[allow(unsafe_code)]
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("getrandom", e));
+        }
+        filled += n as usize;
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_made_once_kept_across_opens_and_replaced_when_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("receipt_key");
+        let a = load_or_create(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap().len(), FILE_BYTES);
+        assert_eq!(load_or_create(&path).unwrap(), a, "the key survives a reopen");
+        let other = load_or_create(&tempfile::tempdir().unwrap().path().join("receipt_key")).unwrap();
+        assert_ne!(a, other, "each data directory has its own key");
+        let mut b = std::fs::read(&path).unwrap();
+        b[10] ^= 1;
+        std::fs::write(&path, &b).unwrap();
+        let c = load_or_create(&path).unwrap();
+        assert_ne!(c, a, "a damaged key is replaced");
+        assert_eq!(load_or_create(&path).unwrap(), c);
+    }
+}
