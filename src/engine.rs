@@ -860,9 +860,11 @@ impl Engine {
         let (_, slot) = self.by_id(id)?;
         let deliver_at_ms = self.store.deliver_at(&slot)?;
         let p = self.store.put_at(slot.msg_offset)?;
+        let topic = String::from_utf8_lossy(p.topic).into_owned();
         Ok(MessageInfo {
             id: id.to_string(),
-            topic: String::from_utf8_lossy(p.topic).into_owned(),
+            dead_letter_topic: (slot.home == Home::DeadLetter).then(|| dead_letter_topic(&topic)),
+            topic,
             state: match slot.state {
                 State::Delayed => MessageState::Delayed,
                 State::Ready => MessageState::Ready,

@@ -105,6 +105,9 @@ pub struct MessageInfo {
     pub id: String,
     /// Original topic.
     pub topic: String,
+    /// The dead-letter topic holding it, once it was dead-lettered (also while a consumer of that
+    /// topic has it reserved, and after it is acked there).
+    pub dead_letter_topic: Option<String>,
     /// Current state.
     pub state: MessageState,
     /// Next due time (or the due time it was delivered at), unix ms.

@@ -172,10 +172,13 @@ fn nack_follows_the_backoff_then_dead_letters() {
     let (st, info) = s.get("/v1/messages/job-1");
     assert_eq!(st, 200);
     assert_eq!(info["state"], "dead");
+    assert_eq!(info["dead_letter_topic"], "jobs.dlq", "a dead message says where it is: {info}");
     let (dead, _) = s.pop("jobs.dlq", 1, 3000, None);
     assert_eq!(dead.len(), 1, "nothing in the dead-letter topic");
     assert_eq!(dead[0]["body"], "work");
     assert_eq!(s.ack(&receipt(&dead[0])), 200);
+    let (_, info) = s.get("/v1/messages/job-1");
+    assert_eq!((&info["state"], &info["dead_letter_topic"]), (&json!("done"), &json!("jobs.dlq")), "{info}");
     let (_, stats) = s.get("/v1/stats");
     let jobs =
         stats["topics"].as_array().unwrap().iter().find(|t| t["topic"] == "jobs").expect("jobs in stats");

@@ -259,14 +259,18 @@ pub(crate) async fn nack(
 }
 
 fn info_json(m: &MessageInfo) -> Value {
-    json!({
+    let mut v = json!({
         "id": m.id,
         "topic": m.topic,
         "state": m.state,
         "deliver_at_ms": m.deliver_at_ms,
         "attempt": m.attempt,
         "body": String::from_utf8_lossy(&m.body),
-    })
+    });
+    if let Some(dlq) = &m.dead_letter_topic {
+        v["dead_letter_topic"] = json!(dlq);
+    }
+    v
 }
 
 /// `GET /v1/messages/{id}`
