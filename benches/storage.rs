@@ -30,6 +30,7 @@ fn put_record(body: &[u8]) -> Vec<u8> {
         topic: b"orders",
         backoff_ms: vec![],
         body,
+        replaces: false,
     })
     .expect("encodable")
 }

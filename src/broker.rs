@@ -86,6 +86,11 @@ enum Command {
         id: String,
         reply: oneshot::Sender<Result<()>>,
     },
+    Replace {
+        topic: String,
+        req: ProduceRequest,
+        reply: oneshot::Sender<Result<()>>,
+    },
     Get {
         id: String,
         reply: oneshot::Sender<Result<MessageInfo>>,
@@ -266,6 +271,13 @@ impl Broker {
     pub async fn cancel(&self, id: &str) -> Result<()> {
         let id = id.to_string();
         self.call(|reply| Command::Cancel { id, reply }).await
+    }
+
+    /// Produces a message that its id names from now on, replacing a pending, reserved or dead one
+    /// (cancelled, never delivered again) or a final one (the compat `/push`).
+    pub async fn replace(&self, topic: &str, req: ProduceRequest) -> Result<()> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::Replace { topic, req, reply }).await
     }
 
     /// Looks a message up by id.
@@ -703,6 +715,9 @@ impl EngineLoop {
                     self.pending.push(Pending::Nack(reply, engine.nack(&receipt, delay_ms)))
                 }
                 Command::Cancel { id, reply } => self.pending.push(Pending::Unit(reply, engine.cancel(&id))),
+                Command::Replace { topic, req, reply } => {
+                    self.pending.push(Pending::Unit(reply, engine.replace(&topic, req).map(|_| ())))
+                }
                 Command::Get { id, reply } => {
                     let _ = reply.send(engine.get(&id));
                 }

@@ -56,7 +56,7 @@ const fn key(name: &'static str, value_name: &'static str, help: &'static str) -
 }
 
 /// Every key of the program with its help, in the order `config/delayd.toml` documents them.
-pub const KEY_TABLE: [Key; 26] = [
+pub const KEY_TABLE: [Key; KEY_COUNT] = [
     key("listen", "ADDR", "Address of the HTTP server; port 0 picks a free one (printed on stdout)"),
     key("data_dir", "DIR", "Data directory; one delayd per directory"),
     key(
@@ -78,6 +78,11 @@ pub const KEY_TABLE: [Key; 26] = [
     key("max_batch", "N", "Most messages in one batch produce or pop"),
     key("max_wait", "DURATION", "Cap on a native pop's wait_ms"),
     key("compat_max_wait", "DURATION", "How long a compat /pop long-polls"),
+    key(
+        "compat_max_attempts",
+        "N",
+        "Deliveries before a compat job moves to {topic}.dlq, or unlimited (never)",
+    ),
     key(
         "auth_token",
         "TOKEN",
@@ -101,9 +106,12 @@ pub const KEY_TABLE: [Key; 26] = [
     key("open_queues", "N", "Most topic queues with open files at once"),
 ];
 
+/// How many keys there are.
+pub const KEY_COUNT: usize = 27;
+
 /// Every key's name, in the order of [`KEY_TABLE`].
-pub const KEYS: [&str; 26] = {
-    let mut names = [""; 26];
+pub const KEYS: [&str; KEY_COUNT] = {
+    let mut names = [""; KEY_COUNT];
     let mut i = 0;
     while i < names.len() {
         names[i] = KEY_TABLE[i].name;
@@ -255,6 +263,10 @@ pub struct Config {
     /// How long a compat `/pop` long-polls, in ms.
     #[serde(deserialize_with = "de_duration")]
     pub compat_max_wait: u64,
+    /// Deliveries before a compat job is dead-lettered; `None` (the default): never, as the
+    /// original redelivers an unfinished job forever.
+    #[serde(deserialize_with = "de_attempts_limit")]
+    pub compat_max_attempts: Option<u32>,
     /// Bearer token required on `/v1`, `/metrics` and the compat API when set.
     pub auth_token: Option<String>,
     /// `text` or `json`.
@@ -298,6 +310,7 @@ impl Default for Config {
             max_batch: 1000,
             max_wait: 180_000,
             compat_max_wait: 178_000,
+            compat_max_attempts: None,
             auth_token: None,
             log_format: LogFormat::Text,
             log_level: "info".to_string(),
@@ -397,6 +410,7 @@ impl Config {
             "max_batch" => self.max_batch = parse_count(v)?,
             "max_wait" => self.max_wait = parse_duration(v)?,
             "compat_max_wait" => self.compat_max_wait = parse_duration(v)?,
+            "compat_max_attempts" => self.compat_max_attempts = parse_attempts_limit(v)?,
             // An empty token must not quietly turn authentication off: unset is the only way.
             "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
             "auth_token" => self.auth_token = Some(v.to_string()),
@@ -435,6 +449,7 @@ impl Config {
             "max_batch" => self.max_batch.to_string(),
             "max_wait" => fmt_ms(self.max_wait),
             "compat_max_wait" => fmt_ms(self.compat_max_wait),
+            "compat_max_attempts" => self.compat_max_attempts.map_or("unlimited".into(), |n| n.to_string()),
             "auth_token" => self.auth_token.clone()?,
             "log_format" => name_of(&LOG_FORMATS, self.log_format),
             "log_level" => self.log_level.clone(),
@@ -487,6 +502,12 @@ impl Config {
         }
         if self.max_attempts == 0 {
             return bad("max_attempts", "must be at least 1".into());
+        }
+        if let Some(n) = self.compat_max_attempts {
+            if n == 0 || n > crate::engine::MAX_ATTEMPTS_LIMIT {
+                let why = format!("must be 1 to {} or unlimited", crate::engine::MAX_ATTEMPTS_LIMIT);
+                return bad("compat_max_attempts", why);
+            }
         }
         if self.backoff.is_empty() {
             return bad("backoff", "needs at least one step".into());
@@ -680,6 +701,24 @@ fn num_or_str<'de, D: Deserializer<'de>>(
     }
 }
 
+/// `unlimited`, or a number of deliveries.
+fn parse_attempts_limit(v: &str) -> std::result::Result<Option<u32>, String> {
+    if v.trim().eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
+    parse_count(v).map(Some)
+}
+
+fn de_attempts_limit<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<u32>, D::Error> {
+    use serde::de::Error as _;
+    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting("a number or \"unlimited\"")))? {
+        NumOrStr::Num(n) => {
+            u32::try_from(n).map(Some).map_err(|_| D::Error::custom(format!("{n} is out of range")))
+        }
+        NumOrStr::Str(s) => parse_attempts_limit(&s).map_err(D::Error::custom),
+    }
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
     num_or_str(d, "a duration such as \"10s\" or a number of ms", parse_duration)
 }
@@ -853,6 +892,7 @@ mod tests {
             ("max_batch", "10"),
             ("max_wait", "1s"),
             ("compat_max_wait", "2s"),
+            ("compat_max_attempts", "5"),
             ("auth_token", "t"),
             ("log_format", "json"),
             ("log_level", "debug"),
@@ -887,6 +927,7 @@ mod tests {
             max_batch: 10,
             max_wait: 1000,
             compat_max_wait: 2000,
+            compat_max_attempts: Some(5),
             auth_token: Some("t".into()),
             log_format: LogFormat::Json,
             log_level: "debug".into(),

@@ -84,17 +84,39 @@ impl Msg {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Produce { delay_s: u64, body: usize },
+    Produce {
+        delay_s: u64,
+        body: usize,
+    },
     Pop,
-    Ack { pick: usize },
-    Nack { pick: usize, delay_s: u64 },
-    Cancel { pick: usize },
-    Advance { ms: u64 },
+    Ack {
+        pick: usize,
+    },
+    Nack {
+        pick: usize,
+        delay_s: u64,
+    },
+    Cancel {
+        pick: usize,
+    },
+    /// The compat `/push` of an existing id: a new message takes the id, the old one is never
+    /// delivered again.
+    Replace {
+        pick: usize,
+        delay_s: u64,
+    },
+    Advance {
+        ms: u64,
+    },
     Flush,
     Checkpoint,
     Capture,
     Durable,
-    PowerCut { seed: u64, strict: bool, garbage: bool },
+    PowerCut {
+        seed: u64,
+        strict: bool,
+        garbage: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -105,6 +127,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
         1 => (any::<usize>(), 0u64..5).prop_map(|(pick, delay_s)| Op::Nack { pick, delay_s }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => (any::<usize>(), prop_oneof![Just(0u64), 1u64..10]).prop_map(|(pick, delay_s)| Op::Replace { pick, delay_s }),
         2 => prop_oneof![1u64..3_000, 10_000u64..60_000].prop_map(|ms| Op::Advance { ms }),
         3 => Just(Op::Flush),
         1 => Just(Op::Checkpoint),
@@ -350,6 +373,26 @@ fn run(ops: Vec<Op>, protocol: Protocol) -> Result<(), TestCaseError> {
                     let id = live[pick % live.len()].clone();
                     e.cancel(&id).unwrap();
                     model.get_mut(&id).unwrap().doubt.push(St::Final(now));
+                    receipts.retain(|(r, _)| *r != id);
+                }
+            }
+            Op::Replace { pick, delay_s } => {
+                if !model.is_empty() {
+                    let id = model.keys().nth(pick % model.len()).cloned().unwrap_or_default();
+                    let req = ProduceRequest {
+                        id: Some(id.clone()),
+                        body: Bytes::from(format!("{id} again")),
+                        when: When::DelayMs(delay_s * 1000),
+                        ttr_ms: None,
+                        max_attempts: None,
+                        backoff_ms: None,
+                    };
+                    e.replace(&topics()[pick % 3], req).unwrap();
+                    let m = model.get_mut(&id).unwrap();
+                    if matches!(m.latest(), Some(St::Pending(_) | St::Reserved(_))) {
+                        m.doubt.push(St::Final(now));
+                    }
+                    m.doubt.push(St::Pending(now + delay_s * 1000));
                     receipts.retain(|(r, _)| *r != id);
                 }
             }

@@ -36,6 +36,9 @@ pub const MAX_ID_LEN: usize = 128;
 pub const MAX_TOPIC_LEN: usize = 128;
 /// Highest accepted `max_attempts` (the index keeps attempts in 16 bits).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
+/// `max_attempts` of a message that is never dead-lettered (a compat job by default, as the
+/// original redelivers forever); kept in the Put as is.
+pub const UNLIMITED_ATTEMPTS: u32 = u32::MAX;
 
 /// Index slots copied per chunk of a maintenance call during a resize: a `pwrite` each (2–3 µs
 /// on a VM), so the deadline is looked at every few hundred microseconds.
@@ -48,19 +51,22 @@ pub fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
         return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_LEN} characters")));
     }
-    if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+    // '%' appears only in the storage names of compat topics (see `http::compat`), which escape
+    // every other byte as %XX; native topics never contain it.
+    if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'%')) {
         return Err(Error::invalid("topic", "may only contain A-Z, a-z, 0-9, '.', '_' and '-'"));
     }
     Ok(())
 }
 
-/// Checks a client-chosen id: 1 to 128 bytes of UTF-8 without whitespace or control characters.
+/// Checks a client-chosen id: 1 to 128 bytes of UTF-8 without control characters. (The native
+/// API also refuses whitespace; compat ids, as the original's, may contain spaces.)
 pub fn validate_id(id: &str) -> Result<()> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_LEN} bytes")));
     }
-    if id.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(Error::invalid("id", "must not contain whitespace or control characters"));
+    if id.chars().any(|c| c.is_control()) {
+        return Err(Error::invalid("id", "must not contain control characters"));
     }
     Ok(())
 }
@@ -414,8 +420,22 @@ impl Engine {
         }
     }
 
-    /// Produces one message.
+    /// Produces one message; a message with the same id answers as an idempotent retry (the same
+    /// request) or a conflict.
     pub fn produce(&mut self, topic: &str, req: ProduceRequest) -> Result<Produced> {
+        self.produce_as(topic, req, false)
+    }
+
+    /// Produces one message that its id names from now on, as the compat `/push` does: a pending,
+    /// reserved or dead message with the same id is cancelled first (it is never delivered again)
+    /// and a final one is forgotten. Everything that can refuse the request is checked before the
+    /// old message changes. A failure between the two appends leaves the old message cancelled and
+    /// the push unanswered, which its client retries.
+    pub fn replace(&mut self, topic: &str, req: ProduceRequest) -> Result<Produced> {
+        self.produce_as(topic, req, true)
+    }
+
+    fn produce_as(&mut self, topic: &str, req: ProduceRequest, replace: bool) -> Result<Produced> {
         // Even an idempotent repeat is refused by a poisoned store: the first produce's record
         // may be among the writes whose sync failed, and a 200 would acknowledge it.
         self.writable()?;
@@ -432,7 +452,7 @@ impl Engine {
             return Err(Error::invalid("ttr_ms", format!("must be 1 to {} ms", self.cfg.max_delay_ms)));
         }
         let max_attempts = req.max_attempts.unwrap_or(self.cfg.default_max_attempts);
-        if max_attempts == 0 || max_attempts > MAX_ATTEMPTS_LIMIT {
+        if max_attempts == 0 || (max_attempts > MAX_ATTEMPTS_LIMIT && max_attempts != UNLIMITED_ATTEMPTS) {
             return Err(Error::invalid("max_attempts", format!("must be 1 to {MAX_ATTEMPTS_LIMIT}")));
         }
         let backoff_ms = req.backoff_ms.clone().unwrap_or_default();
@@ -446,20 +466,30 @@ impl Engine {
             When::AtMs(t) => (2, t),
             When::LevelIndex(i) => (3, u64::from(i)),
         };
+        // With `replace`, the message this one replaces, and whether it must be cancelled first.
+        let mut replaces = None;
         if let Some(id) = &req.id {
             validate_id(id)?;
             if let Some((_, slot)) = self.store.find_id(id.as_bytes(), self.expired_at()) {
-                let p = self.store.put_at(slot.msg_offset)?;
-                let same = p.topic == topic.as_bytes()
-                    && p.body == &req.body[..]
-                    && p.request_kind == request_kind
-                    && p.request_value == request_value;
-                if same {
-                    return Ok(Produced { id: id.clone(), deliver_at_ms: p.deliver_at_ms, created: false });
+                if replace {
+                    replaces = Some(!matches!(slot.state, State::Done | State::Cancelled));
+                } else {
+                    let p = self.store.put_at(slot.msg_offset)?;
+                    let same = p.topic == topic.as_bytes()
+                        && p.body == &req.body[..]
+                        && p.request_kind == request_kind
+                        && p.request_value == request_value;
+                    if same {
+                        return Ok(Produced {
+                            id: id.clone(),
+                            deliver_at_ms: p.deliver_at_ms,
+                            created: false,
+                        });
+                    }
+                    return Err(Error::Conflict(format!(
+                        "id {id:?} already exists with a different topic, body or delay"
+                    )));
                 }
-                return Err(Error::Conflict(format!(
-                    "id {id:?} already exists with a different topic, body or delay"
-                )));
             }
         }
         if !self.store.topics.contains_key(topic) && self.store.topics.len() >= self.cfg.max_topics {
@@ -485,7 +515,11 @@ impl Engine {
             topic: topic.as_bytes(),
             backoff_ms,
             body: &req.body,
+            replaces: replaces.is_some(),
         })?;
+        if replaces == Some(true) {
+            self.cancel(&id)?;
+        }
         self.append(&rec)?;
         inc(&self.metrics.produced);
         Ok(Produced { id, deliver_at_ms, created: true })

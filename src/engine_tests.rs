@@ -201,7 +201,9 @@ fn idempotent_produce_and_conflicts() {
         Err(crate::Error::Invalid { .. })
     ));
     assert!(matches!(e.produce("bad topic", req("z", When::Now)), Err(crate::Error::Invalid { .. })));
-    assert!(matches!(e.produce("t", req("with space", When::Now)), Err(crate::Error::Invalid { .. })));
+    // Whitespace in ids is the native HTTP API's rule (compat ids may have it); control
+    // characters are refused everywhere.
+    assert!(matches!(e.produce("t", req("bell\u{7}", When::Now)), Err(crate::Error::Invalid { .. })));
     assert!(matches!(e.produce("t", req("lvl", When::LevelIndex(19))), Err(crate::Error::Invalid { .. })));
     let generated = e.produce("t", ProduceRequest { id: None, ..req("", When::Now) }).unwrap();
     assert!(e.get(&generated.id).is_ok());
@@ -376,4 +378,87 @@ fn receipts_carry_a_tag_that_only_this_data_directory_accepts() {
         assert!(a.decode(&forged).is_err(), "one changed digit ({i}) must be refused: {forged}");
     }
     assert!(a.decode(&r[..24]).is_err(), "the unsigned layout is refused");
+}
+
+fn with_body(id: &str, body: &str, when: When) -> ProduceRequest {
+    ProduceRequest { body: Bytes::from(body.to_string()), ..req(id, when) }
+}
+
+/// Pops everything ready in `topic` and acks it; returns (id, body).
+fn drain(e: &mut Engine, topic: &str) -> Vec<(String, String)> {
+    let mut out = vec![];
+    for d in e.pop(&topics(topic), 1000, None).unwrap() {
+        e.ack(&d.receipt).unwrap();
+        out.push((d.id, String::from_utf8_lossy(&d.body).into_owned()));
+    }
+    out
+}
+
+#[test]
+fn a_replacing_produce_wins_over_every_state_of_the_old_message_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    // Pending (delayed) -> replaced with a new topic, body and delay.
+    e.produce("t", with_body("a", "a1", When::DelayMs(5_000))).unwrap();
+    e.replace("u", with_body("a", "a2", When::DelayMs(1_000))).unwrap();
+    // Reserved -> replaced: the consumer's receipt is dead.
+    e.produce("t", with_body("b", "b1", When::Now)).unwrap();
+    let held = e.pop(&topics("t"), 10, None).unwrap();
+    assert_eq!(held.len(), 1);
+    e.replace("t", with_body("b", "b2", When::DelayMs(2_000))).unwrap();
+    assert!(e.ack(&held[0].receipt).is_err(), "the replaced delivery's receipt must be refused");
+    // Done -> a new message.
+    e.produce("t", with_body("c", "c1", When::Now)).unwrap();
+    assert_eq!(drain(&mut e, "t"), vec![("c".to_string(), "c1".to_string())]);
+    e.replace("t", with_body("c", "c2", When::Now)).unwrap();
+    // Dead -> a new message in the main topic.
+    e.produce("t", ProduceRequest { max_attempts: Some(1), ..with_body("d", "d1", When::Now) }).unwrap();
+    let got = e.pop(&topics("t"), 10, None).unwrap();
+    let d = got.iter().find(|m| m.id == "d").unwrap();
+    assert!(matches!(e.nack(&d.receipt, Some(0)).unwrap(), Nacked::DeadLettered { .. }));
+    for m in got.iter().filter(|m| m.id != "d") {
+        e.ack(&m.receipt).unwrap();
+    }
+    e.replace("t", with_body("d", "d2", When::Now)).unwrap();
+    assert_eq!(e.get("d").unwrap().state, MessageState::Ready);
+    assert!(e.pop(&topics("t.dlq"), 10, None).unwrap().is_empty(), "the dead copy must be gone");
+    // The same replacing request twice is two pushes: the second replaces the first.
+    e.replace("t", with_body("c", "c3", When::Now)).unwrap();
+    e.flush().unwrap();
+    drop(e);
+
+    // After a reopen (a replay of the log past the checkpoint) only the latest of each id is there.
+    let mut e = open(dir.path(), &clock);
+    assert_eq!(e.get("a").unwrap().topic, "u");
+    let mut seen = drain(&mut e, "t");
+    clock.set_ms(T0 + 3_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    seen.extend(drain(&mut e, "t"));
+    seen.extend(drain(&mut e, "u"));
+    seen.sort();
+    let want: Vec<(String, String)> = [("a", "a2"), ("b", "b2"), ("c", "c3"), ("d", "d2")]
+        .iter()
+        .map(|(i, b)| (i.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(seen, want, "only the replacing messages are delivered, once each");
+    clock.set_ms(T0 + 60_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert!(
+        drain(&mut e, "t").is_empty() && drain(&mut e, "u").is_empty() && drain(&mut e, "t.dlq").is_empty()
+    );
+}
+
+#[test]
+fn a_refused_replacing_produce_leaves_the_old_message_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    e.produce("t", with_body("a", "a1", When::DelayMs(1_000))).unwrap();
+    let r = e.replace("t", ProduceRequest { ttr_ms: Some(0), ..with_body("a", "a2", When::Now) });
+    assert!(r.is_err());
+    assert_eq!(e.get("a").unwrap().state, MessageState::Delayed);
+    clock.set_ms(T0 + 1_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert_eq!(drain(&mut e, "t"), vec![("a".to_string(), "a1".to_string())]);
 }

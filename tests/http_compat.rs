@@ -55,7 +55,10 @@ fn push_get_pop_finish_round_trip() {
     };
     let popped_at = now_ms();
     assert!(popped_at >= pushed_at + 1000, "popped {}ms after push, delay was 1s", popped_at - pushed_at);
-    assert_eq!(job, json!({"id": "15702398321", "body": r#"{"uid": 10829378, "created": 1498657365}"#}));
+    assert_eq!(
+        job,
+        json!({"id": "15702398321", "body": r#"{"uid": 10829378, "created": 1498657365}"#, "topic": "order"})
+    );
 
     let v = call(&s, "/finish", JSON, r#"{"id":"15702398321"}"#);
     assert_eq!(v["code"], 0, "{v}");
@@ -144,8 +147,7 @@ fn bad_requests_get_code_1_with_http_200() {
         ("/push", r#"{"topic":"t","id":"i","delay":1,"ttr":0,"body":"x"}"#, "ttr"),
         ("/push", r#"{"topic":"t","id":"i","delay":1,"ttr":86401,"body":"x"}"#, "ttr"),
         ("/push", r#"{"topic":"t","id":"i","delay":1,"body":"x"}"#, "ttr"),
-        ("/push", r#"{"topic":"t t","id":"i","delay":1,"ttr":1,"body":"x"}"#, "topic"),
-        ("/push", r#"{"topic":"t","id":"i j","delay":1,"ttr":1,"body":"x"}"#, "id"),
+        ("/push", r#"{"topic":"t","id":"i\u0007","delay":1,"ttr":1,"body":"x"}"#, "control"),
         ("/push", r#"{"topic":"t","id":"i","delay":1,"ttr":1,"body":5}"#, "body"),
         ("/push", "not json at all", "parse"),
         ("/push", "[1,2,3]", "object"),
@@ -161,13 +163,139 @@ fn bad_requests_get_code_1_with_http_200() {
         let msg = v["message"].as_str().unwrap();
         assert!(msg.contains(needle), "{path} {body}: {msg:?} should mention {needle:?}");
     }
-    // Pushing an id again with different content is refused; the same content is a safe retry.
-    let push = r#"{"topic":"t","id":"dup","delay":5,"ttr":1,"body":"x"}"#;
-    assert_eq!(call(&s, "/push", JSON, push)["code"], 0);
-    assert_eq!(call(&s, "/push", JSON, push)["code"], 0);
-    assert_eq!(
-        call(&s, "/push", JSON, r#"{"topic":"t","id":"dup","delay":5,"ttr":1,"body":"y"}"#)["code"],
-        1
-    );
     assert_eq!(s.get("/healthz").0, 200);
+}
+
+/// Pops one job from `topics` (a compat pop long-polls up to compat_max_wait, 1 s in these tests).
+fn pop(s: &Server, topics: &str) -> Value {
+    call(s, "/pop", JSON, &json!({ "topic": topics }).to_string())["data"].clone()
+}
+
+fn push(s: &Server, topic: &str, id: &str, delay: u64, ttr: u64, body: &str) {
+    let v = call(
+        s,
+        "/push",
+        JSON,
+        &json!({"topic": topic, "id": id, "delay": delay, "ttr": ttr, "body": body}).to_string(),
+    );
+    assert_eq!(v["code"], 0, "push {id}: {v}");
+}
+
+#[test]
+fn push_of_an_existing_id_replaces_the_job_as_the_original_does() {
+    let s = Server::start(&[("DELAYD_COMPAT_MAX_WAIT", "1s")]);
+    // Pending: the new topic, delay and body win; the old job never arrives.
+    push(&s, "a", "r1", 2, 5, "old");
+    push(&s, "b", "r1", 0, 5, "new");
+    assert_eq!(pop(&s, "b"), json!({"id": "r1", "body": "new", "topic": "b"}));
+    // Reserved: the consumer's job is replaced; the old reservation never redelivers it.
+    push(&s, "c", "r2", 0, 1, "first");
+    assert_eq!(pop(&s, "c")["body"], "first");
+    push(&s, "c", "r2", 0, 1, "second");
+    assert_eq!(pop(&s, "c")["body"], "second");
+    assert_eq!(call(&s, "/finish", JSON, r#"{"id":"r2"}"#)["code"], 0);
+    // Finished and deleted: a push starts a new job.
+    push(&s, "c", "r3", 0, 5, "one");
+    assert_eq!(pop(&s, "c")["body"], "one");
+    assert_eq!(call(&s, "/finish", JSON, r#"{"id":"r3"}"#)["code"], 0);
+    push(&s, "c", "r3", 0, 5, "two");
+    push(&s, "c", "r4", 1, 5, "gone");
+    assert_eq!(call(&s, "/delete", JSON, r#"{"id":"r4"}"#)["code"], 0);
+    push(&s, "c", "r4", 0, 5, "back");
+    let mut got = vec![pop(&s, "c")["body"].clone(), pop(&s, "c")["body"].clone()];
+    got.sort_by_key(|v| v.to_string());
+    assert_eq!(got, [json!("back"), json!("two")]);
+    // Nothing else ever arrives: not the replaced r1 (due after 2 s), nor r2's first delivery.
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_millis(3000) {
+        assert_eq!(pop(&s, "a,b,c"), Value::Null, "a replaced job was delivered");
+    }
+    // The native API sees one message per id: the latest.
+    let (_, v) = s.get("/v1/messages/r1");
+    assert_eq!((&v["topic"], &v["body"]), (&json!("b"), &json!("new")));
+}
+
+#[test]
+fn a_client_test_sequence_passes_twice_against_one_server() {
+    let s = Server::start(&[("DELAYD_COMPAT_MAX_WAIT", "1s")]);
+    for round in 0..2 {
+        // The sequence of the official client's own tests: push, get, pop, finish; push, delete.
+        push(&s, "order", "15702398321", 1, 5, r#"{"uid": 10829378}"#);
+        let v = call(&s, "/get", JSON, r#"{"id":"15702398321"}"#);
+        assert_eq!(
+            (v["code"].clone(), v["data"]["body"].clone()),
+            (json!(0), json!(r#"{"uid": 10829378}"#)),
+            "round {round}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let job = loop {
+            let job = pop(&s, "order");
+            if !job.is_null() {
+                break job;
+            }
+            assert!(Instant::now() < deadline, "round {round}: never popped");
+        };
+        assert_eq!(job["id"], "15702398321", "round {round}");
+        assert_eq!(call(&s, "/finish", JSON, r#"{"id":"15702398321"}"#)["code"], 0);
+        push(&s, "order", "15702398322", 10, 5, "to delete");
+        assert_eq!(call(&s, "/delete", JSON, r#"{"id":"15702398322"}"#)["code"], 0);
+        assert_eq!(call(&s, "/get", JSON, r#"{"id":"15702398322"}"#)["data"], Value::Null, "round {round}");
+        assert_eq!(call(&s, "/get", JSON, r#"{"id":"15702398321"}"#)["data"], Value::Null, "round {round}");
+    }
+}
+
+#[test]
+fn any_non_empty_topic_and_id_work() {
+    let s = Server::start(&[("DELAYD_COMPAT_MAX_WAIT", "1s")]);
+    let cases = [
+        ("order:close", "id with spaces"),
+        ("订单", "订单-1"),
+        ("names with spaces", "x/y?z#1"),
+        ("50%", "%41"),
+    ];
+    for (topic, id) in cases {
+        push(&s, topic, id, 0, 5, &format!("{topic}|{id}"));
+        let v = call(&s, "/get", JSON, &json!({ "id": id }).to_string());
+        assert_eq!((&v["data"]["topic"], &v["data"]["id"]), (&json!(topic), &json!(id)), "{v}");
+        assert_eq!(pop(&s, topic), json!({"id": id, "body": format!("{topic}|{id}"), "topic": topic}));
+        assert_eq!(call(&s, "/finish", JSON, &json!({ "id": id }).to_string())["code"], 0);
+    }
+    // A native topic name is shared by both APIs; an escaped one never collides with it.
+    push(&s, "plain", "p1", 0, 5, "x");
+    let (_, v) = s.post_raw("/v1/topics/plain/pop?max=1", None, vec![]);
+    assert_eq!(v["messages"][0]["id"], "p1", "{v}");
+    // Limits that remain: control characters, and topics past 128 bytes once escaped.
+    let v = call(
+        &s,
+        "/push",
+        JSON,
+        &json!({"topic": "订".repeat(43), "id": "i", "delay": 0, "ttr": 1, "body": "x"}).to_string(),
+    );
+    assert_eq!(v["code"], 1, "{v}");
+}
+
+#[test]
+fn compat_jobs_are_redelivered_forever_unless_compat_max_attempts_is_set() {
+    // The native default would dead-letter after one delivery here; a compat job keeps coming.
+    let s = Server::start(&[("DELAYD_COMPAT_MAX_WAIT", "1s"), ("DELAYD_MAX_ATTEMPTS", "1")]);
+    push(&s, "f", "forever", 0, 1, "x");
+    let mut deliveries = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while deliveries < 3 {
+        assert!(Instant::now() < deadline, "only {deliveries} deliveries");
+        if !pop(&s, "f").is_null() {
+            deliveries += 1;
+        }
+    }
+    assert_eq!(s.get("/v1/messages/forever").1["state"], "reserved");
+
+    let s = Server::start(&[("DELAYD_COMPAT_MAX_WAIT", "1s"), ("DELAYD_COMPAT_MAX_ATTEMPTS", "1")]);
+    push(&s, "f", "limited", 0, 1, "x");
+    assert_eq!(pop(&s, "f")["id"], "limited");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.get("/v1/messages/limited").1["state"] != "dead" {
+        assert!(Instant::now() < deadline, "never dead-lettered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(pop(&s, "f"), Value::Null);
 }

@@ -143,6 +143,8 @@ mod reader {
         pub topic: Vec<u8>,
         pub backoff_ms: Vec<u64>,
         pub body: Vec<u8>,
+        /// A Put of record version 2: it replaces the message its id named.
+        pub replaces: bool,
     }
 
     /// A decoded record.
@@ -280,6 +282,7 @@ mod reader {
                 topic,
                 backoff_ms,
                 body,
+                replaces: false,
             })
         }
     }
@@ -318,16 +321,18 @@ mod reader {
         if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_EOS].contains(&kind) {
             return Err(format!("unknown kind {kind}"));
         }
-        if (kind == KIND_CARRY) != (version == VERSION_CARRY) {
+        if (kind == KIND_CARRY && version != VERSION_CARRY)
+            || (version == VERSION_CARRY && ![KIND_CARRY, KIND_PUT].contains(&kind))
+        {
             return Err(format!(
-                "kind {kind} with record version {version} (Carry is 2, every other kind 1)"
+                "kind {kind} with record version {version} (Carry is 2, Put 1 or 2, every other kind 1)"
             ));
         }
         // 9: the payload decodes exactly.
         let mut c = Cur { b: rec, pos: 12 };
         let out = match kind {
             KIND_EOS => Rec::EndOfSegment,
-            KIND_PUT => Rec::Put(c.msg()?),
+            KIND_PUT => Rec::Put(Msg { replaces: version == VERSION_CARRY, ..c.msg()? }),
             KIND_TRANSITION => Rec::Transition {
                 msg_offset: c.u64()?,
                 id_hash: c.u64()?,
@@ -534,6 +539,13 @@ mod reader {
                 Rec::Put(msg) => {
                     assert!(!msg.id.is_empty() && !msg.topic.is_empty(), "empty id or topic at {o}");
                     assert_ne!(msg.route, Route::None, "a Put without a queue entry at {o}");
+                    if msg.replaces {
+                        // The message the id named is final (its Cancel came first) and leaves the index.
+                        if let Some(old) = m.ids.remove(&msg.id) {
+                            let s = m.slots.remove(&old).expect("the replaced message's slot");
+                            assert!(is_final(s.state), "a replacing Put at {o} met a live message at {old}");
+                        }
+                    }
                     m.take_id(&msg.id, o);
                     let state = if msg.route == Route::Topic { STATE_READY } else { STATE_DELAYED };
                     let slot = Slot {
@@ -652,6 +664,12 @@ mod reader {
                                 dead_letter_home,
                                 "carry at {o}: Dead exactly when home is DeadLetter"
                             );
+                        }
+                        // A final message kept for done_retention: no entry, and its retention
+                        // still counts from when it became final.
+                        STATE_DONE | STATE_CANCELLED => {
+                            assert_eq!(msg.route, Route::None, "carry at {o}: a final message's route");
+                            m.final_ms.insert(o, *time_ms);
                         }
                         other => panic!("carry at {o} of a message in state {other}"),
                     }
@@ -1074,6 +1092,17 @@ mod reader {
     }
 
     /// Parses `clean_shutdown`: the log end.
+    /// Checks the receipt key file against its layout; returns the key.
+    pub fn read_receipt_key(path: &Path) -> Vec<u8> {
+        let b = fs::read(path).unwrap();
+        assert_eq!(b.len(), 44, "receipt key size");
+        assert_eq!(&b[0..4], b"DLRK", "receipt key magic");
+        assert_eq!(le16(&b, 4), 1, "receipt key version");
+        assert_eq!(le16(&b, 6), 0, "receipt key reserved");
+        assert_eq!(crc32(&[&b[..40]]), le32(&b, 40), "receipt key crc");
+        b[8..40].to_vec()
+    }
+
     pub fn read_clean_marker(path: &Path) -> u64 {
         let b = fs::read(path).unwrap();
         assert_eq!(b.len(), 20, "clean marker size");
@@ -1116,8 +1145,17 @@ mod reader {
         for e in fs::read_dir(dir).unwrap() {
             let name = e.unwrap().file_name().into_string().unwrap();
             assert!(
-                ["LOCK", "clean_shutdown", "checkpoint", "commitlog", "cq", "index", "reserve"]
-                    .contains(&name.as_str()),
+                [
+                    "LOCK",
+                    "clean_shutdown",
+                    "checkpoint",
+                    "commitlog",
+                    "cq",
+                    "index",
+                    "reserve",
+                    "receipt_key"
+                ]
+                .contains(&name.as_str()),
                 "unexpected {name:?} in the data dir"
             );
         }
@@ -1238,6 +1276,10 @@ mod reader {
             }
         }
         assert_eq!(read_clean_marker(&dir.join("clean_shutdown")), log.end, "clean marker log_end");
+        assert!(
+            read_receipt_key(&dir.join("receipt_key")).iter().any(|b| *b != 0),
+            "an all-zero receipt key"
+        );
         Report { log, model, index, queues, checkpoint, stale_entries, skipped_entries }
     }
 }
@@ -1300,6 +1342,12 @@ async fn write_scenario(dir: &Path) {
     b.produce("orders", req(None, body(7), When::Now)).await.unwrap();
     b.produce("orders", req(Some("past".into()), vec![], When::AtMs(1_000))).await.unwrap();
     b.produce("orders", req(Some("lvl".into()), body(3), When::LevelIndex(2))).await.unwrap();
+    // Replacing puts (the compat /push of a known id): of a delayed message, and of a done one.
+    b.produce("later", req(Some("rp-1".into()), body(4), When::DelayMs(3_600_000))).await.unwrap();
+    b.replace("orders", req(Some("rp-1".into()), body(5), When::Now)).await.unwrap();
+    b.produce("orders", req(Some("rp-2".into()), body(6), When::Now)).await.unwrap();
+    b.ack_id("rp-2").await.unwrap();
+    b.replace("orders", req(Some("rp-2".into()), body(8), When::Now)).await.unwrap();
     // Chained delays: 300 ms = a 200 ms level entry, then hops on the 50 ms level.
     for i in 0..40 {
         b.produce("later", req(Some(format!("l-{i}")), body(i + 11), When::DelayMs(300 + i as u64)))
@@ -1399,6 +1447,7 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 3)) == 1);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.max_attempts == 1 && m.backoff_ms == [100, 200])) == 5);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.body.len() > 2000)) > 0);
+    assert_eq!(kinds(|x| matches!(x, Rec::Put(m) if m.replaces)), 2);
 
     // Semantic spot checks through the document's meaning of the index.
     let slot_of = |id: &str| {
@@ -1409,6 +1458,11 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert_eq!(slot_of("order-1").hash, 0xedf2_3fc2_e07f_a9d3);
     assert_eq!(slot_of("订单-42").hash, 0xf765_2255_494d_b662);
     assert_eq!(slot_of("f-3").state, reader::STATE_CANCELLED);
+    for id in ["rp-1", "rp-2"] {
+        let off = r.model.ids[id.as_bytes()];
+        assert_eq!(reader::msg_of(&r.log, off).topic, b"orders", "{id}: the replacing message holds the id");
+        assert_eq!(r.model.slots.values().filter(|s| s.hash == id_hash(id.as_bytes())).count(), 1, "{id}");
+    }
     assert_eq!(slot_of("f-13").state, reader::STATE_DELAYED);
     // d-0 and d-1 were popped from the dead-letter topic; d-4 was not.
     assert_eq!(slot_of("d-4").state, reader::STATE_DEAD);
@@ -1644,15 +1698,19 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         assert_eq!(r.index.used.get(&c.offset), Some(&want), "{id}: index slot");
     }
 
-    // The reader tells record versions apart: a Carry is version 2, everything else version 1.
+    // The reader tells record versions apart: a Carry is version 2, a Put 1 or 2, the rest 1.
     let carry = record_bytes(&data, &r.log, long_c.offset, long_c.len);
     assert!(matches!(reader::parse_record(&carry), Ok(Some((Rec::Carry { .. }, _)))));
     let put = r.log.records.iter().find(|x| matches!(x.rec, Rec::Put(_))).unwrap();
     let put = record_bytes(&data, &r.log, put.offset, put.len);
-    assert!(matches!(reader::parse_record(&put), Ok(Some((Rec::Put(_), _)))));
+    assert!(matches!(reader::parse_record(&put), Ok(Some((Rec::Put(m), _))) if !m.replaces));
+    // A Put of version 2 is the same layout and replaces the message its id named.
+    assert!(matches!(reader::parse_record(&reframe(&put, 2)), Ok(Some((Rec::Put(m), _))) if m.replaces));
+    let transition = r.log.records.iter().find(|x| matches!(x.rec, Rec::Transition { .. })).unwrap();
+    let transition = record_bytes(&data, &r.log, transition.offset, transition.len);
     for (bytes, want) in [
         (reframe(&carry, 1), "kind 4 with record version 1"),
-        (reframe(&put, 2), "kind 1 with record version 2"),
+        (reframe(&transition, 2), "kind 2 with record version 2"),
         (reframe(&carry, 3), "unknown version 3"),
     ] {
         let err = reader::parse_record(&bytes).err();

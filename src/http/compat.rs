@@ -20,6 +20,64 @@ use crate::message::{MessageState, PopRequest, ProduceRequest, When};
 /// Longest time-to-run the original API accepts, in seconds.
 const MAX_TTR_S: u64 = 86_400;
 
+/// Longest storage name of a compat topic (it names a directory, `t-<name>.dlq` included).
+const MAX_STORED_TOPIC: usize = crate::engine::MAX_TOPIC_LEN;
+
+/// The name a compat topic is stored under. The original takes any non-empty string; storage
+/// takes `[A-Za-z0-9._-]`. A topic a native client could name is its own storage name (so both
+/// APIs share it); any other has each byte outside `[A-Za-z0-9._-]` written as `%XX`, and `%`
+/// never appears in a native topic, so the two kinds never meet and the mapping is reversible.
+fn stored_topic(topic: &str) -> Result<String, String> {
+    if validate::topic(topic).is_ok() {
+        return Ok(topic.to_string());
+    }
+    let mut out = String::with_capacity(topic.len() * 3);
+    for b in topic.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.len() > MAX_STORED_TOPIC {
+        return Err(format!(
+            "topic is too long: {} bytes once stored (each byte outside A-Z a-z 0-9 . _ - takes 3),              the most is {MAX_STORED_TOPIC}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// The topic a client gave, from its storage name.
+fn client_topic(stored: &str) -> String {
+    if !stored.contains('%') {
+        return stored.to_string();
+    }
+    let b = stored.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (other, _) => {
+                out.push(other);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Checks a compat job id: the original takes any non-empty string; storage refuses control
+/// characters and more than 128 bytes.
+fn compat_id(id: &str) -> Result<(), String> {
+    crate::engine::validate_id(id).map_err(|e| e.to_string())
+}
+
 /// The raw request body; even a failure to read it (too large, cut off) is a `code: 1` reply with HTTP 200.
 pub(crate) struct CompatBody(Bytes);
 
@@ -98,8 +156,8 @@ fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, Produc
     if topic.is_empty() {
         return Err("topic must not be empty".into());
     }
-    validate::topic(&topic).map_err(api_message)?;
-    validate::id("id", &id).map_err(api_message)?;
+    let topic = stored_topic(&topic)?;
+    compat_id(&id)?;
     validate::body(limits, &body).map_err(api_message)?;
     let delay = int_field(m, "delay")?;
     let delay_ms = u64::try_from(delay)
@@ -117,7 +175,7 @@ fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, Produc
         body: body.into(),
         when: When::DelayMs(delay_ms),
         ttr_ms: Some(ttr_s * 1000),
-        max_attempts: None,
+        max_attempts: Some(limits.compat_max_attempts.unwrap_or(crate::engine::UNLIMITED_ATTEMPTS)),
         backoff_ms: None,
     };
     Ok((topic, req))
@@ -133,8 +191,9 @@ pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    match st.broker().produce(&topic, req).await {
-        Ok(_) => ok(Value::Null),
+    // The original stores a job with a Redis SET: a push always wins over the job its id named.
+    match st.broker().replace(&topic, req).await {
+        Ok(()) => ok(Value::Null),
         Err(e) => fail(format!("push failed: {e}")),
     }
 }
@@ -145,18 +204,23 @@ pub(crate) async fn pop(State(st): State<AppState>, CompatBody(raw): CompatBody)
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let topics: Vec<String> =
-        topics.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
+    let topics: Vec<&str> = topics.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
     if topics.is_empty() {
         return fail("topic must not be empty");
     }
-    if let Some(e) = topics.iter().find_map(|t| validate::topic(t).err()) {
-        return fail(e.message);
-    }
+    let topics = match topics.into_iter().map(stored_topic).collect::<Result<Vec<_>, _>>() {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
     let req = PopRequest { topics, max: 1, wait_ms: st.limits().compat_max_wait_ms, ttr_ms: None };
     match pop_or_shutdown(&st, req).await {
         Ok(deliveries) => match deliveries.first() {
-            Some(d) => ok(json!({"id": d.id, "body": String::from_utf8_lossy(&d.body)})),
+            // `topic` is not in the original's answer; a popular fork of its client reads it.
+            Some(d) => ok(json!({
+                "id": d.id,
+                "body": String::from_utf8_lossy(&d.body),
+                "topic": client_topic(&d.topic),
+            })),
             None => ok(Value::Null),
         },
         Err(e) => fail(format!("pop failed: {}", e.message)),
@@ -168,7 +232,7 @@ fn id_of(raw: &[u8]) -> Result<String, String> {
     if id.is_empty() {
         return Err("id must not be empty".into());
     }
-    validate::id("id", &id).map_err(api_message)?;
+    compat_id(&id)?;
     Ok(id)
 }
 
@@ -215,7 +279,7 @@ pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody)
     };
     match st.broker().get(&id).await {
         Ok(info) if !matches!(info.state, MessageState::Done | MessageState::Cancelled) => ok(json!({
-            "topic": info.topic,
+            "topic": client_topic(&info.topic),
             "id": info.id,
             // Rounded up so a client never computes a time before the real due time.
             "delay": info.deliver_at_ms.div_ceil(1000),
@@ -248,5 +312,21 @@ mod tests {
         assert!(int_field(&m, "ttr").is_err());
         assert!(int_field(&m, "missing").unwrap_err().contains("required"));
         assert!(string_field(&m, "body").is_err());
+    }
+
+    #[test]
+    fn any_topic_maps_to_a_storage_name_and_back() {
+        for t in
+            ["order", "order:close", "订单", "names with spaces", "50%", "a%20b", ".", "emoji 🚀", "x/../y"]
+        {
+            let stored = stored_topic(t).unwrap();
+            assert!(crate::engine::validate_topic(&stored).is_ok(), "{t:?} stored as {stored:?}");
+            assert_eq!(client_topic(&stored), t, "{t:?} stored as {stored:?}");
+        }
+        assert_eq!(stored_topic("order.close").unwrap(), "order.close", "a native name is its own");
+        assert_eq!(stored_topic("order:close").unwrap(), "order%3Aclose");
+        assert_ne!(stored_topic("a%20b").unwrap(), stored_topic("a b").unwrap());
+        assert!(stored_topic(&"订".repeat(43)).is_err(), "129 bytes once escaped");
+        assert!(stored_topic(&"订".repeat(14)).is_ok());
     }
 }

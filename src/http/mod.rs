@@ -39,6 +39,8 @@ pub struct Limits {
     pub max_wait_ms: u64,
     /// Wait of a compat pop.
     pub compat_max_wait_ms: u64,
+    /// Deliveries before a compat job is dead-lettered; `None`: never.
+    pub compat_max_attempts: Option<u32>,
     /// Longest accepted delay.
     pub max_delay_ms: u64,
     /// Configured levels, for `level` given as a duration.
@@ -54,6 +56,7 @@ impl Limits {
             max_batch: cfg.max_batch,
             max_wait_ms: cfg.max_wait,
             compat_max_wait_ms: cfg.compat_max_wait,
+            compat_max_attempts: cfg.compat_max_attempts,
             max_delay_ms: cfg.max_delay,
             levels_ms: cfg.levels.clone(),
         }

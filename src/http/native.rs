@@ -311,6 +311,7 @@ mod tests {
             max_batch: 50,
             max_wait_ms: 2000,
             compat_max_wait_ms: 1000,
+            compat_max_attempts: None,
             max_delay_ms: 60_000,
             levels_ms: vec![1000, 5000],
         }

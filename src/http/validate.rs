@@ -153,6 +153,7 @@ mod tests {
             max_batch: 5,
             max_wait_ms: 1000,
             compat_max_wait_ms: 1000,
+            compat_max_attempts: None,
             max_delay_ms: 86_400_000,
             levels_ms: vec![1000, 5000, 60_000],
         }

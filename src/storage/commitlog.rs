@@ -715,6 +715,7 @@ mod tests {
             topic: b"t",
             backoff_ms: vec![],
             body: &body,
+            replaces: false,
         })
         .unwrap()
     }

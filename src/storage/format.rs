@@ -9,8 +9,9 @@ use crate::error::{Error, Result};
 pub const RECORD_MAGIC: u16 = 0xD71A;
 /// Version written in records of the original kinds (Put, Transition, Hop, EndOfSegment).
 pub const RECORD_VERSION: u8 = 1;
-/// Version of records of kinds added later (Carry): a delayd that knows only version 1 refuses to
-/// start on them instead of taking them for damage.
+/// Version of records of kinds added later (Carry), and of a Put that replaces the message its id
+/// named before (the compat `/push`): a delayd that knows only version 1 refuses to start on them
+/// instead of taking them for damage, or for a Put that leaves the old message in place.
 pub const RECORD_VERSION_CARRY: u8 = 2;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
@@ -173,6 +174,9 @@ pub struct Put<'a> {
     pub backoff_ms: Vec<u64>,
     /// Payload.
     pub body: &'a [u8],
+    /// The message replaces any earlier one with its id, which is final by then (written as record
+    /// version 2; always false inside a Carry).
+    pub replaces: bool,
 }
 
 /// A state change of the message whose Put record is at `msg_offset`.
@@ -411,6 +415,7 @@ impl<'a> Dec<'a> {
             topic,
             backoff_ms,
             body,
+            replaces: false,
         })
     }
     fn done(&self) -> Result<(), DecodeError> {
@@ -423,10 +428,15 @@ impl<'a> Dec<'a> {
 }
 
 fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
+    let version = if kind == Kind::Carry { RECORD_VERSION_CARRY } else { RECORD_VERSION };
+    frame_v(kind, version, payload_len, fill)
+}
+
+fn frame_v(kind: Kind, version: u8, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
     let mut e = Enc(Vec::with_capacity(HEADER_BYTES + payload_len));
     e.u32(0);
     e.u16(RECORD_MAGIC);
-    e.u8(if kind == Kind::Carry { RECORD_VERSION_CARRY } else { RECORD_VERSION });
+    e.u8(version);
     e.u8(kind as u8);
     e.u32(0);
     fill(&mut e);
@@ -502,7 +512,8 @@ impl Enc {
 /// Encodes a Put record. Fails if a field exceeds its width.
 pub fn encode_put(p: &Put<'_>) -> Result<Vec<u8>> {
     let payload = put_payload_len(p, 0)?;
-    Ok(frame(Kind::Put, payload, |e| e.put(p)))
+    let version = if p.replaces { RECORD_VERSION_CARRY } else { RECORD_VERSION };
+    Ok(frame_v(Kind::Put, version, payload, |e| e.put(p)))
 }
 
 /// Bytes a Carry record adds in front of the Put fields it repeats.
@@ -587,7 +598,9 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
-    if (kind == Kind::Carry) != (buf[6] == RECORD_VERSION_CARRY) {
+    // Carry exists only as version 2; a Put may be either (2: it replaces); the rest only 1.
+    let v2 = buf[6] == RECORD_VERSION_CARRY;
+    if (kind == Kind::Carry && !v2) || (v2 && !matches!(kind, Kind::Carry | Kind::Put)) {
         return Err(DecodeError::Invalid("record kind and version do not match"));
     }
     Ok((len, kind))
@@ -619,7 +632,7 @@ pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
             deliver_at_ms: d.u64()?,
             route: d.route()?,
         }),
-        Kind::Put => Record::Put(d.put()?),
+        Kind::Put => Record::Put(Put { replaces: buf[6] == RECORD_VERSION_CARRY, ..d.put()? }),
         Kind::Carry => Record::Carry(Carry {
             prev_msg_offset: d.u64()?,
             seq: d.u32()?,
@@ -660,11 +673,11 @@ mod tests {
             id in proptest::collection::vec(any::<u8>(), 1..40),
             topic in proptest::collection::vec(any::<u8>(), 1..40),
             backoff in proptest::collection::vec(any::<u64>(), 0..5),
-            body in proptest::collection::vec(any::<u8>(), 0..300),
+            body in proptest::collection::vec(any::<u8>(), 0..300), replaces in any::<bool>(),
         ) {
             let p = Put { created_ms: created, deliver_at_ms: deliver, ttr_ms: ttr, max_attempts: max,
                 request_kind: rk, request_value: rv, route: r, id: &id, topic: &topic,
-                backoff_ms: backoff, body: &body };
+                backoff_ms: backoff, body: &body, replaces };
             let buf = encode_put(&p).unwrap();
             let (rec, len) = decode(&buf).unwrap();
             prop_assert_eq!(len, buf.len());
@@ -693,7 +706,8 @@ mod tests {
             let c = Carry { prev_msg_offset: prev, seq, attempt: att, state: s,
                 home: if dl { Home::DeadLetter } else { Home::Main }, time_ms: t, deliver_at_ms: d,
                 put: Put { created_ms: 1, deliver_at_ms: 2, ttr_ms: 3, max_attempts: 4, request_kind: 1,
-                    request_value: 5, route: r, id: &id, topic: b"t.dlq", backoff_ms: vec![9], body: &body } };
+                    request_value: 5, route: r, id: &id, topic: b"t.dlq", backoff_ms: vec![9], body: &body,
+                    replaces: false } };
             let buf = encode_carry(&c).unwrap();
             prop_assert_eq!(buf.len(), encode_put(&c.put).unwrap().len() + CARRY_EXTRA_BYTES);
             let n = buf.len();
@@ -715,7 +729,7 @@ mod tests {
         ) {
             let p = Put { created_ms: 1, deliver_at_ms: 2, ttr_ms: 3, max_attempts: 4, request_kind: 1,
                 request_value: 5, route: Route::Topic, id: b"id", topic: b"t", backoff_ms: vec![7],
-                body: &body };
+                body: &body, replaces: false };
             let buf = encode_put(&p).unwrap();
             let n = cut.index(buf.len());
             prop_assert!(decode(&buf[..n]).is_err());
@@ -759,6 +773,7 @@ mod tests {
             topic: b"t",
             backoff_ms: vec![],
             body: b"",
+            replaces: false,
         };
         assert!(matches!(encode_put(&p), Err(Error::Invalid { .. })));
     }

@@ -992,6 +992,10 @@ impl Store {
                 let hash = format::id_hash(p.id);
                 let topic = String::from_utf8_lossy(p.topic).into_owned();
                 let (route, deliver_at) = (p.route, p.deliver_at_ms);
+                if p.replaces {
+                    let id = p.id.to_vec();
+                    self.forget_others(hash, &id, offset);
+                }
                 // Live appends are dispatched exactly once and the engine already checked the id, so
                 // only a replay after a crash can meet a Put that is indexed already.
                 if !self.recovering || self.index.find(hash, |m| m == offset).is_none() {
@@ -1094,6 +1098,32 @@ impl Store {
             Record::EndOfSegment => {}
         }
         Ok(Some((offset, next)))
+    }
+
+    /// Removes every slot of an older message with id `id` than the one at `offset`: a replacing
+    /// Put took its id. The engine cancelled such a message first, so it is final and counts in
+    /// no queue; its entries left in queues find no slot and are skipped. Idempotent, so a replay
+    /// over an index that already lost the slot changes nothing.
+    fn forget_others(&mut self, hash: u64, id: &[u8], offset: u64) {
+        loop {
+            let log = &self.log;
+            let found = self.index.find_slot(hash, |s| {
+                // Only older messages: on a replay over an index that is ahead, a later message
+                // with this id (replaced after this one) keeps its slot.
+                s.msg_offset < offset
+                    && match log.read(s.msg_offset) {
+                        Ok((Record::Put(p), _)) => p.id == id,
+                        Ok((Record::Carry(c), _)) => c.put.id == id,
+                        _ => false,
+                    }
+            });
+            let Some((at, old)) = found else { return };
+            if !matches!(old.state, State::Done | State::Cancelled) {
+                warn!(offset, old = old.msg_offset, state = ?old.state, "a replacing put met a live message with its id");
+            }
+            self.index.remove(at);
+            self.live_bytes = self.live_bytes.saturating_sub(self.log.record_len(old.msg_offset));
+        }
     }
 
     fn route(&mut self, route: Route, topic: &str, mut entry: Entry) -> Result<()> {
