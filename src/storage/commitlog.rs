@@ -76,8 +76,9 @@ pub struct CommitLog {
     warmer: Option<Warmer>,
     /// File-relative offset in the active segment below which appends need not ask the warmer.
     warm_guard: u64,
-    /// Until when making the next segment is not tried again, and what refused it last time: on
-    /// a full disk every produce would otherwise preallocate (and give back) a whole segment.
+    /// Until when making the next segment is not tried again for a new message, and what refused
+    /// it last time: on a full disk every produce would otherwise preallocate (and give back) a
+    /// whole segment.
     roll_refused: Option<(Instant, String, i32)>,
 }
 
@@ -408,7 +409,7 @@ impl CommitLog {
         let keep = if grows { self.tail_reserve() } else { 0 };
         let last = self.segments.len() - 1;
         if self.write_pos + need + keep > self.segments[last].end() {
-            self.roll()?;
+            self.roll(grows)?;
         }
         let at = self.write_pos;
         self.write_last(record);
@@ -458,12 +459,14 @@ impl CommitLog {
         self.warmer.as_ref().map_or(0, |w| w.zeroed_bytes())
     }
 
-    fn roll(&mut self) -> Result<()> {
+    /// Starts the next segment. `grows`: the record that needs it is a new message, which waits out
+    /// a recent refusal; a state change (which may be what frees space) always tries.
+    fn roll(&mut self, grows: bool) -> Result<()> {
         let last = self.segments.len() - 1;
         let eos = format::encode_end_of_segment();
         let next = self.segments[last].end();
         if let Some((until, context, code)) = &self.roll_refused {
-            if Instant::now() < *until {
+            if grows && Instant::now() < *until {
                 return Err(Error::io(context.clone(), std::io::Error::from_raw_os_error(*code)));
             }
             self.roll_refused = None;
