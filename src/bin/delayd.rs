@@ -1,6 +1,7 @@
 //! The delayd server: configuration, logging, the broker, and the HTTP API with a graceful stop.
 
 use std::future::IntoFuture;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +48,11 @@ fn main() -> ExitCode {
 fn init_logging(cfg: &Config) {
     // `validate` already checked the filter; the fallback only guards against a future mismatch.
     let filter = EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal (who did not ask for none with NO_COLOR):
+    // under systemd, stderr goes to the journal, which would store the escape codes.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match cfg.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -58,10 +63,19 @@ fn init_logging(cfg: &Config) {
 type Result<T> = std::result::Result<T, String>;
 
 async fn run(cfg: Config) -> Result<()> {
+    // The port first: a busy port fails the start at once, before recovery runs and before the
+    // data directory is created. Connections that arrive during recovery wait in the backlog.
+    let addr = cfg.listen_addr().map_err(|e| e.to_string())?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
     let dir = cfg.data_dir.display();
     let broker =
         Broker::open(cfg.broker_config()).map_err(|e| format!("cannot open data directory {dir}: {e}"))?;
-    let served = serve(&cfg, broker.clone()).await;
+    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
+    println!("delayd listening on http://{local}");
+    tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
+    let served = serve(&cfg, listener, broker.clone()).await;
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
     stopped?;
@@ -69,15 +83,7 @@ async fn run(cfg: Config) -> Result<()> {
     Ok(())
 }
 
-async fn serve(cfg: &Config, broker: Broker) -> Result<()> {
-    let addr = cfg.listen_addr().map_err(|e| e.to_string())?;
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
-    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
-    println!("delayd listening on http://{local}");
-    tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
-
+async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) -> Result<()> {
     let state = AppState::new(broker, Limits::from_config(cfg));
     let signalled = Arc::new(Notify::new());
     let on_signal = {
