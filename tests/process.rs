@@ -1,9 +1,14 @@
-//! The process as systemd runs it: a busy port refused before anything touches the data
-//! directory, and logs without terminal colour codes.
+//! The process as systemd runs it: readiness on `$NOTIFY_SOCKET` once it serves, a busy port
+//! refused before anything touches the data directory, and logs without terminal colour codes.
 
 mod common;
 
-use common::{run_binary, Server};
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use common::{run_binary, wait_timeout, Server, NEVER_HANG};
 
 #[test]
 fn a_busy_port_fails_the_start_at_once_and_leaves_no_data_directory() {
@@ -17,6 +22,54 @@ fn a_busy_port_fails_the_start_at_once_and_leaves_no_data_directory() {
     assert!(log.contains(&format!("cannot listen on {addr}")), "{log}");
     assert!(log.contains("Address already in use"), "{log}");
     assert!(!data.exists(), "the refused start created the data directory");
+}
+
+/// Receives one notification datagram, as text; on a timeout, panics with the server's log.
+fn notification(sock: &UnixDatagram, log: &std::path::Path) -> String {
+    let mut buf = [0u8; 4096];
+    match sock.recv(&mut buf) {
+        Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        Err(e) => panic!("no notification ({e}); log:\n{}", std::fs::read_to_string(log).unwrap_or_default()),
+    }
+}
+
+#[test]
+fn readiness_is_notified_once_recovered_and_serving_and_stopping_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock_path = tmp.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
+    sock.set_read_timeout(Some(NEVER_HANG)).unwrap();
+    let data = tmp.path().join("data");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_delayd"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("DELAYD_")) {
+        cmd.env_remove(k);
+    }
+    let log = tmp.path().join("stderr.log");
+    let mut child = cmd
+        .args(["--listen", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()])
+        .args(["--segment-bytes", "1MiB", "--max-body-bytes", "64KiB", "--index-initial-slots", "4096"])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start delayd");
+
+    assert_eq!(notification(&sock, &log).trim(), "READY=1");
+    // READY=1 means recovered (the data directory exists) and serving: one request, no retry.
+    assert!(data.join("commitlog").is_dir(), "READY=1 before the store was opened");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("the listening line");
+    let base = line.trim().strip_prefix("delayd listening on ").expect("listening line").to_string();
+    let r = common::client().get(format!("{base}/healthz")).send().expect("served once ready");
+    assert_eq!(r.status(), 200);
+
+    let started = Instant::now();
+    let ok = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill");
+    assert!(ok.success());
+    assert_eq!(notification(&sock, &log).trim(), "STOPPING=1");
+    let status = wait_timeout(&mut child, NEVER_HANG).expect("exit after SIGTERM");
+    assert!(status.success(), "exit {status:?} after {:?}", started.elapsed());
 }
 
 #[test]

@@ -75,12 +75,20 @@ async fn run(cfg: Config) -> Result<()> {
     // Tests and scripts read this line to learn the port when `listen` asks for port 0.
     println!("delayd listening on http://{local}");
     tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
     let served = serve(&cfg, listener, broker.clone()).await;
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
     stopped?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Tells systemd (`Type=notify`) about a change of state; nothing happens when it did not start us.
+fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!("cannot notify systemd ($NOTIFY_SOCKET): {e}");
+    }
 }
 
 async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) -> Result<()> {
@@ -92,6 +100,7 @@ async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) 
         async move {
             wait_for_signal().await;
             tracing::info!("shutdown requested: no new connections, finishing in-flight requests");
+            notify_systemd(&[sd_notify::NotifyState::Stopping]);
             state.begin_shutdown();
             signalled.notify_one();
         }
