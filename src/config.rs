@@ -56,7 +56,7 @@ const fn key(name: &'static str, value_name: &'static str, help: &'static str) -
 }
 
 /// Every key of the program with its help, in the order `config/delayd.toml` documents them.
-pub const KEY_TABLE: [Key; 26] = [
+pub const KEY_TABLE: [Key; 30] = [
     key("listen", "ADDR", "Address of the HTTP server; port 0 picks a free one (printed on stdout)"),
     key("data_dir", "DIR", "Data directory; one delayd per directory"),
     key(
@@ -83,6 +83,14 @@ pub const KEY_TABLE: [Key; 26] = [
         "TOKEN",
         "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
     ),
+    key("max_connections", "N", "Most HTTP connections served at once; more wait in the listen backlog"),
+    key(
+        "http_header_timeout",
+        "DURATION",
+        "A request head must arrive within this (from connect or its first byte)",
+    ),
+    key("http_idle_timeout", "DURATION", "How long a kept-alive connection may wait for its next request"),
+    key("http_body_timeout", "DURATION", "A request body must arrive within this, from the end of its head"),
     key("log_format", "text|json", "Log line format, on stderr"),
     key("log_level", "FILTER", "A tracing filter such as info or delayd=debug,warn"),
     key("shutdown_grace", "DURATION", "On SIGTERM, how long in-flight requests may take"),
@@ -102,8 +110,8 @@ pub const KEY_TABLE: [Key; 26] = [
 ];
 
 /// Every key's name, in the order of [`KEY_TABLE`].
-pub const KEYS: [&str; 26] = {
-    let mut names = [""; 26];
+pub const KEYS: [&str; 30] = {
+    let mut names = [""; 30];
     let mut i = 0;
     while i < names.len() {
         names[i] = KEY_TABLE[i].name;
@@ -257,6 +265,17 @@ pub struct Config {
     pub compat_max_wait: u64,
     /// Bearer token required on `/v1`, `/metrics` and the compat API when set.
     pub auth_token: Option<String>,
+    /// Most HTTP connections served at once.
+    pub max_connections: usize,
+    /// A request head must arrive within this many ms of the connect, or of its first byte.
+    #[serde(deserialize_with = "de_duration")]
+    pub http_header_timeout: u64,
+    /// How long a kept-alive connection may wait for its next request, in ms.
+    #[serde(deserialize_with = "de_duration")]
+    pub http_idle_timeout: u64,
+    /// A request body must arrive within this many ms of the end of its head.
+    #[serde(deserialize_with = "de_duration")]
+    pub http_body_timeout: u64,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// A tracing filter such as `info` or `delayd=debug,warn`.
@@ -299,6 +318,10 @@ impl Default for Config {
             max_wait: 180_000,
             compat_max_wait: 178_000,
             auth_token: None,
+            max_connections: 1024,
+            http_header_timeout: 10_000,
+            http_idle_timeout: 60_000,
+            http_body_timeout: 30_000,
             log_format: LogFormat::Text,
             log_level: "info".to_string(),
             shutdown_grace: 10_000,
@@ -400,6 +423,10 @@ impl Config {
             // An empty token must not quietly turn authentication off: unset is the only way.
             "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
             "auth_token" => self.auth_token = Some(v.to_string()),
+            "max_connections" => self.max_connections = parse_count(v)?,
+            "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
+            "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
+            "http_body_timeout" => self.http_body_timeout = parse_duration(v)?,
             "log_format" => self.log_format = choose(v, &LOG_FORMATS)?,
             "log_level" => self.log_level = v.to_string(),
             "shutdown_grace" => self.shutdown_grace = parse_duration(v)?,
@@ -436,6 +463,10 @@ impl Config {
             "max_wait" => fmt_ms(self.max_wait),
             "compat_max_wait" => fmt_ms(self.compat_max_wait),
             "auth_token" => self.auth_token.clone()?,
+            "max_connections" => self.max_connections.to_string(),
+            "http_header_timeout" => fmt_ms(self.http_header_timeout),
+            "http_idle_timeout" => fmt_ms(self.http_idle_timeout),
+            "http_body_timeout" => fmt_ms(self.http_body_timeout),
             "log_format" => name_of(&LOG_FORMATS, self.log_format),
             "log_level" => self.log_level.clone(),
             "shutdown_grace" => fmt_ms(self.shutdown_grace),
@@ -521,6 +552,18 @@ impl Config {
         }
         if self.compat_max_wait > DAY_MS {
             return bad("compat_max_wait", "must be at most 1d".into());
+        }
+        if self.max_connections == 0 || self.max_connections > 1_000_000 {
+            return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
+        }
+        for (key, ms) in [
+            ("http_header_timeout", self.http_header_timeout),
+            ("http_idle_timeout", self.http_idle_timeout),
+            ("http_body_timeout", self.http_body_timeout),
+        ] {
+            if ms == 0 || ms > DAY_MS {
+                return bad(key, format!("{} is outside 1ms..=1d", fmt_ms(ms)));
+            }
         }
         if let Some(token) = &self.auth_token {
             if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -854,6 +897,10 @@ mod tests {
             ("max_wait", "1s"),
             ("compat_max_wait", "2s"),
             ("auth_token", "t"),
+            ("max_connections", "5"),
+            ("http_header_timeout", "2s"),
+            ("http_idle_timeout", "1m"),
+            ("http_body_timeout", "1500ms"),
             ("log_format", "json"),
             ("log_level", "debug"),
             ("shutdown_grace", "1s"),
@@ -888,6 +935,10 @@ mod tests {
             max_wait: 1000,
             compat_max_wait: 2000,
             auth_token: Some("t".into()),
+            max_connections: 5,
+            http_header_timeout: 2000,
+            http_idle_timeout: 60_000,
+            http_body_timeout: 1500,
             log_format: LogFormat::Json,
             log_level: "debug".into(),
             shutdown_grace: 1000,
@@ -1019,6 +1070,10 @@ mod tests {
             ("max_body_bytes", Box::new(|c| c.max_body_bytes = c.segment_bytes)),
             ("max_batch", Box::new(|c| c.max_batch = 0)),
             ("open_queues", Box::new(|c| c.open_queues = 0)),
+            ("max_connections", Box::new(|c| c.max_connections = 0)),
+            ("http_header_timeout", Box::new(|c| c.http_header_timeout = 0)),
+            ("http_idle_timeout", Box::new(|c| c.http_idle_timeout = 0)),
+            ("http_body_timeout", Box::new(|c| c.http_body_timeout = DAY_MS + 1)),
             ("auth_token", Box::new(|c| c.auth_token = Some("a b".into()))),
             ("log_level", Box::new(|c| c.log_level = "[[[".into())),
         ];

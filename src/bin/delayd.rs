@@ -1,6 +1,5 @@
 //! The delayd server: configuration, logging, the broker, and the HTTP API with a graceful stop.
 
-use std::future::IntoFuture;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,6 +7,7 @@ use std::time::Duration;
 
 use delayd::config::cli::Cli;
 use delayd::config::{Config, LogFormat};
+use delayd::http::server::{serve as serve_http, ServeConfig};
 use delayd::http::{router, AppState, Limits};
 use delayd::Broker;
 use tokio::sync::Notify;
@@ -106,7 +106,7 @@ async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) 
         }
     };
     let mut server =
-        tokio::spawn(axum::serve(listener, router(state)).with_graceful_shutdown(on_signal).into_future());
+        tokio::spawn(serve_http(listener, router(state), ServeConfig::from_config(cfg), on_signal));
     tokio::select! {
         res = &mut server => return joined(res),
         _ = signalled.notified() => {}
@@ -122,12 +122,8 @@ async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) 
     }
 }
 
-fn joined(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<()> {
-    match res {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("server failed: {e}")),
-        Err(e) => Err(format!("server task failed: {e}")),
-    }
+fn joined(res: std::result::Result<(), tokio::task::JoinError>) -> Result<()> {
+    res.map_err(|e| format!("server task failed: {e}"))
 }
 
 async fn wait_for_signal() {

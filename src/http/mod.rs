@@ -6,6 +6,7 @@ pub mod error;
 mod extract;
 pub mod metrics;
 mod native;
+pub mod server;
 pub mod validate;
 
 use std::sync::Arc;
