@@ -321,3 +321,45 @@ fn parser_errors_have_the_json_shape() {
     }
     assert_eq!(s.get("/healthz").0, 200);
 }
+
+#[test]
+fn head_never_changes_state() {
+    let s = Server::start(&[]);
+    let push = |id: &str| {
+        serde_json::to_vec(&json!({"topic": "hd", "id": id, "delay": 0, "ttr": 30, "body": "b"})).unwrap()
+    };
+    let mut conn = Conn::open(&s.base).expect("connect");
+    for path in ["/push", "/pop", "/finish", "/delete", "/get"] {
+        let a = conn.exchange(&request("HEAD", path, &[JSON], &push("h-1")), true).unwrap();
+        assert_eq!(a.status, 405, "HEAD {path}: {a:?}");
+        assert!(a.body.is_empty());
+    }
+    let (_, v) = s.post("/get", &json!({"id": "h-1"}));
+    assert_eq!(v, json!({"code": 0, "message": "ok", "data": null}), "HEAD /push created a job");
+    // A ready job is not popped (or finished, or deleted) by a HEAD either.
+    assert_eq!(s.post_raw("/push", None, push("h-2")).1["code"], 0);
+    for path in ["/pop", "/finish", "/delete"] {
+        let a =
+            conn.exchange(&request("HEAD", path, &[JSON], br#"{"topic":"hd","id":"h-2"}"#), true).unwrap();
+        assert_eq!(a.status, 405, "HEAD {path}");
+    }
+    let (_, v) = s.post("/pop", &json!({"topic": "hd"}));
+    assert_eq!(v["data"]["id"], "h-2", "{v}");
+    // HEAD on a look-up stays a harmless look-up.
+    let a = conn.exchange(&request("HEAD", "/v1/stats", &[], b""), true).unwrap();
+    assert_eq!(a.status, 200);
+}
+
+#[test]
+fn the_bearer_scheme_is_matched_in_any_case() {
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", TOKEN)]);
+    let mut conn = Conn::open(&s.base).expect("connect");
+    for auth in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR  s3cret"] {
+        let a = conn.exchange(&request("GET", "/v1/stats", &[("authorization", auth)], b""), false).unwrap();
+        assert_eq!(a.status, 200, "{auth:?}");
+    }
+    for auth in ["Bearer S3CRET", "Bearers3cret", "s3cret"] {
+        let a = conn.exchange(&request("GET", "/v1/stats", &[("authorization", auth)], b""), false).unwrap();
+        check_error(&a, 401, "unauthorized", auth);
+    }
+}
