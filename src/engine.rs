@@ -397,7 +397,8 @@ impl Engine {
         if backoff_ms.len() > 1000 || backoff_ms.iter().any(|b| *b > self.cfg.max_delay_ms) {
             return Err(Error::invalid("backoff", "at most 1000 steps, each no longer than max_delay"));
         }
-        let now = self.now();
+        let now_us = self.clock.now_us();
+        let now = now_us / 1000;
         let (request_kind, request_value) = match req.when {
             When::Now => (0, 0),
             When::DelayMs(d) => (1, d),
@@ -426,7 +427,9 @@ impl Engine {
                 self.store.topics.len()
             )));
         }
-        let (deliver_at_ms, route) = self.plan_produce(&req.when, now)?;
+        // A delay counts from the receive time rounded up, so the due time is never before the
+        // client's send time plus the delay; a message ready at once is visible from `now` on.
+        let (deliver_at_ms, route) = self.plan_produce(&req.when, now, now_us.div_ceil(1000))?;
         let id = match req.id {
             Some(id) => id,
             None => self.new_id(),
@@ -449,26 +452,27 @@ impl Engine {
         Ok(Produced { id, deliver_at_ms, created: true })
     }
 
-    fn plan_produce(&self, when: &When, now: u64) -> Result<(u64, Route)> {
+    fn plan_produce(&self, when: &When, now: u64, delay_from: u64) -> Result<(u64, Route)> {
         let levels = &self.cfg.levels_ms;
         let max = self.cfg.max_delay_ms;
-        let delay = match *when {
+        let (base, delay) = match *when {
             When::Now => return Ok((now, Route::Topic)),
             When::LevelIndex(i) => {
                 let Some(l) = (i as usize).checked_sub(1).and_then(|i| levels.get(i)) else {
                     return Err(Error::invalid("level", format!("must be 1 to {}", levels.len())));
                 };
-                return Ok((now + l, Route::Level { level_ms: *l, due_ms: now + l }));
+                return Ok((delay_from + l, Route::Level { level_ms: *l, due_ms: delay_from + l }));
             }
             When::DelayMs(d) => {
                 if d > max {
                     return Err(Error::invalid("delay_ms", format!("{d} exceeds max_delay of {max} ms")));
                 }
-                d
+                (delay_from, d)
             }
             When::AtMs(t) => {
                 if t <= now {
-                    return Ok((t, Route::Topic));
+                    // Due already: the answer says when it really became ready.
+                    return Ok((now, Route::Topic));
                 }
                 if t - now > max {
                     return Err(Error::invalid(
@@ -476,17 +480,17 @@ impl Engine {
                         format!("is more than max_delay ({max} ms) ahead"),
                     ));
                 }
-                t - now
+                (now, t - now)
             }
         };
         if delay == 0 {
             return Ok((now, Route::Topic));
         }
         match self.cfg.delay_policy {
-            DelayPolicy::Chain => Ok((now + delay, plan_hop(levels, now, delay))),
+            DelayPolicy::Chain => Ok((base + delay, plan_hop(levels, base, delay))),
             DelayPolicy::Round => {
                 let l = nearest_level(levels, delay);
-                Ok((now + l, Route::Level { level_ms: l, due_ms: now + l }))
+                Ok((base + l, Route::Level { level_ms: l, due_ms: base + l }))
             }
         }
     }

@@ -19,8 +19,9 @@ fn produce_pop_ack_round_trip() {
     let after = now_ms();
     let id = v["id"].as_str().expect("generated id").to_string();
     let due = v["deliver_at_ms"].as_u64().expect("deliver_at_ms");
+    // The receive time is rounded up to the millisecond: at most one past `after`.
     assert!(
-        due >= before + 300 && due <= after + 300,
+        due >= before + 300 && due <= after + 301,
         "due {due} not receive time + 300 ({before}..{after})"
     );
 
@@ -82,6 +83,44 @@ fn never_early_across_delays_and_levels() {
             seen += 1;
         }
     }
+}
+
+/// Unix time in microseconds, finer than the server's milliseconds.
+fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970").as_micros()
+        as u64
+}
+
+#[test]
+fn deliver_at_is_never_before_the_send_time_plus_the_delay() {
+    let s = Server::start(&[]);
+    for i in 0..300u64 {
+        // The server's clock is this clock; the request leaves after `sent_us`.
+        let (spec, delay_ms) = match i % 3 {
+            0 => (json!({"body": "d", "delay_ms": 1000 + i}), 1000 + i),
+            1 => (json!({"body": "l", "level": "5s"}), 5000),
+            _ => (json!({"body": "n", "delay_ms": 7}), 7),
+        };
+        let sent_us = now_us();
+        let due = s.produce("round", &spec)["deliver_at_ms"].as_u64().unwrap();
+        assert!(
+            due * 1000 >= sent_us + delay_ms * 1000,
+            "{spec}: deliver_at_ms {due} is before the send time {sent_us}us + {delay_ms}ms"
+        );
+    }
+    // An absolute time in the past is due now, and the answer says when that is.
+    for at in [0, 1, now_us() / 1000 - 60_000] {
+        let before = now_ms();
+        let due =
+            s.produce("round", &json!({"body": "p", "deliver_at_ms": at}))["deliver_at_ms"].as_u64().unwrap();
+        let after = now_ms();
+        assert!(
+            (before..=after).contains(&due),
+            "deliver_at_ms {at}: answered {due}, not now ({before}..{after})"
+        );
+    }
+    let due_at = now_ms() + 60_000;
+    assert_eq!(s.produce("round", &json!({"body": "f", "deliver_at_ms": due_at}))["deliver_at_ms"], due_at);
 }
 
 #[test]
