@@ -194,6 +194,8 @@ pub struct BrokerConfig {
     pub max_body_bytes: usize,
     /// Longest long-poll wait a pop may ask for.
     pub max_wait_ms: u64,
+    /// Most messages one pop may take.
+    pub max_batch: usize,
     /// Initial slot count of the id index file.
     pub index_initial_slots: u64,
     /// What to do when recovery finds a bad record with valid records after it.
@@ -606,6 +608,7 @@ impl Config {
             max_body_bytes: usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX),
             // The compat API long-polls too; the broker must allow the longer of both caps.
             max_wait_ms: self.max_wait.max(self.compat_max_wait),
+            max_batch: self.max_batch,
             index_initial_slots: self.index_initial_slots,
             recovery: self.recovery,
             done_retention_ms: self.done_retention,
@@ -1122,6 +1125,7 @@ mod tests {
             default_backoff_ms,
             max_body_bytes,
             max_wait_ms,
+            max_batch,
             index_initial_slots,
             recovery,
             done_retention_ms,
@@ -1144,6 +1148,7 @@ mod tests {
         assert_eq!(default_backoff_ms, DEFAULT_BACKOFF_MS);
         assert_eq!(max_body_bytes as u64, c.max_body_bytes);
         assert_eq!(max_wait_ms, c.max_wait.max(c.compat_max_wait));
+        assert_eq!(max_batch, c.max_batch);
         assert_eq!(index_initial_slots, c.index_initial_slots);
         assert_eq!(recovery, c.recovery);
         assert_eq!(done_retention_ms, c.done_retention);

@@ -124,6 +124,30 @@ fn deliver_at_is_never_before_the_send_time_plus_the_delay() {
 }
 
 #[test]
+fn pop_takes_up_to_max_batch_messages() {
+    let s = Server::start(&[("DELAYD_MAX_BATCH", "1500")]);
+    let batch: Vec<Value> = (0..1500).map(|i| json!({"body": i.to_string()})).collect();
+    let (st, v) = s.post("/v1/topics/many/messages/batch", &json!({ "messages": batch }));
+    assert_eq!(st, 201, "{}", &v.to_string()[..200.min(v.to_string().len())]);
+    let (st, v) = s.post_raw("/v1/topics/many/pop?max=1501", None, Vec::new());
+    Server::assert_error(st, &v, 400, "invalid_argument");
+    assert!(v["error"]["message"].as_str().unwrap().contains("1500"), "{v}");
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got < 1500 {
+        assert!(Instant::now() < deadline, "only {got} of 1500 ready");
+        let (msgs, _) = s.pop("many", 1500, 2000, None);
+        assert!(msgs.len() <= 1500);
+        got += msgs.len();
+    }
+    // Ready messages at once: one pop takes all of them, over the old fixed cap of 1,000.
+    let batch: Vec<Value> = (0..1200).map(|i| json!({"body": i.to_string()})).collect();
+    assert_eq!(s.post("/v1/topics/more/messages/batch", &json!({ "messages": batch })).0, 201);
+    let (msgs, _) = s.pop("more", 1500, 2000, None);
+    assert_eq!(msgs.len(), 1200);
+}
+
+#[test]
 fn long_poll_returns_when_a_message_lands() {
     let s = Server::start(&[]);
     let url = s.url("/v1/topics/wake/pop?wait_ms=5000");
