@@ -135,7 +135,7 @@ pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody
     };
     match st.broker().produce(&topic, req).await {
         Ok(_) => ok(Value::Null),
-        Err(e) => fail(format!("push failed: {e}")),
+        Err(e) => fail(format!("push failed: {}", ApiError::from(e).message)),
     }
 }
 
@@ -188,9 +188,9 @@ pub(crate) async fn finish(State(st): State<AppState>, CompatBody(raw): CompatBo
         Err(e) if already_gone(&e) => match st.broker().cancel(&id).await {
             Ok(()) => ok(Value::Null),
             Err(e) if already_gone(&e) => ok(Value::Null),
-            Err(e) => fail(format!("finish failed: {e}")),
+            Err(e) => fail(format!("finish failed: {}", ApiError::from(e).message)),
         },
-        Err(e) => fail(format!("finish failed: {e}")),
+        Err(e) => fail(format!("finish failed: {}", ApiError::from(e).message)),
     }
 }
 
@@ -203,7 +203,7 @@ pub(crate) async fn delete(State(st): State<AppState>, CompatBody(raw): CompatBo
     match st.broker().cancel(&id).await {
         Ok(()) => ok(Value::Null),
         Err(e) if already_gone(&e) => ok(Value::Null),
-        Err(e) => fail(format!("delete failed: {e}")),
+        Err(e) => fail(format!("delete failed: {}", ApiError::from(e).message)),
     }
 }
 
@@ -224,7 +224,7 @@ pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody)
         })),
         Ok(_) => ok(Value::Null),
         Err(Error::NotFound(_)) => ok(Value::Null),
-        Err(e) => fail(format!("get failed: {e}")),
+        Err(e) => fail(format!("get failed: {}", ApiError::from(e).message)),
     }
 }
 
