@@ -216,8 +216,9 @@ impl Broker {
         for t in &req.topics {
             crate::engine::validate_topic(t)?;
         }
-        if req.max == 0 || req.max > 1000 {
-            return Err(Error::invalid("max", "must be 1 to 1000"));
+        let max_batch = self.shared.config.max_batch;
+        if req.max == 0 || req.max > max_batch {
+            return Err(Error::invalid("max", format!("must be 1 to {max_batch} (max_batch)")));
         }
         let wait = Duration::from_millis(req.wait_ms.min(self.shared.config.max_wait_ms));
         let deadline = Instant::now() + wait;

@@ -88,6 +88,14 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "TOKEN",
         "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
     ),
+    key("max_connections", "N", "Most HTTP connections served at once; more wait in the listen backlog"),
+    key(
+        "http_header_timeout",
+        "DURATION",
+        "A request head must arrive within this (from connect or its first byte)",
+    ),
+    key("http_idle_timeout", "DURATION", "How long a kept-alive connection may wait for its next request"),
+    key("http_body_timeout", "DURATION", "A request body must arrive within this, from the end of its head"),
     key("log_format", "text|json", "Log line format, on stderr"),
     key("log_level", "FILTER", "A tracing filter such as info or delayd=debug,warn"),
     key("shutdown_grace", "DURATION", "On SIGTERM, how long in-flight requests may take"),
@@ -107,7 +115,7 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
 ];
 
 /// How many keys there are.
-pub const KEY_COUNT: usize = 27;
+pub const KEY_COUNT: usize = 31;
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -194,6 +202,8 @@ pub struct BrokerConfig {
     pub max_body_bytes: usize,
     /// Longest long-poll wait a pop may ask for.
     pub max_wait_ms: u64,
+    /// Most messages one pop may take.
+    pub max_batch: usize,
     /// Initial slot count of the id index file.
     pub index_initial_slots: u64,
     /// What to do when recovery finds a bad record with valid records after it.
@@ -269,6 +279,17 @@ pub struct Config {
     pub compat_max_attempts: Option<u32>,
     /// Bearer token required on `/v1`, `/metrics` and the compat API when set.
     pub auth_token: Option<String>,
+    /// Most HTTP connections served at once.
+    pub max_connections: usize,
+    /// A request head must arrive within this many ms of the connect, or of its first byte.
+    #[serde(deserialize_with = "de_duration")]
+    pub http_header_timeout: u64,
+    /// How long a kept-alive connection may wait for its next request, in ms.
+    #[serde(deserialize_with = "de_duration")]
+    pub http_idle_timeout: u64,
+    /// A request body must arrive within this many ms of the end of its head.
+    #[serde(deserialize_with = "de_duration")]
+    pub http_body_timeout: u64,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// A tracing filter such as `info` or `delayd=debug,warn`.
@@ -312,6 +333,10 @@ impl Default for Config {
             compat_max_wait: 178_000,
             compat_max_attempts: None,
             auth_token: None,
+            max_connections: 1024,
+            http_header_timeout: 10_000,
+            http_idle_timeout: 60_000,
+            http_body_timeout: 30_000,
             log_format: LogFormat::Text,
             log_level: "info".to_string(),
             shutdown_grace: 10_000,
@@ -414,6 +439,10 @@ impl Config {
             // An empty token must not quietly turn authentication off: unset is the only way.
             "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
             "auth_token" => self.auth_token = Some(v.to_string()),
+            "max_connections" => self.max_connections = parse_count(v)?,
+            "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
+            "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
+            "http_body_timeout" => self.http_body_timeout = parse_duration(v)?,
             "log_format" => self.log_format = choose(v, &LOG_FORMATS)?,
             "log_level" => self.log_level = v.to_string(),
             "shutdown_grace" => self.shutdown_grace = parse_duration(v)?,
@@ -451,6 +480,10 @@ impl Config {
             "compat_max_wait" => fmt_ms(self.compat_max_wait),
             "compat_max_attempts" => self.compat_max_attempts.map_or("unlimited".into(), |n| n.to_string()),
             "auth_token" => self.auth_token.clone()?,
+            "max_connections" => self.max_connections.to_string(),
+            "http_header_timeout" => fmt_ms(self.http_header_timeout),
+            "http_idle_timeout" => fmt_ms(self.http_idle_timeout),
+            "http_body_timeout" => fmt_ms(self.http_body_timeout),
             "log_format" => name_of(&LOG_FORMATS, self.log_format),
             "log_level" => self.log_level.clone(),
             "shutdown_grace" => fmt_ms(self.shutdown_grace),
@@ -543,6 +576,18 @@ impl Config {
         if self.compat_max_wait > DAY_MS {
             return bad("compat_max_wait", "must be at most 1d".into());
         }
+        if self.max_connections == 0 || self.max_connections > 1_000_000 {
+            return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
+        }
+        for (key, ms) in [
+            ("http_header_timeout", self.http_header_timeout),
+            ("http_idle_timeout", self.http_idle_timeout),
+            ("http_body_timeout", self.http_body_timeout),
+        ] {
+            if ms == 0 || ms > DAY_MS {
+                return bad(key, format!("{} is outside 1ms..=1d", fmt_ms(ms)));
+            }
+        }
         if let Some(token) = &self.auth_token {
             if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 let rule = if token.is_empty() {
@@ -584,6 +629,7 @@ impl Config {
             max_body_bytes: usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX),
             // The compat API long-polls too; the broker must allow the longer of both caps.
             max_wait_ms: self.max_wait.max(self.compat_max_wait),
+            max_batch: self.max_batch,
             index_initial_slots: self.index_initial_slots,
             recovery: self.recovery,
             done_retention_ms: self.done_retention,
@@ -894,6 +940,10 @@ mod tests {
             ("compat_max_wait", "2s"),
             ("compat_max_attempts", "5"),
             ("auth_token", "t"),
+            ("max_connections", "5"),
+            ("http_header_timeout", "2s"),
+            ("http_idle_timeout", "1m"),
+            ("http_body_timeout", "1500ms"),
             ("log_format", "json"),
             ("log_level", "debug"),
             ("shutdown_grace", "1s"),
@@ -929,6 +979,10 @@ mod tests {
             compat_max_wait: 2000,
             compat_max_attempts: Some(5),
             auth_token: Some("t".into()),
+            max_connections: 5,
+            http_header_timeout: 2000,
+            http_idle_timeout: 60_000,
+            http_body_timeout: 1500,
             log_format: LogFormat::Json,
             log_level: "debug".into(),
             shutdown_grace: 1000,
@@ -1060,6 +1114,10 @@ mod tests {
             ("max_body_bytes", Box::new(|c| c.max_body_bytes = c.segment_bytes)),
             ("max_batch", Box::new(|c| c.max_batch = 0)),
             ("open_queues", Box::new(|c| c.open_queues = 0)),
+            ("max_connections", Box::new(|c| c.max_connections = 0)),
+            ("http_header_timeout", Box::new(|c| c.http_header_timeout = 0)),
+            ("http_idle_timeout", Box::new(|c| c.http_idle_timeout = 0)),
+            ("http_body_timeout", Box::new(|c| c.http_body_timeout = DAY_MS + 1)),
             ("auth_token", Box::new(|c| c.auth_token = Some("a b".into()))),
             ("log_level", Box::new(|c| c.log_level = "[[[".into())),
         ];
@@ -1108,6 +1166,7 @@ mod tests {
             default_backoff_ms,
             max_body_bytes,
             max_wait_ms,
+            max_batch,
             index_initial_slots,
             recovery,
             done_retention_ms,
@@ -1130,6 +1189,7 @@ mod tests {
         assert_eq!(default_backoff_ms, DEFAULT_BACKOFF_MS);
         assert_eq!(max_body_bytes as u64, c.max_body_bytes);
         assert_eq!(max_wait_ms, c.max_wait.max(c.compat_max_wait));
+        assert_eq!(max_batch, c.max_batch);
         assert_eq!(index_initial_slots, c.index_initial_slots);
         assert_eq!(recovery, c.recovery);
         assert_eq!(done_retention_ms, c.done_retention);

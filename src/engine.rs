@@ -459,7 +459,8 @@ impl Engine {
         if backoff_ms.len() > 1000 || backoff_ms.iter().any(|b| *b > self.cfg.max_delay_ms) {
             return Err(Error::invalid("backoff", "at most 1000 steps, each no longer than max_delay"));
         }
-        let now = self.now();
+        let now_us = self.clock.now_us();
+        let now = now_us / 1000;
         let (request_kind, request_value) = match req.when {
             When::Now => (0, 0),
             When::DelayMs(d) => (1, d),
@@ -498,7 +499,9 @@ impl Engine {
                 self.store.topics.len()
             )));
         }
-        let (deliver_at_ms, route) = self.plan_produce(&req.when, now)?;
+        // A delay counts from the receive time rounded up, so the due time is never before the
+        // client's send time plus the delay; a message ready at once is visible from `now` on.
+        let (deliver_at_ms, route) = self.plan_produce(&req.when, now, now_us.div_ceil(1000))?;
         let id = match req.id {
             Some(id) => id,
             None => self.new_id(),
@@ -525,26 +528,27 @@ impl Engine {
         Ok(Produced { id, deliver_at_ms, created: true })
     }
 
-    fn plan_produce(&self, when: &When, now: u64) -> Result<(u64, Route)> {
+    fn plan_produce(&self, when: &When, now: u64, delay_from: u64) -> Result<(u64, Route)> {
         let levels = &self.cfg.levels_ms;
         let max = self.cfg.max_delay_ms;
-        let delay = match *when {
+        let (base, delay) = match *when {
             When::Now => return Ok((now, Route::Topic)),
             When::LevelIndex(i) => {
                 let Some(l) = (i as usize).checked_sub(1).and_then(|i| levels.get(i)) else {
                     return Err(Error::invalid("level", format!("must be 1 to {}", levels.len())));
                 };
-                return Ok((now + l, Route::Level { level_ms: *l, due_ms: now + l }));
+                return Ok((delay_from + l, Route::Level { level_ms: *l, due_ms: delay_from + l }));
             }
             When::DelayMs(d) => {
                 if d > max {
                     return Err(Error::invalid("delay_ms", format!("{d} exceeds max_delay of {max} ms")));
                 }
-                d
+                (delay_from, d)
             }
             When::AtMs(t) => {
                 if t <= now {
-                    return Ok((t, Route::Topic));
+                    // Due already: the answer says when it really became ready.
+                    return Ok((now, Route::Topic));
                 }
                 if t - now > max {
                     return Err(Error::invalid(
@@ -552,17 +556,17 @@ impl Engine {
                         format!("is more than max_delay ({max} ms) ahead"),
                     ));
                 }
-                t - now
+                (now, t - now)
             }
         };
         if delay == 0 {
             return Ok((now, Route::Topic));
         }
         match self.cfg.delay_policy {
-            DelayPolicy::Chain => Ok((now + delay, plan_hop(levels, now, delay))),
+            DelayPolicy::Chain => Ok((base + delay, plan_hop(levels, base, delay))),
             DelayPolicy::Round => {
                 let l = nearest_level(levels, delay);
-                Ok((now + l, Route::Level { level_ms: l, due_ms: now + l }))
+                Ok((base + l, Route::Level { level_ms: l, due_ms: base + l }))
             }
         }
     }
@@ -814,12 +818,17 @@ impl Engine {
             return Ok(Nacked::DeadLettered { topic: dead_letter_topic(&topic) });
         }
         let delay = delay_ms.unwrap_or(step);
-        let now = self.now();
-        self.retry(&slot, Cause::Nack, now, delay)?;
-        Ok(Nacked::Retry { deliver_at_ms: now + delay })
+        // As for a produce: the delay counts from the receive time rounded up, so the retry is
+        // never before the consumer's nack plus the delay.
+        let now_us = self.clock.now_us();
+        let (now, from) = (now_us / 1000, now_us.div_ceil(1000));
+        let deliver_at_ms = self.retry(&slot, Cause::Nack, now, from, delay)?;
+        Ok(Nacked::Retry { deliver_at_ms })
     }
 
-    fn retry(&mut self, slot: &Slot, cause: Cause, now: u64, delay: u64) -> Result<()> {
+    /// Makes a reserved message ready again, at once or `delay` ms after `from`; returns its due
+    /// time.
+    fn retry(&mut self, slot: &Slot, cause: Cause, now: u64, from: u64, delay: u64) -> Result<u64> {
         let change = if delay == 0 {
             Change {
                 time_ms: now,
@@ -837,11 +846,12 @@ impl Engine {
                 cause,
                 home: slot.home,
                 attempt: u32::from(slot.attempt),
-                deliver_at_ms: now + delay,
-                route: plan_hop(&self.cfg.levels_ms, now, delay),
+                deliver_at_ms: from + delay,
+                route: plan_hop(&self.cfg.levels_ms, from, delay),
             }
         };
-        self.transition(slot, change).map(|_| ())
+        let due = change.deliver_at_ms;
+        self.transition(slot, change).map(|_| due)
     }
 
     fn dead_letter(&mut self, slot: &Slot) -> Result<()> {
@@ -1067,7 +1077,7 @@ impl Engine {
                 if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
                     self.dead_letter(&slot)?;
                 } else {
-                    self.retry(&slot, Cause::Expire, now, 0)?;
+                    self.retry(&slot, Cause::Expire, now, now, 0)?;
                 }
             }
         }

@@ -462,3 +462,23 @@ fn a_refused_replacing_produce_leaves_the_old_message_alone() {
     while e.run_due(usize::MAX).unwrap() > 0 {}
     assert_eq!(drain(&mut e, "t"), vec![("a".to_string(), "a1".to_string())]);
 }
+
+#[test]
+fn delays_count_from_the_receive_time_rounded_up_for_produce_and_nack() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    // 0.4 ms into a millisecond: a 1 s delay is due 1 s after the next whole millisecond.
+    clock.set_us(T0 * 1000 + 400);
+    let p = e.produce("t", req("r", When::DelayMs(1000))).unwrap();
+    assert_eq!(p.deliver_at_ms, T0 + 1 + 1000);
+    let ready = e.produce("t", req("now", When::Now)).unwrap();
+    assert_eq!(ready.deliver_at_ms, T0, "ready at once: visible from the receive time");
+    let got = e.pop(&topics("t"), 1, None).unwrap();
+    clock.set_us((T0 + 5) * 1000 + 1);
+    match e.nack(&got[0].receipt, Some(250)).unwrap() {
+        Nacked::Retry { deliver_at_ms } => assert_eq!(deliver_at_ms, T0 + 6 + 250),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.get("now").unwrap().deliver_at_ms, T0 + 6 + 250);
+}

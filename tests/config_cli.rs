@@ -95,6 +95,23 @@ fn bad_durations_and_sizes_are_refused_naming_the_key_and_the_value() {
 }
 
 #[test]
+fn connection_limits_are_refused_when_zero_or_malformed() {
+    refused(&[], &[("DELAYD_MAX_CONNECTIONS", "0")], &["max_connections", "outside 1..=1000000"]);
+    refused(&["--max-connections", "many"], &[], &["--max-connections", "\"many\""]);
+    refused(&["--http-header-timeout", "0"], &[], &["http_header_timeout", "outside 1ms..=1d"]);
+    refused(
+        &[],
+        &[("DELAYD_HTTP_IDLE_TIMEOUT", "soon")],
+        &["DELAYD_HTTP_IDLE_TIMEOUT", "\"soon\" is not a duration"],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("delayd.toml");
+    std::fs::write(&file, "http_body_timeout = \"2d\"\n").unwrap();
+    refused(&["--config", file.to_str().unwrap()], &[], &["http_body_timeout", "outside 1ms..=1d"]);
+    refused(&[], &[("DELAYD_HTTP_HEADER_TIMEOUTT", "1s")], &["did you mean DELAYD_HTTP_HEADER_TIMEOUT?"]);
+}
+
+#[test]
 fn decimal_and_binary_units_mean_what_they_say() {
     // 10KB is 10,000 bytes; 2h30m is 9,000,000 ms.
     let s = Server::start(&[("DELAYD_MAX_BODY_BYTES", "10KB"), ("DELAYD_MAX_DELAY", "2h30m")]);

@@ -111,12 +111,15 @@ fn a_full_disk_refuses_writes_idles_restarts_and_delivers_every_acknowledged_mes
     }
     let acked: Vec<String> = acked.lock().unwrap().clone();
     let refusals = refusals.lock().unwrap().clone();
+    let mount = fs.0.to_str().expect("a UTF-8 temp path");
     assert!(refusals.len() >= 40, "the disk never filled: {} acknowledged", acked.len());
     assert!(acked.len() > 50, "too few messages stored before the disk filled: {}", acked.len());
     for v in &refusals {
         assert_eq!(v["error"]["code"], "unavailable", "{v}");
         let msg = v["error"]["message"].as_str().unwrap_or("");
         assert!(msg.contains("No space left on device"), "the refusal must say why: {v}");
+        // The file it failed on goes to the log, not to the client.
+        assert!(!msg.contains(mount) && !msg.contains("commitlog/"), "the refusal names a file: {v}");
     }
 
     // Messages fall due on the full disk: the server must idle, not spin.

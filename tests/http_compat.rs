@@ -299,3 +299,23 @@ fn compat_jobs_are_redelivered_forever_unless_compat_max_attempts_is_set() {
     }
     assert_eq!(pop(&s, "f"), Value::Null);
 }
+
+#[test]
+fn a_refused_token_on_a_compat_path_answers_in_the_compat_shape() {
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", "s3cret")]);
+    let job = r#"{"topic":"t","id":"a1","delay":0,"ttr":5,"body":"x"}"#;
+    for path in ["/push", "/pop", "/finish", "/delete", "/get"] {
+        let r = s.http().post(s.url(path)).body(job).send().unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{path}");
+        assert_eq!(r.headers()["www-authenticate"], "Bearer", "{path}");
+        let v: Value = r.json().unwrap();
+        assert_eq!((&v["code"], &v["data"]), (&json!(1), &Value::Null), "{path}: {v}");
+        assert!(v["message"].as_str().unwrap().contains("bearer token"), "{path}: {v}");
+    }
+    // The native API keeps its own error shape.
+    let (st, v) = s.get("/v1/stats");
+    assert_eq!((st, &v["error"]["code"]), (401, &json!("unauthorized")), "{v}");
+    let r = s.http().post(s.url("/push")).bearer_auth("s3cret").body(job).send().unwrap();
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["code"], 0, "{v}");
+}

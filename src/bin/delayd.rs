@@ -1,12 +1,13 @@
 //! The delayd server: configuration, logging, the broker, and the HTTP API with a graceful stop.
 
-use std::future::IntoFuture;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use delayd::config::cli::Cli;
 use delayd::config::{Config, LogFormat};
+use delayd::http::server::{serve as serve_http, ServeConfig};
 use delayd::http::{router, AppState, Limits};
 use delayd::Broker;
 use tokio::sync::Notify;
@@ -47,7 +48,11 @@ fn main() -> ExitCode {
 fn init_logging(cfg: &Config) {
     // `validate` already checked the filter; the fallback only guards against a future mismatch.
     let filter = EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal (who did not ask for none with NO_COLOR):
+    // under systemd, stderr goes to the journal, which would store the escape codes.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match cfg.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -58,10 +63,20 @@ fn init_logging(cfg: &Config) {
 type Result<T> = std::result::Result<T, String>;
 
 async fn run(cfg: Config) -> Result<()> {
+    // The port first: a busy port fails the start at once, before recovery runs and before the
+    // data directory is created. Connections that arrive during recovery wait in the backlog.
+    let addr = cfg.listen_addr().map_err(|e| e.to_string())?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
     let dir = cfg.data_dir.display();
     let broker =
         Broker::open(cfg.broker_config()).map_err(|e| format!("cannot open data directory {dir}: {e}"))?;
-    let served = serve(&cfg, broker.clone()).await;
+    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
+    println!("delayd listening on http://{local}");
+    tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
+    let served = serve(&cfg, listener, broker.clone()).await;
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
     stopped?;
@@ -69,15 +84,14 @@ async fn run(cfg: Config) -> Result<()> {
     Ok(())
 }
 
-async fn serve(cfg: &Config, broker: Broker) -> Result<()> {
-    let addr = cfg.listen_addr().map_err(|e| e.to_string())?;
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
-    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
-    println!("delayd listening on http://{local}");
-    tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
+/// Tells systemd (`Type=notify`) about a change of state; nothing happens when it did not start us.
+fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!("cannot notify systemd ($NOTIFY_SOCKET): {e}");
+    }
+}
 
+async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) -> Result<()> {
     let state = AppState::new(broker, Limits::from_config(cfg));
     let signalled = Arc::new(Notify::new());
     let on_signal = {
@@ -86,12 +100,13 @@ async fn serve(cfg: &Config, broker: Broker) -> Result<()> {
         async move {
             wait_for_signal().await;
             tracing::info!("shutdown requested: no new connections, finishing in-flight requests");
+            notify_systemd(&[sd_notify::NotifyState::Stopping]);
             state.begin_shutdown();
             signalled.notify_one();
         }
     };
     let mut server =
-        tokio::spawn(axum::serve(listener, router(state)).with_graceful_shutdown(on_signal).into_future());
+        tokio::spawn(serve_http(listener, router(state), ServeConfig::from_config(cfg), on_signal));
     tokio::select! {
         res = &mut server => return joined(res),
         _ = signalled.notified() => {}
@@ -107,12 +122,8 @@ async fn serve(cfg: &Config, broker: Broker) -> Result<()> {
     }
 }
 
-fn joined(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<()> {
-    match res {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("server failed: {e}")),
-        Err(e) => Err(format!("server task failed: {e}")),
-    }
+fn joined(res: std::result::Result<(), tokio::task::JoinError>) -> Result<()> {
+    res.map_err(|e| format!("server task failed: {e}"))
 }
 
 async fn wait_for_signal() {

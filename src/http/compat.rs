@@ -92,6 +92,24 @@ impl<S: Send + Sync> FromRequest<S> for CompatBody {
     }
 }
 
+/// The paths of the original API.
+const PATHS: [&str; 5] = ["/push", "/pop", "/finish", "/delete", "/get"];
+
+/// Whether `path` is one of the original API's.
+pub(crate) fn is_compat_path(path: &str) -> bool {
+    PATHS.contains(&path)
+}
+
+/// A refused bearer token on a compat path: HTTP 401 as on `/v1`, with the compat body shape its
+/// clients parse (`code` 1, the message, `data` null).
+pub(crate) fn unauthorized(denied: ApiError) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut resp = (denied.status, reply(1, &denied.message, Value::Null)).into_response();
+    resp.headers_mut()
+        .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+    resp
+}
+
 fn reply(code: u8, message: &str, data: Value) -> Json<Value> {
     Json(json!({"code": code, "message": message, "data": data}))
 }
@@ -194,7 +212,7 @@ pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody
     // The original stores a job with a Redis SET: a push always wins over the job its id named.
     match st.broker().replace(&topic, req).await {
         Ok(()) => ok(Value::Null),
-        Err(e) => fail(format!("push failed: {e}")),
+        Err(e) => fail(format!("push failed: {}", ApiError::from(e).message)),
     }
 }
 
@@ -252,9 +270,9 @@ pub(crate) async fn finish(State(st): State<AppState>, CompatBody(raw): CompatBo
         Err(e) if already_gone(&e) => match st.broker().cancel(&id).await {
             Ok(()) => ok(Value::Null),
             Err(e) if already_gone(&e) => ok(Value::Null),
-            Err(e) => fail(format!("finish failed: {e}")),
+            Err(e) => fail(format!("finish failed: {}", ApiError::from(e).message)),
         },
-        Err(e) => fail(format!("finish failed: {e}")),
+        Err(e) => fail(format!("finish failed: {}", ApiError::from(e).message)),
     }
 }
 
@@ -267,7 +285,7 @@ pub(crate) async fn delete(State(st): State<AppState>, CompatBody(raw): CompatBo
     match st.broker().cancel(&id).await {
         Ok(()) => ok(Value::Null),
         Err(e) if already_gone(&e) => ok(Value::Null),
-        Err(e) => fail(format!("delete failed: {e}")),
+        Err(e) => fail(format!("delete failed: {}", ApiError::from(e).message)),
     }
 }
 
@@ -288,7 +306,7 @@ pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody)
         })),
         Ok(_) => ok(Value::Null),
         Err(Error::NotFound(_)) => ok(Value::Null),
-        Err(e) => fail(format!("get failed: {e}")),
+        Err(e) => fail(format!("get failed: {}", ApiError::from(e).message)),
     }
 }
 

@@ -80,11 +80,34 @@ impl From<Error> for ApiError {
             Error::Unavailable(_) | Error::Io { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::Corrupt { .. } | Error::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        if status.is_server_error() {
+        let message = if status.is_server_error() {
+            // The whole story (file, offset, OS error) goes to the log; the client learns what
+            // failed and why, but not where the files are.
             tracing::error!(error = %e, "request failed in the store");
-        }
-        ApiError { status, code: e.code(), message: e.to_string() }
+            format!("{}; the server log has the details", without_paths(&e.to_string()))
+        } else {
+            e.to_string()
+        };
+        ApiError { status, code: e.code(), message }
     }
+}
+
+/// `text` with every word that names a file (one holding a `/`) replaced by `<file>`.
+/// "Input/output error", the one OS error message with a slash, is not a file.
+fn without_paths(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, word) in text.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let core = word.trim_matches(|c: char| matches!(c, '(' | ')' | ',' | ':' | ';' | '"' | '\''));
+        if core.contains('/') && core != "Input/output" {
+            out.push_str(&word.replace(core, "<file>"));
+        } else {
+            out.push_str(word);
+        }
+    }
+    out
 }
 
 impl IntoResponse for ApiError {
@@ -121,7 +144,39 @@ mod tests {
             let api = ApiError::from(err);
             assert_eq!(api.status.as_u16(), status, "{msg}");
             assert_eq!(api.code, code);
-            assert_eq!(api.message, msg);
+            if status < 500 {
+                assert_eq!(api.message, msg);
+            } else {
+                assert!(api.message.ends_with("; the server log has the details"), "{}", api.message);
+            }
+        }
+    }
+
+    #[test]
+    fn server_errors_name_no_file() {
+        let cases = [
+            (
+                Error::Unavailable(
+                    "a sync failed earlier (fdatasync /var/lib/delayd/commitlog/00000000000000000000: \
+                     Input/output error (os error 5)); writes are refused until a restart"
+                        .into(),
+                ),
+                "store unavailable: a sync failed earlier (fdatasync <file>: Input/output error (os error 5)); \
+                 writes are refused until a restart",
+            ),
+            (
+                Error::io("preallocate ./data/commitlog/00000000000067108864", std::io::Error::from_raw_os_error(28)),
+                "preallocate <file>: No space left on device (os error 28)",
+            ),
+            (
+                Error::Corrupt { file: "/srv/d/index/ids-1".into(), offset: 7, reason: "crc".into() },
+                "corrupt data in <file> at offset 7: crc",
+            ),
+            (Error::Unavailable("the broker is shutting down".into()), "store unavailable: the broker is shutting down"),
+        ];
+        for (err, want) in cases {
+            let api = ApiError::from(err);
+            assert_eq!(api.message, format!("{want}; the server log has the details"));
         }
     }
 

@@ -8,6 +8,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::server::BodyTimedOut;
 
 /// A JSON request body parsed into `T`; requires `Content-Type: application/json`.
 pub struct JsonBody<T>(pub T);
@@ -48,7 +49,9 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
 }
 
 fn body_rejection(e: BytesRejection) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    if caused_by::<BodyTimedOut>(&e) {
+        ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", BodyTimedOut.to_string())
+    } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(
             "request body exceeds the configured limit (max_body_bytes plus 64KiB of envelope)",
         )
@@ -59,6 +62,18 @@ fn body_rejection(e: BytesRejection) -> ApiError {
             format!("cannot read request body: {}", e.body_text()),
         )
     }
+}
+
+/// Whether `E` is anywhere in the chain of sources of `e`.
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<E>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -151,6 +166,29 @@ mod tests {
         let e = parse_json::<T>(b"{\"body\":").unwrap_err();
         assert_eq!(e.code, "invalid_json");
         assert!(parse_json::<T>(br#"{"body":"x","delay_ms":5}"#).is_ok());
+    }
+
+    /// A body that fails at once with the body timeout, as `server::RequestBody` does past its deadline.
+    struct LateBody;
+
+    impl http_body::Body for LateBody {
+        type Data = Bytes;
+        type Error = Box<dyn std::error::Error + Send + Sync>;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(Some(Err(Box::new(BodyTimedOut))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_body_is_408_through_the_extractor_layers() {
+        let req = Request::new(axum::body::Body::new(LateBody));
+        let Err(e) = RawBody::from_request(req, &()).await else { panic!("a late body was read") };
+        assert_eq!((e.status, e.code), (StatusCode::REQUEST_TIMEOUT, "request_timeout"));
+        assert!(e.message.contains("http_body_timeout"), "{}", e.message);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod error;
 mod extract;
 pub mod metrics;
 mod native;
+pub mod server;
 pub mod validate;
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{get, on, post, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use tokio::sync::watch;
 
@@ -118,11 +119,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stats", get(native::stats))
         .route("/metrics", get(metrics::handler))
         // The original serves these paths for any method; so must a drop-in.
-        .route("/push", any(compat::push))
-        .route("/pop", any(compat::pop))
-        .route("/finish", any(compat::finish))
-        .route("/delete", any(compat::delete))
-        .route("/get", any(compat::get))
+        .route("/push", any_but_head(compat::push))
+        .route("/pop", any_but_head(compat::pop))
+        .route("/finish", any_but_head(compat::finish))
+        .route("/delete", any_but_head(compat::delete))
+        .route("/get", any_but_head(compat::get))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
@@ -150,19 +151,42 @@ async fn method_not_allowed(uri: Uri) -> ApiError {
     )
 }
 
+/// Every method but `HEAD`, which must not change state: axum would run the handler for it (a
+/// `HEAD` falls back to the `GET` handler), so it gets a 405 of its own.
+fn any_but_head<H, T>(handler: H) -> MethodRouter<AppState>
+where
+    H: axum::handler::Handler<T, AppState>,
+    T: 'static,
+{
+    const ALL_BUT_HEAD: MethodFilter = MethodFilter::GET
+        .or(MethodFilter::POST)
+        .or(MethodFilter::PUT)
+        .or(MethodFilter::DELETE)
+        .or(MethodFilter::PATCH)
+        .or(MethodFilter::OPTIONS)
+        .or(MethodFilter::TRACE)
+        .or(MethodFilter::CONNECT);
+    on(ALL_BUT_HEAD, handler).head(method_not_allowed)
+}
+
 async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(token) = &state.limits().auth_token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            return ApiError::unauthorized().into_response();
+            let denied = ApiError::unauthorized();
+            if compat::is_compat_path(req.uri().path()) {
+                return compat::unauthorized(denied);
+            }
+            return denied.into_response();
         }
     }
     next.run(req).await
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme in any case (RFC 7235).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compares without an early exit, so response timing does not reveal how much of a token matched.
@@ -181,6 +205,16 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_scheme_in_any_case() {
+        for v in ["Bearer t0k", "bearer t0k", "BEARER t0k", "bEaReR   t0k ", "Bearer\tt0k"] {
+            assert_eq!(bearer(v), Some("t0k"), "{v:?}");
+        }
+        for v in ["Basic dDBr", "Bearert0k", "t0k", "Bearer", ""] {
+            assert_eq!(bearer(v), None, "{v:?}");
+        }
+    }
 
     #[test]
     fn token_comparison() {

@@ -43,6 +43,11 @@ impl ManualClock {
     pub fn set_ms(&self, ms: u64) {
         self.0.store(ms * 1000, Ordering::SeqCst);
     }
+
+    /// Sets the time in microseconds (to test rounding within a millisecond).
+    pub fn set_us(&self, us: u64) {
+        self.0.store(us, Ordering::SeqCst);
+    }
 }
 
 impl Clock for ManualClock {

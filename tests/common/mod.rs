@@ -3,6 +3,8 @@
 //! Each test binary uses only some helpers, hence the allow.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

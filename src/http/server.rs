@@ -1,0 +1,225 @@
+//! The HTTP/1.1 server: an accept loop and one hyper connection per socket, each under watch.
+//!
+//! What a connection may cost is bounded here, not in the handlers:
+//! - at most `max_connections` sockets are served at once; past that, new ones wait in the
+//!   kernel's listen backlog until a slot frees;
+//! - a request head must arrive within `http_header_timeout` (counted from the accept, or from its
+//!   first byte on a kept-alive connection), a kept-alive connection may sit idle for
+//!   `http_idle_timeout`, and a request body must arrive within `http_body_timeout` of its head;
+//! - an answer given before the request body was read (401, 413, 415, a 400 from an extractor)
+//!   either reads the rest of a small body first, so the connection stays usable, or says
+//!   `Connection: close` and keeps reading (and dropping) what the client still sends until the
+//!   body's deadline, so the close does not reset the connection under the answer;
+//! - hyper's own answers to requests it cannot parse (400, 414, 431) carry the JSON error shape.
+
+mod body;
+mod io;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, Request, Response};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+pub use body::BodyTimedOut;
+use body::{AnswerBody, RequestBody};
+use io::{ConnIo, Phase};
+
+use crate::config::Config;
+
+/// How long a new connection waits before the "every slot is taken" warning may repeat.
+const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
+
+/// Connection limits and timeouts, from the `http_*` and `max_connections` keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    /// A request head must arrive within this, from the accept or from its first byte.
+    pub header_timeout: Duration,
+    /// How long a kept-alive connection may wait for its next request (or take to read an answer).
+    pub idle_timeout: Duration,
+    /// A request body must arrive within this, from the end of its head.
+    pub body_timeout: Duration,
+    /// Most connections served at once.
+    pub max_connections: usize,
+}
+
+impl ServeConfig {
+    /// Takes the connection keys out of a full configuration.
+    pub fn from_config(cfg: &Config) -> ServeConfig {
+        ServeConfig {
+            header_timeout: Duration::from_millis(cfg.http_header_timeout),
+            idle_timeout: Duration::from_millis(cfg.http_idle_timeout),
+            body_timeout: Duration::from_millis(cfg.http_body_timeout),
+            max_connections: cfg.max_connections,
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves; then stops accepting, lets every
+/// connection finish the request it is serving (idle ones close at once) and returns when all
+/// have closed. The caller bounds that wait.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) {
+    let cfg = Arc::new(cfg);
+    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut shutdown = pin!(shutdown);
+    let mut warned_full: Option<Instant> = None;
+    loop {
+        while connections.try_join_next().is_some() {}
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if warned_full.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
+                    tracing::warn!(
+                        max_connections = cfg.max_connections,
+                        "every connection slot is taken; new connections wait in the listen backlog"
+                    );
+                    warned_full = Some(Instant::now());
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        // The semaphore is never closed; stop serving rather than spin if it were.
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    accept_failed(e).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        connections.spawn(connection(stream, peer, router.clone(), cfg.clone(), stop_rx.clone(), slot));
+    }
+    drop(listener);
+    stop_tx.send_replace(true);
+    while connections.join_next().await.is_some() {}
+}
+
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind;
+    // The peer gave up between its connect and our accept: nothing to do.
+    if matches!(
+        e.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+    ) {
+        return;
+    }
+    // Out of file handles (EMFILE, ENFILE) or memory: retrying at once would spin; some
+    // connection will close meanwhile.
+    tracing::error!("cannot accept a connection: {e}; retrying in 1s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// Serves one connection until it closes, times out or the server stops.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    cfg: Arc<ServeConfig>,
+    mut stop: watch::Receiver<bool>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let (phase_tx, mut phase_rx) = watch::channel(Phase::accepted());
+    let phase = Arc::new(phase_tx);
+    let service = ConnService { router, phase: phase.clone(), body_timeout: cfg.body_timeout };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The head and idle deadlines are kept by `Phase` below: hyper's header timer would also
+    // run while a kept-alive connection is idle, closing it after the (shorter) header timeout.
+    builder.header_read_timeout(None);
+    let conn = builder.serve_connection(TokioIo::new(ConnIo::new(stream, phase.clone())), service);
+    let mut conn = pin!(conn);
+    let mut stopping = false;
+    loop {
+        let deadline = phase_rx.borrow_and_update().deadline(cfg.header_timeout, cfg.idle_timeout);
+        let expired = async move {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(%peer, "connection ended: {e}");
+                }
+                return;
+            }
+            _ = phase_rx.changed() => {}
+            () = expired => {
+                // Nothing is being served (no deadline runs then), so dropping the connection
+                // loses no answer.
+                tracing::debug!(%peer, phase = ?*phase_rx.borrow(), "closing a connection past its deadline");
+                return;
+            }
+            _ = stop.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// The hyper service of one connection: the router, with the request body under a deadline and
+/// a `Connection: close` on answers given before the request body was read.
+#[derive(Clone)]
+struct ConnService {
+    router: Router,
+    phase: Arc<watch::Sender<Phase>>,
+    body_timeout: Duration,
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response<AnswerBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<AnswerBody>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        self.phase.send_replace(Phase::Serving { answered: None, body_done: false });
+        let deadline = Instant::now() + self.body_timeout;
+        let expects_continue = req
+            .headers()
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let (parts, incoming) = req.into_parts();
+        let (body, leftover) = RequestBody::new(incoming, deadline);
+        let req = Request::from_parts(parts, axum::body::Body::new(body));
+        let router = self.router.clone();
+        let phase = self.phase.clone();
+        Box::pin(async move {
+            let mut resp = match router.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            if !leftover.settle(expects_continue, deadline).await {
+                resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            phase.send_modify(Phase::on_answer);
+            Ok(resp.map(|b| AnswerBody::new(b, phase)))
+        })
+    }
+}
