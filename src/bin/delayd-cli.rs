@@ -70,10 +70,10 @@ enum Command {
         #[arg(long)]
         max: Option<u64>,
         /// Wait this long for a message when none is ready (capped by the server's max_wait).
-        #[arg(long, value_parser = duration_ms)]
+        #[arg(long, value_parser = parse_duration)]
         wait: Option<u64>,
         /// Reserve the popped messages for this long instead of their own time-to-run.
-        #[arg(long, value_parser = duration_ms)]
+        #[arg(long, value_parser = parse_duration)]
         ttr: Option<u64>,
     },
     /// Acknowledge a delivery: the message is done.
@@ -86,7 +86,7 @@ enum Command {
         /// Receipt from the pop.
         receipt: String,
         /// Retry after this long instead of the next step of the message's backoff.
-        #[arg(long, value_parser = duration_ms)]
+        #[arg(long, value_parser = parse_duration)]
         delay: Option<u64>,
     },
     /// Show one message.
@@ -153,7 +153,7 @@ struct Produce {
     #[arg(long)]
     id: Option<String>,
     /// Deliver after this long.
-    #[arg(long, value_parser = duration_ms, group = "when")]
+    #[arg(long, value_parser = parse_duration, group = "when")]
     delay: Option<u64>,
     /// Deliver at this time: unix milliseconds or an RFC 3339 time in UTC (2026-12-01T09:00:00Z).
     #[arg(long, value_parser = unix_ms, group = "when")]
@@ -162,7 +162,7 @@ struct Produce {
     #[arg(long, group = "when")]
     level: Option<String>,
     /// Time-to-run: how long a pop reserves the message before it comes back.
-    #[arg(long, value_parser = duration_ms)]
+    #[arg(long, value_parser = parse_duration)]
     ttr: Option<u64>,
     /// Deliveries before the message is dead-lettered.
     #[arg(long)]
@@ -182,10 +182,6 @@ fn backoff_ms(s: &str) -> Result<Backoff, String> {
         return Err("give at least one duration, e.g. \"1m 5m\"".into());
     }
     Ok(Backoff(steps))
-}
-
-fn duration_ms(s: &str) -> Result<u64, String> {
-    parse_duration(s)
 }
 
 /// A plain number is unix ms; anything else must be an RFC 3339 time (UTC).
