@@ -1,0 +1,430 @@
+//! `delayd-cli` against the real `delayd` binary: every command, `--json`, auth, and the exit codes
+//! (1 API error, 2 usage or input error, 3 server unreachable).
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use common::{now_ms, Server, NEVER_HANG};
+use serde_json::Value;
+
+/// Reservations last an hour unless a flag says otherwise, so a message that comes back within
+/// a pop's 20 s wait proves the `--ttr` flag reached the server.
+const ENV: [(&str, &str); 1] = [("DELAYD_DEFAULT_TTR", "1h")];
+
+/// What one run of the CLI did.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Panics with the run's output unless it exited 0.
+    fn ok(self) -> Run {
+        assert_eq!(self.code, 0, "stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        self
+    }
+
+    /// Stdout parsed as one JSON document.
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.stdout))
+    }
+}
+
+/// Runs `delayd-cli` with `args`, extra `env` and `stdin`, outside the developer's DELAYD_* settings.
+fn cli_with(args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_delayd-cli"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("DELAYD_")) {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start delayd-cli");
+    let pid = child.id();
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin).expect("write stdin");
+    drop(input);
+    // Collected on a thread so a hung CLI fails the test instead of hanging it.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(NEVER_HANG) {
+        Ok(out) => out.expect("wait for delayd-cli"),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            panic!("delayd-cli {args:?} did not exit within {NEVER_HANG:?}");
+        }
+    };
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `delayd-cli --url <server> args...`.
+fn cli(s: &Server, args: &[&str]) -> Run {
+    let mut all = vec!["--url", s.base.as_str()];
+    all.extend_from_slice(args);
+    cli_with(&all, &[], b"")
+}
+
+/// `get --json ID`, parsed.
+fn get(s: &Server, id: &str) -> Value {
+    cli(s, &["--json", "get", id]).ok().json()
+}
+
+/// Pops one message of `topic` with `--json`, waiting up to 20 s; returns it.
+fn pop_one(s: &Server, topic: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["--json", "pop", topic, "--wait", "20s"];
+    args.extend_from_slice(extra);
+    let v = cli(s, &args).ok().json();
+    let msgs = v["messages"].as_array().expect("messages");
+    assert_eq!(msgs.len(), 1, "{v}");
+    msgs[0].clone()
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or_else(|| panic!("no string {key} in {v}"))
+}
+
+fn u64_of(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("no number {key} in {v}"))
+}
+
+#[test]
+fn produce_sends_every_flag() {
+    let s = Server::start(&ENV);
+
+    // --id and --delay: the answer is a table with the id; the message waits an hour.
+    let before = now_ms();
+    let r = cli(&s, &["produce", "orders", "{\"n\":1}", "--id", "o-1", "--delay", "1h"]).ok();
+    let after = now_ms();
+    assert!(r.stdout.starts_with("ID  "), "{}", r.stdout);
+    assert!(r.stdout.contains("DELIVER_AT") && r.stdout.contains("o-1"), "{}", r.stdout);
+    let m = get(&s, "o-1");
+    assert_eq!(
+        (str_of(&m, "topic"), str_of(&m, "state"), str_of(&m, "body")),
+        ("orders", "delayed", "{\"n\":1}")
+    );
+    let at = u64_of(&m, "deliver_at_ms");
+    assert!(before + 3_600_000 <= at && at <= after + 3_600_000, "{before} {at} {after}");
+
+    // The same produce again is the API's safe retry (200), which the table says.
+    let r = cli(&s, &["produce", "orders", "{\"n\":1}", "--id", "o-1", "--delay", "1h"]).ok();
+    assert!(r.stdout.contains("already produced"), "{}", r.stdout);
+
+    // --at as unix ms and as an RFC 3339 time.
+    let when = (now_ms() + 3_600_000).to_string();
+    cli(&s, &["produce", "orders", "x", "--id", "at-ms", "--at", &when]).ok();
+    assert_eq!(u64_of(&get(&s, "at-ms"), "deliver_at_ms").to_string(), when);
+    let future = humantime::format_rfc3339_seconds(
+        std::time::SystemTime::now() + std::time::Duration::from_secs(7 * 86_400),
+    )
+    .to_string();
+    cli(&s, &["produce", "orders", "x", "--id", "at-rfc", "--at", &future]).ok();
+    let want = humantime::parse_rfc3339(&future).expect("rfc3339");
+    let want_ms = want.duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis() as u64;
+    assert_eq!(u64_of(&get(&s, "at-rfc"), "deliver_at_ms"), want_ms);
+
+    // --ttr: a 1 s reservation (the server's default is an hour) lapses within the pop's wait.
+    cli(&s, &["produce", "ttr", "x", "--id", "t-1", "--ttr", "1s"]).ok();
+    assert_eq!(u64_of(&pop_one(&s, "ttr", &[]), "attempt"), 1);
+    assert_eq!(u64_of(&pop_one(&s, "ttr", &[]), "attempt"), 2, "the 1s ttr did not bring it back");
+
+    // --backoff: a nack without a delay retries after the first step.
+    cli(&s, &["produce", "backoff", "x", "--id", "b-1", "--backoff", "7m 9m"]).ok();
+    let receipt = str_of(&pop_one(&s, "backoff", &[]), "receipt").to_string();
+    let before = now_ms();
+    let n = cli(&s, &["--json", "nack", &receipt]).ok().json();
+    let after = now_ms();
+    assert_eq!(str_of(&n, "state"), "retry", "{n}");
+    let at = u64_of(&n, "deliver_at_ms");
+    assert!(before + 420_000 <= at && at <= after + 420_000, "{before} {at} {after}");
+
+    // --max-attempts 1: the first nack dead-letters it, and the sentence names the topic.
+    cli(&s, &["produce", "once", "x", "--id", "m-1", "--max-attempts", "1"]).ok();
+    let receipt = str_of(&pop_one(&s, "once", &[]), "receipt").to_string();
+    let r = cli(&s, &["nack", &receipt]).ok();
+    assert_eq!(r.stdout, "dead-lettered to once.dlq\n");
+    assert_eq!(str_of(&get(&s, "m-1"), "dead_letter_topic"), "once.dlq");
+
+    // --level, as a duration of a configured level.
+    let before = now_ms();
+    cli(&s, &["produce", "orders", "x", "--id", "lvl", "--level", "1m"]).ok();
+    let at = u64_of(&get(&s, "lvl"), "deliver_at_ms");
+    assert!(before + 60_000 <= at && at <= now_ms() + 60_000, "{at}");
+}
+
+#[test]
+fn produce_reads_the_body_from_stdin_byte_for_byte() {
+    let s = Server::start(&ENV);
+    let url = s.base.as_str();
+    let body = "line one\n\ttabbed \"quoted\" ünïcödé\n";
+    let r =
+        cli_with(&["--url", url, "--json", "produce", "in", "-", "--id", "stdin-1"], &[], body.as_bytes());
+    assert_eq!(str_of(&r.ok().json(), "id"), "stdin-1");
+    assert_eq!(str_of(&get(&s, "stdin-1"), "body"), body);
+
+    // An empty stdin is an empty body, which the API allows.
+    cli_with(&["--url", url, "produce", "in", "-", "--id", "stdin-2"], &[], b"").ok();
+    assert_eq!(str_of(&get(&s, "stdin-2"), "body"), "");
+
+    // The API carries bodies as JSON strings: bytes that are not UTF-8 are an input error.
+    let r = cli_with(&["--url", url, "produce", "in", "-"], &[], &[0xff, 0xfe]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("not UTF-8"), "{}", r.stderr);
+
+    // The readable pop escapes control characters so each message keeps one row.
+    let r = cli(&s, &["pop", "in"]).ok();
+    assert!(r.stdout.contains("line one\\n\\ttabbed \"quoted\" ünïcödé\\n"), "{}", r.stdout);
+}
+
+#[test]
+fn pop_ack_nack_get_cancel() {
+    let s = Server::start(&ENV);
+    for i in 1..=3 {
+        cli(&s, &["produce", "jobs", &format!("body {i}"), "--id", &format!("j-{i}")]).ok();
+    }
+
+    // --max: a table with a header row and one row per message.
+    let r = cli(&s, &["pop", "jobs", "--max", "2"]).ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    for h in ["ID", "ATTEMPT", "RECEIPT", "BODY"] {
+        assert!(lines[0].contains(h), "{}", r.stdout);
+    }
+    assert!(lines[1].starts_with("j-1 ") && lines[1].ends_with("body 1"), "{}", r.stdout);
+    assert!(lines[2].starts_with("j-2 ") && lines[2].ends_with("body 2"), "{}", r.stdout);
+
+    // --json with --max above what is ready: the one left.
+    let v = cli(&s, &["--json", "pop", "jobs", "--max", "5"]).ok().json();
+    let msgs = v["messages"].as_array().expect("messages");
+    assert_eq!(msgs.len(), 1, "{v}");
+    assert_eq!(str_of(&msgs[0], "id"), "j-3");
+    let receipt = str_of(&msgs[0], "receipt").to_string();
+
+    // Nothing ready and no wait: an empty answer is not an error.
+    assert_eq!(cli(&s, &["pop", "jobs"]).ok().stdout, "no messages\n");
+
+    // ack: done; a second ack of the same receipt is the API's 404, exit 1.
+    assert_eq!(cli(&s, &["ack", &receipt]).ok().stdout, "acked\n");
+    assert_eq!(str_of(&get(&s, "j-3"), "state"), "done");
+    let r = cli(&s, &["ack", &receipt]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: not_found: "), "{}", r.stderr);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+
+    // --wait: a message due in a second arrives during the wait; --ttr 1s makes it come back.
+    cli(&s, &["produce", "later", "soon", "--id", "w-1", "--delay", "1s"]).ok();
+    let m = pop_one(&s, "later", &["--ttr", "1s"]);
+    assert_eq!((str_of(&m, "id"), u64_of(&m, "attempt")), ("w-1", 1));
+    let m = pop_one(&s, "later", &[]);
+    assert_eq!((str_of(&m, "id"), u64_of(&m, "attempt")), ("w-1", 2), "the 1s ttr did not bring it back");
+
+    // nack --delay: retried after that delay, not the backoff.
+    let receipt = str_of(&m, "receipt").to_string();
+    let before = now_ms();
+    let r = cli(&s, &["nack", &receipt, "--delay", "10m"]).ok();
+    let after = now_ms();
+    assert!(r.stdout.starts_with("retry at 20") && r.stdout.ends_with("Z\n"), "{}", r.stdout);
+    let g = get(&s, "w-1");
+    assert_eq!(str_of(&g, "state"), "delayed");
+    let at = u64_of(&g, "deliver_at_ms");
+    assert!(before + 600_000 <= at && at <= after + 600_000, "{before} {at} {after}");
+
+    // get, readable: one field a line.
+    let r = cli(&s, &["get", "w-1"]).ok();
+    for line in
+        ["id          w-1", "topic       later", "state       delayed", "attempt     2", "body        soon"]
+    {
+        assert!(r.stdout.lines().any(|l| l == line), "{line:?} missing in\n{}", r.stdout);
+    }
+
+    // cancel: the sentence names the id, get shows it cancelled; unknown ids are exit 1.
+    assert_eq!(cli(&s, &["cancel", "w-1"]).ok().stdout, "cancelled w-1\n");
+    assert_eq!(str_of(&get(&s, "w-1"), "state"), "cancelled");
+    let r = cli(&s, &["cancel", "nope"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: not_found: "), "{}", r.stderr);
+    let r = cli(&s, &["get", "nope"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: not_found: "), "{}", r.stderr);
+
+    // Ids with `/`, `?`, `#` and Unicode are percent-encoded into the path.
+    let odd = "a/b?c#d-é";
+    cli(&s, &["produce", "jobs", "x", "--id", odd, "--delay", "1h"]).ok();
+    assert_eq!(str_of(&get(&s, odd), "id"), odd);
+    cli(&s, &["cancel", odd]).ok();
+}
+
+#[test]
+fn stats_and_json_output() {
+    let s = Server::start(&ENV);
+    let produced = cli(&s, &["--json", "produce", "metrics", "x", "--id", "s-1"]).ok().json();
+    assert_eq!(str_of(&produced, "id"), "s-1");
+    assert!(produced["deliver_at_ms"].is_u64(), "{produced}");
+
+    let r = cli(&s, &["stats"]).ok();
+    assert!(r.stdout.starts_with("LEVEL  BACKLOG  NEXT_DUE\n1s "), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("TOPIC    READY  RESERVED  DEAD_LETTERED\nmetrics  1      0         0\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("store        writable"), "{}", r.stdout);
+
+    // --json prints the API's document, a single JSON value, for every command.
+    let v = cli(&s, &["--json", "stats"]).ok().json();
+    let topics = v["topics"].as_array().expect("topics");
+    assert!(topics.iter().any(|t| t["topic"] == "metrics" && t["ready"] == 1), "{v}");
+    assert!(v["levels"].as_array().is_some_and(|l| !l.is_empty()), "{v}");
+
+    let m = pop_one(&s, "metrics", &[]);
+    let nack = cli(&s, &["--json", "nack", str_of(&m, "receipt"), "--delay", "0"]).ok().json();
+    assert_eq!(str_of(&nack, "state"), "retry");
+    let m = pop_one(&s, "metrics", &[]);
+    assert_eq!(
+        cli(&s, &["--json", "ack", str_of(&m, "receipt")]).ok().json(),
+        serde_json::json!({"acked": true})
+    );
+    assert_eq!(str_of(&get(&s, "s-1"), "state"), "done");
+    cli(&s, &["produce", "metrics", "y", "--id", "s-2", "--delay", "1h"]).ok();
+    let c = cli(&s, &["--json", "cancel", "s-2"]).ok().json();
+    assert_eq!(c, serde_json::json!({"id": "s-2", "state": "cancelled"}));
+    assert_eq!(cli(&s, &["--json", "pop", "metrics"]).ok().json(), serde_json::json!({"messages": []}));
+}
+
+#[test]
+fn auth_token_from_flag_or_environment() {
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", "s3cret")]);
+    let url = s.base.as_str();
+
+    let r = cli(&s, &["stats"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: unauthorized: missing or wrong bearer token"), "{}", r.stderr);
+    let r = cli(&s, &["--token", "wrong", "produce", "a", "x"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: unauthorized: "), "{}", r.stderr);
+
+    cli(&s, &["--token", "s3cret", "produce", "a", "x", "--id", "tok-1"]).ok();
+    // The flag may come after the command too (it is global).
+    cli(&s, &["get", "tok-1", "--token", "s3cret"]).ok();
+    // DELAYD_AUTH_TOKEN, the server's own variable, and DELAYD_URL instead of --url.
+    let env = [("DELAYD_AUTH_TOKEN", "s3cret"), ("DELAYD_URL", url)];
+    let r = cli_with(&["--json", "get", "tok-1"], &env, b"").ok();
+    assert_eq!(str_of(&r.json(), "id"), "tok-1");
+    // The flag wins over the variable.
+    let r = cli_with(&["--token", "wrong", "get", "tok-1"], &env, b"");
+    assert_eq!(r.code, 1, "{}", r.stdout);
+
+    // --help names the variable but never prints the secret in it.
+    let r = cli_with(&["--help"], &env, b"").ok();
+    assert!(r.stdout.contains("DELAYD_AUTH_TOKEN") && !r.stdout.contains("s3cret"), "{}", r.stdout);
+}
+
+#[test]
+fn api_errors_exit_1_with_code_and_message() {
+    let s = Server::start(&ENV);
+    let r = cli(&s, &["produce", "orders", "x", "--max-attempts", "0"]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stderr, "error: invalid_argument: invalid max_attempts: must be at least 1\n");
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+    let r = cli(&s, &["produce", "bad topic", "x"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: invalid_argument: "), "{}", r.stderr);
+    cli(&s, &["produce", "orders", "x", "--id", "dup"]).ok();
+    let r = cli(&s, &["--json", "produce", "orders", "other", "--id", "dup"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: conflict: "), "{}", r.stderr);
+    assert!(r.stdout.is_empty(), "--json prints nothing on stdout for a failure: {}", r.stdout);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    // None of these reaches a server: the URL points nowhere on purpose.
+    let nowhere = "http://127.0.0.1:9";
+    let cases: &[&[&str]] = &[
+        &[],
+        &["frobnicate"],
+        &["produce", "orders"],
+        &["produce", "orders", "x", "--delay", "soon"],
+        &["produce", "orders", "x", "--delay", "1s", "--at", "5"],
+        &["produce", "orders", "x", "--at", "next tuesday"],
+        &["produce", "orders", "x", "--backoff", "1m never"],
+        &["produce", "orders", "x", "--max-attempts", "-1"],
+        &["pop", "orders", "--wait", "1fortnight"],
+        &["nack", "r", "--delay", "x"],
+        &["get", ".."],
+        &["cancel", ""],
+        &["--url", "ftp://example.com", "stats"],
+        &["--url", "not a url", "stats"],
+    ];
+    for args in cases {
+        let mut all = vec!["--url", nowhere];
+        all.extend_from_slice(args);
+        let r = cli_with(&all, &[], b"");
+        assert_eq!(r.code, 2, "{args:?}: stdout {:?} stderr {:?}", r.stdout, r.stderr);
+        assert!(r.stderr.contains("error") || r.stderr.contains("Usage"), "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.stderr);
+    }
+}
+
+#[test]
+fn unreachable_server_exits_3_naming_the_url() {
+    // A port that was free a moment ago and has no listener now.
+    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let url = format!("http://127.0.0.1:{port}");
+    for args in [&["stats"][..], &["produce", "t", "x"], &["pop", "t", "--wait", "1s"]] {
+        let mut all = vec!["--url", url.as_str()];
+        all.extend_from_slice(args);
+        let r = cli_with(&all, &[], b"");
+        assert_eq!(r.code, 3, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.starts_with(&format!("error: cannot reach delayd at {url}: ")), "{}", r.stderr);
+        assert!(r.stdout.is_empty());
+    }
+}
+
+/// `topics`, `browse`, `redrive`, `purge`, `pause` and `resume` call endpoints the server does not
+/// have yet: they must fail cleanly with the server's message. Full tests of these six commands
+/// come with the endpoints.
+#[test]
+fn topic_commands_fail_cleanly_until_the_server_has_them() {
+    let s = Server::start(&ENV);
+    let cases: &[(&[&str], &str)] = &[
+        (&["topics"], "error: no_such_endpoint: no endpoint at /v1/topics\n"),
+        // `/v1/topics/{topic}/messages` exists for produce (POST), so a GET there is 405.
+        (
+            &["browse", "orders", "--state", "ready", "--limit", "10"],
+            "error: method_not_allowed: /v1/topics/orders/messages does not accept this method\n",
+        ),
+        (&["redrive", "orders"], "error: no_such_endpoint: no endpoint at /v1/topics/orders/redrive\n"),
+        (
+            &["redrive", "orders", "--id", "a", "--id", "b"],
+            "error: no_such_endpoint: no endpoint at /v1/topics/orders/redrive\n",
+        ),
+        (&["purge", "orders"], "error: no_such_endpoint: no endpoint at /v1/topics/orders/purge\n"),
+        (&["pause", "orders"], "error: no_such_endpoint: no endpoint at /v1/topics/orders/pause\n"),
+        (&["resume", "orders"], "error: no_such_endpoint: no endpoint at /v1/topics/orders/resume\n"),
+    ];
+    for (args, want) in cases {
+        for json in [false, true] {
+            let mut all = if json { vec!["--json"] } else { vec![] };
+            all.extend_from_slice(args);
+            let r = cli(&s, &all);
+            assert_eq!(r.code, 1, "{all:?}: {}", r.stderr);
+            assert_eq!(r.stderr, *want, "{all:?}");
+            assert!(r.stdout.is_empty(), "{all:?}: {}", r.stdout);
+        }
+    }
+}
