@@ -1033,6 +1033,8 @@ impl Engine {
             log_bytes: self.store.log.disk_bytes(),
             log_written_bytes: self.store.log.end(),
             live_bytes: self.store.live_bytes(),
+            index_entries: self.store.index.len(),
+            index_slots: self.store.index.capacity(),
             reclaim: self.store.reclaim_stats(),
             store_writable: self.durability.writable(),
             store_error: self

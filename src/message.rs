@@ -169,6 +169,10 @@ pub struct Stats {
     pub log_written_bytes: u64,
     /// Bytes of the records of every message still indexed (live or final within retention).
     pub live_bytes: u64,
+    /// Messages in the id index (live, or final within `done_retention`).
+    pub index_entries: u64,
+    /// Slots of the id index table new messages go to; it grows before it fills up.
+    pub index_slots: u64,
     /// What reclaim did since start.
     pub reclaim: ReclaimStats,
     /// False while writes are refused: a sync failed (until a restart), or the last write ran out
