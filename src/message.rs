@@ -133,7 +133,8 @@ pub enum Nacked {
 pub struct LevelStats {
     /// Level duration in ms.
     pub level_ms: u64,
-    /// Entries not yet fired (includes ones that will be skipped as cancelled).
+    /// Timers not yet fired, of live messages only: the entry of a message acked, nacked or
+    /// cancelled before its timer fired is left out (the README says which still count).
     pub backlog: u64,
     /// Due time of the head entry, unix ms.
     pub next_due_ms: Option<u64>,
@@ -144,7 +145,8 @@ pub struct LevelStats {
 pub struct TopicStats {
     /// Topic name.
     pub topic: String,
-    /// Entries in the queue not yet popped.
+    /// Messages in the queue not yet popped (entries of messages cancelled or finished by id
+    /// while ready are left out).
     pub ready: u64,
     /// Messages popped and not yet acked.
     pub reserved: u64,

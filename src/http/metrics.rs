@@ -227,7 +227,7 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     gauge_by(
         &reg,
         "delayd_level_backlog",
-        "Entries on a delay level not yet fired.",
+        "Timers on a delay level not yet fired, counting only those of live messages (see the README for the exceptions).",
         "level",
         stats.levels.iter().map(|l| (fmt_ms(l.level_ms), l.backlog as f64)),
     )?;
@@ -239,7 +239,7 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
         stats.levels.iter().filter_map(|l| Some((fmt_ms(l.level_ms), l.next_due_ms? as f64 / 1000.0))),
     )?;
     let topic_gauges: [TopicGauge; 3] = [
-        ("delayd_topic_ready", "Messages in a topic queue not yet popped.", |t| t.ready),
+        ("delayd_topic_ready", "Live messages in a topic queue not yet popped.", |t| t.ready),
         ("delayd_topic_reserved", "Messages popped and not yet acked.", |t| t.reserved),
         ("delayd_topic_dead_lettered", "Messages of a topic moved to its dead-letter topic.", |t| {
             t.dead_lettered
