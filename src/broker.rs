@@ -24,7 +24,7 @@ pub use crate::message::{
     Delivery, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
     TopicStats, When,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
 use crate::storage::checkpoint::{Captured, Checkpoint, CheckpointJob};
 use crate::storage::durability::{Durability, Failure, FailureLog, LogSyncer};
@@ -244,6 +244,8 @@ impl Broker {
                 }
                 std::task::Poll::Pending
             });
+            // Dropped with the wait, also when the client goes away and the request is cancelled.
+            let _waiting = GaugeGuard::hold(&self.metrics.pops_waiting);
             if tokio::time::timeout(deadline - now, any).await.is_err() {
                 return Ok(Vec::new());
             }

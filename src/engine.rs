@@ -14,6 +14,7 @@ use tracing::debug;
 
 use crate::config::{BrokerConfig, DelayPolicy};
 use crate::error::{Error, Result};
+use crate::live::LeftBehind;
 use crate::message::{
     Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats, TopicStats,
     When,
@@ -143,6 +144,8 @@ pub struct Engine {
     /// The store's health, shared with the threads that sync its files.
     durability: Durability,
     receipts: Receipts,
+    /// Queue entries of messages that moved on without their reader passing them.
+    left_behind: LeftBehind,
 }
 
 impl Engine {
@@ -178,6 +181,7 @@ impl Engine {
             id_seed,
             durability,
             receipts,
+            left_behind: LeftBehind::default(),
         };
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
@@ -650,6 +654,7 @@ impl Engine {
             }
         };
         self.store.advance_cursor(topic, at);
+        self.left_behind.topic_passed(topic, entry.offset);
         Ok(Some(delivery))
     }
 
@@ -766,6 +771,7 @@ impl Engine {
                 route: Route::None,
             },
         )?;
+        self.note_left_behind(slot);
         inc(&self.metrics.acked);
         Ok(())
     }
@@ -815,6 +821,7 @@ impl Engine {
         inc(&self.metrics.nacked);
         if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
             self.dead_letter(&slot)?;
+            self.note_left_behind(&slot);
             return Ok(Nacked::DeadLettered { topic: dead_letter_topic(&topic) });
         }
         let delay = delay_ms.unwrap_or(step);
@@ -823,6 +830,7 @@ impl Engine {
         let now_us = self.clock.now_us();
         let (now, from) = (now_us / 1000, now_us.div_ceil(1000));
         let deliver_at_ms = self.retry(&slot, Cause::Nack, now, from, delay)?;
+        self.note_left_behind(&slot);
         Ok(Nacked::Retry { deliver_at_ms })
     }
 
@@ -893,9 +901,42 @@ impl Engine {
                         route: Route::None,
                     },
                 )?;
+                self.note_left_behind(&slot);
                 inc(&self.metrics.cancelled);
                 Ok(())
             }
+        }
+    }
+
+    /// Remembers the queue entry `old` (the slot before a change that did not come from reading
+    /// that entry) leaves behind, so that stats do not count it. A timer already due may have
+    /// fired and hopped to a level the slot does not record, so it is not noted: it counts until
+    /// its reader reaches it (a hop: at most its level's length).
+    fn note_left_behind(&mut self, old: &Slot) {
+        match old.state {
+            State::Delayed | State::Reserved => {
+                let route = match self.store.log.read(old.last_offset) {
+                    Ok((Record::Put(p), _)) => p.route,
+                    Ok((Record::Carry(c), _)) => c.put.route,
+                    Ok((Record::Transition(t), _)) => t.route,
+                    _ => return,
+                };
+                if let Route::Level { level_ms, due_ms } = route {
+                    if due_ms > self.now() {
+                        self.left_behind.level(level_ms, old.last_offset);
+                    }
+                }
+            }
+            State::Ready | State::Dead => {
+                let Ok(p) = self.store.put_at(old.msg_offset) else { return };
+                let topic = String::from_utf8_lossy(p.topic).into_owned();
+                let queue = match old.home {
+                    Home::Main => topic,
+                    Home::DeadLetter => dead_letter_topic(&topic),
+                };
+                self.left_behind.topic(&queue, old.last_offset);
+            }
+            State::Done | State::Cancelled => {}
         }
     }
 
@@ -1027,6 +1068,7 @@ impl Engine {
             if let Some(s) = self.schedulers.get_mut(&ms) {
                 s.done(idx);
             }
+            self.left_behind.level_passed(ms, entry.offset);
             fired += 1;
         }
         self.sync_damage_metrics();
@@ -1094,22 +1136,32 @@ impl Engine {
             .map(|(ms, q)| {
                 let s = self.schedulers.get(ms);
                 let cursor = s.map_or(q.cursor, |s| s.cursor());
+                let entries = q.cq.len().saturating_sub(cursor);
+                // Offset of the first unhandled entry; 0 (prune nothing) if it cannot be read.
+                let first = (entries > 0).then(|| q.cq.get(cursor).map_or(0, |e| e.offset));
+                let behind = self.left_behind.level_count(*ms, first);
                 LevelStats {
                     level_ms: *ms,
-                    backlog: q.cq.len().saturating_sub(cursor),
+                    backlog: entries.saturating_sub(behind),
                     next_due_ms: s.and_then(|s| s.next_due()),
                 }
             })
             .collect();
+        let topics = &self.store.topics;
+        self.left_behind.retain_topics(|t| topics.contains_key(t));
         let mut topics: Vec<TopicStats> = self
             .store
             .topics
             .iter()
-            .map(|(name, q)| TopicStats {
-                topic: name.clone(),
-                ready: q.cq.len().saturating_sub(q.cursor),
-                reserved: q.reserved,
-                dead_lettered: q.dead,
+            .map(|(name, q)| {
+                let entries = q.cq.len().saturating_sub(q.cursor);
+                let behind = self.left_behind.topic_count(name, entries == 0);
+                TopicStats {
+                    topic: name.clone(),
+                    ready: entries.saturating_sub(behind),
+                    reserved: q.reserved,
+                    dead_lettered: q.dead,
+                }
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));
@@ -1121,6 +1173,8 @@ impl Engine {
             log_bytes: self.store.log.disk_bytes(),
             log_written_bytes: self.store.log.end(),
             live_bytes: self.store.live_bytes(),
+            index_entries: self.store.index.len(),
+            index_slots: self.store.index.capacity(),
             reclaim: self.store.reclaim_stats(),
             store_writable: self.durability.writable(),
             store_error: self

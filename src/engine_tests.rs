@@ -482,3 +482,80 @@ fn delays_count_from_the_receive_time_rounded_up_for_produce_and_nack() {
     }
     assert_eq!(e.get("now").unwrap().deliver_at_ms, T0 + 6 + 250);
 }
+
+fn level_backlog(e: &mut Engine, level_ms: u64) -> u64 {
+    e.stats().levels.iter().find(|l| l.level_ms == level_ms).map_or(0, |l| l.backlog)
+}
+
+fn topic_ready(e: &mut Engine, topic: &str) -> u64 {
+    e.stats().topics.iter().find(|t| t.topic == topic).map_or(0, |t| t.ready)
+}
+
+#[test]
+fn stats_count_only_the_entries_of_live_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+
+    // Cancelled while delayed: its timer stays in the 5 s queue but is not counted.
+    e.produce("t", req("d1", When::DelayMs(5_000))).unwrap();
+    e.produce("t", req("d2", When::DelayMs(5_000))).unwrap();
+    assert_eq!(level_backlog(&mut e, 5_000), 2);
+    e.cancel("d1").unwrap();
+    assert_eq!(level_backlog(&mut e, 5_000), 1);
+
+    // Ready, then cancelled or finished by id: the topic entry is not counted.
+    for id in ["r1", "r2", "r3"] {
+        e.produce("t", req(id, When::Now)).unwrap();
+    }
+    assert_eq!(topic_ready(&mut e, "t"), 3);
+    e.cancel("r1").unwrap();
+    e.ack_id("r2").unwrap();
+    assert_eq!(topic_ready(&mut e, "t"), 1);
+
+    // Popped, then acked before its time-to-run: the reservation's timer is not counted.
+    let got = e.pop(&topics("t"), 10, Some(30_000)).unwrap();
+    assert_eq!(got.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["r3"]);
+    assert_eq!(topic_ready(&mut e, "t"), 0);
+    assert_eq!(level_backlog(&mut e, 30_000), 1, "a live reservation's timer counts");
+    e.ack(&got[0].receipt).unwrap();
+    assert_eq!(level_backlog(&mut e, 30_000), 0);
+
+    // d2 falls due; popped and nacked for an immediate retry, it is ready again, and the timer of
+    // the reservation it left is not counted.
+    clock.set_ms(T0 + 5_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert_eq!(level_backlog(&mut e, 5_000), 0);
+    let got = e.pop(&topics("t"), 10, Some(30_000)).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(e.nack(&got[0].receipt, Some(0)).unwrap(), Nacked::Retry { deliver_at_ms: T0 + 5_000 });
+    assert_eq!(level_backlog(&mut e, 30_000), 0);
+    assert_eq!(topic_ready(&mut e, "t"), 1);
+
+    // The entries left behind are skipped when reached, and nothing is subtracted twice.
+    clock.set_ms(T0 + 40_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    let stats = e.stats();
+    assert!(stats.levels.iter().all(|l| l.backlog == 0), "{:?}", stats.levels);
+    assert_eq!(topic_ready(&mut e, "t"), 1);
+    e.produce("t", req("d3", When::DelayMs(30_000))).unwrap();
+    assert_eq!(level_backlog(&mut e, 30_000), 1);
+}
+
+#[test]
+fn a_cancelled_timer_that_already_hopped_counts_until_its_hop_falls_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    // 7 s: 5 s on the 5 s level, then hops on the 1 s level.
+    e.produce("t", req("h", When::DelayMs(7_000))).unwrap();
+    clock.set_ms(T0 + 5_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert_eq!(level_backlog(&mut e, 1_000), 1);
+    e.cancel("h").unwrap();
+    // The slot does not say where the hop went: documented, and bounded by the level's length.
+    assert_eq!(level_backlog(&mut e, 1_000), 1);
+    clock.set_ms(T0 + 6_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert_eq!(level_backlog(&mut e, 1_000), 0);
+}

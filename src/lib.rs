@@ -24,6 +24,7 @@ pub mod engine;
 mod engine_tests;
 pub mod error;
 pub mod http;
+mod live;
 pub mod message;
 pub mod metrics;
 #[cfg(test)]

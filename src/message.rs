@@ -136,7 +136,8 @@ pub enum Nacked {
 pub struct LevelStats {
     /// Level duration in ms.
     pub level_ms: u64,
-    /// Entries not yet fired (includes ones that will be skipped as cancelled).
+    /// Timers not yet fired, of live messages only: the entry of a message acked, nacked or
+    /// cancelled before its timer fired is left out (the README says which still count).
     pub backlog: u64,
     /// Due time of the head entry, unix ms.
     pub next_due_ms: Option<u64>,
@@ -147,7 +148,8 @@ pub struct LevelStats {
 pub struct TopicStats {
     /// Topic name.
     pub topic: String,
-    /// Entries in the queue not yet popped.
+    /// Messages in the queue not yet popped (entries of messages cancelled or finished by id
+    /// while ready are left out).
     pub ready: u64,
     /// Messages popped and not yet acked.
     pub reserved: u64,
@@ -172,6 +174,10 @@ pub struct Stats {
     pub log_written_bytes: u64,
     /// Bytes of the records of every message still indexed (live or final within retention).
     pub live_bytes: u64,
+    /// Messages in the id index (live, or final within `done_retention`).
+    pub index_entries: u64,
+    /// Slots of the id index table new messages go to; it grows before it fills up.
+    pub index_slots: u64,
     /// What reclaim did since start.
     pub reclaim: ReclaimStats,
     /// False while writes are refused: a sync failed (until a restart), or the last write ran out

@@ -1,4 +1,7 @@
-//! Lock-free counters and histograms the engine updates and `/metrics` renders.
+//! Counters and histograms the engine and the broker update, and `/metrics` exposes.
+//!
+//! Histograms are recorded in whole units (ms, µs) where they are measured and exposed in
+//! seconds, Prometheus' base unit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,46 +13,80 @@ pub const FLUSH_BUCKETS_US: [u64; 10] = [100, 250, 500, 1000, 2500, 5000, 10_000
 pub const STEP_BUCKETS_US: [u64; 12] =
     [50, 100, 250, 500, 1000, 2000, 4000, 6000, 8000, 10_000, 25_000, 100_000];
 
-/// A fixed-bucket histogram: counts per bucket plus one overflow, a sum and a count.
+/// Values recorded per second in a histogram of milliseconds.
+pub const MS_PER_SECOND: u64 = 1000;
+/// Values recorded per second in a histogram of microseconds.
+pub const US_PER_SECOND: u64 = 1_000_000;
+
+/// A fixed-bucket histogram recorded in a whole unit and exposed in seconds, with the largest
+/// value observed.
+///
+/// The buckets live in a `prometheus::Histogram`, whose reads see count, sum and buckets of one
+/// instant even while other threads observe.
 #[derive(Debug)]
 pub struct Histogram {
+    name: &'static str,
     bounds: &'static [u64],
-    buckets: Vec<AtomicU64>,
-    sum: AtomicU64,
-    count: AtomicU64,
+    per_second: u64,
+    inner: prometheus::Histogram,
     max: AtomicU64,
 }
 
 impl Histogram {
-    /// A histogram with the given inclusive upper bounds.
-    pub fn new(bounds: &'static [u64]) -> Self {
-        Histogram {
-            bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-            max: AtomicU64::new(0),
-        }
+    /// A histogram named `name` (in seconds) with inclusive upper bounds in units of
+    /// `1 / per_second` s.
+    ///
+    /// # Panics
+    /// On a name or help text Prometheus refuses, or bounds that are not ascending: both are
+    /// constants of this crate.
+    pub fn new(name: &'static str, help: &str, bounds: &'static [u64], per_second: u64) -> Self {
+        let buckets = bounds.iter().map(|b| *b as f64 / per_second as f64).collect();
+        let opts = prometheus::HistogramOpts::new(name, help).buckets(buckets);
+        let inner = prometheus::Histogram::with_opts(opts).expect("valid histogram name and bounds");
+        Histogram { name, bounds, per_second, inner, max: AtomicU64::new(0) }
     }
 
-    /// Records one observation.
+    /// Records one observation, in the histogram's unit.
     pub fn observe(&self, value: u64) {
-        let i = self.bounds.iter().position(|b| value <= *b).unwrap_or(self.bounds.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
+        self.inner.observe(value as f64 / self.per_second as f64);
         self.max.fetch_max(value, Ordering::Relaxed);
     }
 
-    /// Largest value observed.
+    /// Largest value observed, in the histogram's unit.
     pub fn max(&self) -> u64 {
         self.max.load(Ordering::Relaxed)
     }
 
-    /// Bucket bounds and their non-cumulative counts; the last count is the overflow.
+    /// Largest value observed, in seconds.
+    pub fn max_seconds(&self) -> f64 {
+        self.max() as f64 / self.per_second as f64
+    }
+
+    /// The metric name, in seconds.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The histogram as Prometheus sees it (values in seconds), for registering.
+    pub fn prometheus(&self) -> &prometheus::Histogram {
+        &self.inner
+    }
+
+    /// Bucket bounds and their non-cumulative counts (the last count is the overflow), the sum
+    /// and the count, in the histogram's unit, all read at one instant.
     pub fn snapshot(&self) -> (&'static [u64], Vec<u64>, u64, u64) {
-        let counts = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
-        (self.bounds, counts, self.sum.load(Ordering::Relaxed), self.count.load(Ordering::Relaxed))
+        use prometheus::core::Metric;
+        let m = self.inner.metric();
+        let h = m.get_histogram();
+        let mut counts = Vec::with_capacity(self.bounds.len() + 1);
+        let mut below = 0;
+        for b in h.get_bucket() {
+            counts.push(b.cumulative_count() - below);
+            below = b.cumulative_count();
+        }
+        counts.push(h.get_sample_count() - below);
+        let sum = (h.get_sample_sum() * self.per_second as f64).round() as u64;
+        (self.bounds, counts, sum, h.get_sample_count())
     }
 }
 
@@ -76,6 +113,8 @@ pub struct Metrics {
     pub corrupt_records: AtomicU64,
     /// Consume-queue entries found disagreeing with the log, each followed by a repair of its queue.
     pub queue_repairs: AtomicU64,
+    /// Pops parked now, waiting for a message to arrive (long-polls).
+    pub pops_waiting: AtomicU64,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
@@ -99,10 +138,31 @@ impl Default for Metrics {
             hops: AtomicU64::new(0),
             corrupt_records: AtomicU64::new(0),
             queue_repairs: AtomicU64::new(0),
-            lateness_ms: Histogram::new(&LATENESS_BUCKETS_MS),
-            flush_us: Histogram::new(&FLUSH_BUCKETS_US),
-            engine_step_us: Histogram::new(&STEP_BUCKETS_US),
-            engine_step_cpu_us: Histogram::new(&STEP_BUCKETS_US),
+            pops_waiting: AtomicU64::new(0),
+            lateness_ms: Histogram::new(
+                "delayd_lateness_seconds",
+                "Time from a message's due time until it became ready.",
+                &LATENESS_BUCKETS_MS,
+                MS_PER_SECOND,
+            ),
+            flush_us: Histogram::new(
+                "delayd_flush_duration_seconds",
+                "Duration of commit-log flushes.",
+                &FLUSH_BUCKETS_US,
+                US_PER_SECOND,
+            ),
+            engine_step_us: Histogram::new(
+                "delayd_engine_step_seconds",
+                "Wall time of each engine step: a time-bounded slice of requests, due timers and maintenance, then the hand-off to the flusher.",
+                &STEP_BUCKETS_US,
+                US_PER_SECOND,
+            ),
+            engine_step_cpu_us: Histogram::new(
+                "delayd_engine_step_cpu_seconds",
+                "Time the engine thread spent on a CPU in each engine step.",
+                &STEP_BUCKETS_US,
+                US_PER_SECOND,
+            ),
         }
     }
 }
@@ -110,4 +170,55 @@ impl Default for Metrics {
 /// Adds one to a counter.
 pub fn inc(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one in `gauge` for as long as it lives.
+#[derive(Debug)]
+pub struct GaugeGuard<'a>(&'a AtomicU64);
+
+impl<'a> GaugeGuard<'a> {
+    /// Adds one to `gauge` until the guard is dropped.
+    pub fn hold(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        GaugeGuard(gauge)
+    }
+}
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_reads_back_what_was_observed_in_the_recording_unit() {
+        let h = Histogram::new("t_seconds", "t", &LATENESS_BUCKETS_MS, MS_PER_SECOND);
+        for v in [0, 3, 5, 99_999] {
+            h.observe(v);
+        }
+        let (bounds, counts, sum, count) = h.snapshot();
+        assert_eq!(bounds, &LATENESS_BUCKETS_MS);
+        assert_eq!(counts.len(), bounds.len() + 1);
+        // 0 → le 0; 3 and 5 → le 5 (inclusive bounds survive the scaling to seconds); 99,999 → overflow.
+        assert_eq!(counts[0], 1);
+        assert_eq!(counts[3], 2);
+        assert_eq!(*counts.last().unwrap(), 1);
+        assert_eq!((sum, count), (100_007, 4));
+        assert_eq!(h.max(), 99_999);
+    }
+
+    #[test]
+    fn a_gauge_guard_counts_while_held() {
+        let g = AtomicU64::new(0);
+        {
+            let _a = GaugeGuard::hold(&g);
+            let _b = GaugeGuard::hold(&g);
+            assert_eq!(g.load(Ordering::Relaxed), 2);
+        }
+        assert_eq!(g.load(Ordering::Relaxed), 0);
+    }
 }

@@ -93,7 +93,7 @@ async fn a_produce_batch_spread_over_steps_is_answered_whole_in_order_beside_oth
     }
     let steps = b.metrics().engine_step_us.snapshot().3;
     assert!(steps > 0, "engine steps are not counted");
-    let text = delayd::http::metrics::render(b.metrics(), &b.stats().await.unwrap());
+    let text = delayd::http::metrics::render(b.metrics(), &b.stats().await.unwrap()).unwrap();
     for line in [
         "# TYPE delayd_engine_step_seconds histogram",
         "delayd_engine_step_seconds_bucket{le=\"0.01\"}",

@@ -557,9 +557,9 @@ fn stats_and_metrics_report_the_counters() {
     assert_eq!(value("delayd_topic_ready{topic=\"m\"}"), 1.0);
     assert_eq!(value("delayd_topic_reserved{topic=\"m\"}"), 1.0);
     assert!(value("delayd_disk_bytes") > 0.0);
-    assert!(value("delayd_lateness_ms_count") >= 0.0);
+    assert!(value("delayd_lateness_seconds_count") >= 0.0);
     assert!(text.contains("delayd_level_backlog{level=\"1s\"}"), "{text}");
-    assert!(text.contains("delayd_flush_duration_us_bucket{le=\"+Inf\"}"), "{text}");
+    assert!(text.contains("delayd_flush_duration_seconds_bucket{le=\"+Inf\"}"), "{text}");
 }
 
 #[test]

@@ -1,13 +1,21 @@
-//! `GET /metrics`: Prometheus text exposition (format 0.0.4), rendered by hand from the broker's counters.
+//! `GET /metrics`: the Prometheus text format (0.0.4), written by the `prometheus` crate.
+//!
+//! A scrape gathers one registry made for it: the broker's counters and histograms, gauges of a
+//! stats snapshot taken on the engine thread, the HTTP request metrics the [`track`] middleware
+//! keeps, process metrics from `/proc/self`, and `delayd_build_info`. Names use base units
+//! (`_seconds`, `_bytes`, `_timestamp_seconds`) so that `promtool check metrics` passes.
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use prometheus::{Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 use super::error::ApiError;
+use super::process::{self, ProcessStats};
 use super::AppState;
 use crate::config::units::fmt_ms;
 use crate::message::{Stats, TopicStats};
@@ -16,58 +24,176 @@ use crate::metrics::{Histogram, Metrics};
 /// The content type Prometheus expects for the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// The `route` label of a request no route matched: one value, so that a scanner trying paths
+/// cannot create a series per path.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Upper bounds of the HTTP latency buckets, seconds: from sub-millisecond reads to long-polls
+/// that wait up to `max_wait`.
+const HTTP_BUCKETS_SECONDS: [f64; 16] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Requests served, by route template, method and status: kept for the life of the server.
+#[derive(Debug, Clone)]
+pub struct HttpMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+}
+
+impl HttpMetrics {
+    /// Empty request metrics.
+    ///
+    /// # Panics
+    /// Never: names, labels and buckets are constants Prometheus accepts (a unit test builds them).
+    pub fn new() -> HttpMetrics {
+        let labels = ["route", "method", "status"];
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "delayd_http_requests_total",
+                "HTTP requests answered, by route template, method and status.",
+            ),
+            &labels,
+        )
+        .expect("valid counter");
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "delayd_http_request_duration_seconds",
+                "Time from a request's arrival until its response was ready (a long-poll's wait included), by route template, method and status.",
+            )
+            .buckets(HTTP_BUCKETS_SECONDS.to_vec()),
+            &labels,
+        )
+        .expect("valid histogram");
+        HttpMetrics { requests, duration }
+    }
+
+    fn observe(&self, route: &str, method: &str, status: StatusCode, seconds: f64) {
+        let labels = [route, method, status.as_str()];
+        self.requests.with_label_values(&labels).inc();
+        self.duration.with_label_values(&labels).observe(seconds);
+    }
+
+    fn register(&self, reg: &Registry) -> prometheus::Result<()> {
+        reg.register(Box::new(self.requests.clone()))?;
+        reg.register(Box::new(self.duration.clone()))
+    }
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        HttpMetrics::new()
+    }
+}
+
+/// Middleware: counts and times every request by the route template it matched (never the raw
+/// path, whose ids and topics would make a series each).
+pub(crate) async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let method = method_label(req.method());
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let route = route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str);
+    st.http_metrics().observe(route, method, resp.status(), started.elapsed().as_secs_f64());
+    resp
+}
+
+/// The standard methods by name; any other (HTTP allows extension tokens) is `other`, so a
+/// client cannot create series with made-up methods.
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
 /// `GET /metrics`
 pub(crate) async fn handler(State(st): State<AppState>) -> Result<Response, ApiError> {
     let stats = st.broker().stats().await?;
-    let text = render(st.broker().metrics(), &stats);
+    let text = scrape(st.broker().metrics(), &stats, st.http_metrics(), &process::read()).map_err(|e| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("cannot encode metrics: {e}"))
+    })?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response())
 }
 
-fn escape(label: &str) -> String {
-    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// The whole exposition: the broker's families, HTTP requests, the process and build info.
+pub fn scrape(
+    m: &Metrics,
+    stats: &Stats,
+    http: &HttpMetrics,
+    proc: &ProcessStats,
+) -> prometheus::Result<String> {
+    let reg = broker_registry(m, stats)?;
+    http.register(&reg)?;
+    register_process(&reg, proc)?;
+    let info = GaugeVec::new(
+        Opts::new("delayd_build_info", "Always 1; the labels say which build of delayd is running."),
+        &["version"],
+    )?;
+    info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+    reg.register(Box::new(info))?;
+    encode(&reg)
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// The broker's families alone: its counters and histograms, and gauges of `stats`.
+pub fn render(m: &Metrics, stats: &Stats) -> prometheus::Result<String> {
+    encode(&broker_registry(m, stats)?)
 }
 
-fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
-    histogram_scaled(out, name, help, h, 1)
+fn encode(reg: &Registry) -> prometheus::Result<String> {
+    prometheus::TextEncoder::new().encode_to_string(&reg.gather())
 }
 
-/// A histogram kept in microseconds, exposed in seconds (Prometheus' base unit), with a gauge of
-/// its largest value.
-fn histogram_seconds(out: &mut String, name: &str, help: &str, h: &Histogram) {
-    histogram_scaled(out, name, help, h, 1_000_000);
-    let max = format!("{name}_max");
-    header(out, &max, "gauge", &format!("Longest observation of {name} since the start, in seconds."));
-    let _ = writeln!(out, "{max} {}", h.max() as f64 / 1e6);
+fn counter(reg: &Registry, name: &str, help: &str, value: u64) -> prometheus::Result<()> {
+    let c = IntCounter::new(name, help)?;
+    c.inc_by(value);
+    reg.register(Box::new(c))
 }
 
-/// Renders `h` with its bounds and sum divided by `per_unit` (1 keeps them as recorded).
-fn histogram_scaled(out: &mut String, name: &str, help: &str, h: &Histogram, per_unit: u64) {
-    header(out, name, "histogram", help);
-    let (bounds, counts, sum, count) = h.snapshot();
-    let scaled =
-        |v: u64| if per_unit == 1 { v.to_string() } else { (v as f64 / per_unit as f64).to_string() };
-    let mut cumulative = 0u64;
-    for (bound, c) in bounds.iter().zip(&counts) {
-        cumulative += c;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", scaled(*bound));
+fn gauge(reg: &Registry, name: &str, help: &str, value: f64) -> prometheus::Result<()> {
+    let g = Gauge::new(name, help)?;
+    g.set(value);
+    reg.register(Box::new(g))
+}
+
+fn gauge_by(
+    reg: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: impl IntoIterator<Item = (String, f64)>,
+) -> prometheus::Result<()> {
+    let g = GaugeVec::new(Opts::new(name, help), &[label])?;
+    for (l, v) in values {
+        g.with_label_values(&[l.as_str()]).set(v);
     }
-    // The +Inf bucket is the total count by definition, overflow bucket included.
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum {}", scaled(sum));
-    let _ = writeln!(out, "{name}_count {count}");
+    reg.register(Box::new(g))
+}
+
+/// A histogram with a gauge of its largest observation since the start.
+fn histogram_with_max(reg: &Registry, h: &Histogram) -> prometheus::Result<()> {
+    reg.register(Box::new(h.prometheus().clone()))?;
+    let name = h.name();
+    gauge(
+        reg,
+        &format!("{name}_max"),
+        &format!("Longest observation of {name} since the start."),
+        h.max_seconds(),
+    )
 }
 
 /// A per-topic gauge: name, help text and how to read it.
 type TopicGauge = (&'static str, &'static str, fn(&TopicStats) -> u64);
 
-/// Renders every counter, gauge and histogram as Prometheus text.
-pub fn render(m: &Metrics, stats: &Stats) -> String {
-    let mut out = String::with_capacity(4096);
+fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
+    let reg = Registry::new();
     let counters = [
         ("delayd_produced_total", "Messages accepted by produce.", &m.produced),
         ("delayd_popped_total", "Deliveries handed out by pop.", &m.popped),
@@ -89,65 +215,44 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         ),
     ];
     for (name, help, c) in counters {
-        header(&mut out, name, "counter", help);
-        let _ = writeln!(out, "{name} {}", c.load(Ordering::Relaxed));
+        counter(&reg, name, help, c.load(Ordering::Relaxed))?;
     }
+    gauge(
+        &reg,
+        "delayd_long_polls_waiting",
+        "Pops parked now, waiting for a message to arrive.",
+        m.pops_waiting.load(Ordering::Relaxed) as f64,
+    )?;
 
-    header(&mut out, "delayd_level_backlog", "gauge", "Entries on a delay level not yet fired.");
-    for l in &stats.levels {
-        let _ = writeln!(out, "delayd_level_backlog{{level=\"{}\"}} {}", fmt_ms(l.level_ms), l.backlog);
-    }
-    header(
-        &mut out,
-        "delayd_level_next_due_timestamp_ms",
-        "gauge",
-        "Due time of a level's head entry, unix ms (absent when the level is empty).",
-    );
-    for l in &stats.levels {
-        if let Some(due) = l.next_due_ms {
-            let _ =
-                writeln!(out, "delayd_level_next_due_timestamp_ms{{level=\"{}\"}} {due}", fmt_ms(l.level_ms));
-        }
-    }
-
+    gauge_by(
+        &reg,
+        "delayd_level_backlog",
+        "Timers on a delay level not yet fired, counting only those of live messages (see the README for the exceptions).",
+        "level",
+        stats.levels.iter().map(|l| (fmt_ms(l.level_ms), l.backlog as f64)),
+    )?;
+    gauge_by(
+        &reg,
+        "delayd_level_next_due_timestamp_seconds",
+        "Due time of a level's head entry, unix seconds (absent when the level is empty).",
+        "level",
+        stats.levels.iter().filter_map(|l| Some((fmt_ms(l.level_ms), l.next_due_ms? as f64 / 1000.0))),
+    )?;
     let topic_gauges: [TopicGauge; 3] = [
-        ("delayd_topic_ready", "Messages in a topic queue not yet popped.", |t| t.ready),
+        ("delayd_topic_ready", "Live messages in a topic queue not yet popped.", |t| t.ready),
         ("delayd_topic_reserved", "Messages popped and not yet acked.", |t| t.reserved),
         ("delayd_topic_dead_lettered", "Messages of a topic moved to its dead-letter topic.", |t| {
             t.dead_lettered
         }),
     ];
     for (name, help, get) in topic_gauges {
-        header(&mut out, name, "gauge", help);
-        for t in &stats.topics {
-            let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", escape(&t.topic), get(t));
-        }
+        gauge_by(&reg, name, help, "topic", stats.topics.iter().map(|t| (t.topic.clone(), get(t) as f64)))?;
     }
 
-    histogram(
-        &mut out,
-        "delayd_lateness_ms",
-        "Time from a message's due time until it became ready, in ms.",
-        &m.lateness_ms,
-    );
-    histogram(
-        &mut out,
-        "delayd_flush_duration_us",
-        "Duration of commit-log flushes, in microseconds.",
-        &m.flush_us,
-    );
-    histogram_seconds(
-        &mut out,
-        "delayd_engine_step_seconds",
-        "Wall time of each engine step: a time-bounded slice of requests, due timers and maintenance, then the hand-off to the flusher.",
-        &m.engine_step_us,
-    );
-    histogram_seconds(
-        &mut out,
-        "delayd_engine_step_cpu_seconds",
-        "Time the engine thread spent on a CPU in each engine step.",
-        &m.engine_step_cpu_us,
-    );
+    reg.register(Box::new(m.lateness_ms.prometheus().clone()))?;
+    reg.register(Box::new(m.flush_us.prometheus().clone()))?;
+    histogram_with_max(&reg, &m.engine_step_us)?;
+    histogram_with_max(&reg, &m.engine_step_cpu_us)?;
 
     let r = &stats.reclaim;
     let reclaim_counters = [
@@ -181,31 +286,78 @@ pub fn render(m: &Metrics, stats: &Stats) -> String {
         ),
     ];
     for (name, help, v) in reclaim_counters {
-        header(&mut out, name, "counter", help);
-        let _ = writeln!(out, "{name} {v}");
+        counter(&reg, name, help, v)?;
     }
+    let load =
+        if stats.index_slots == 0 { 0.0 } else { stats.index_entries as f64 / stats.index_slots as f64 };
     let gauges = [
-        ("delayd_disk_bytes", "Bytes used by the data directory's files.", stats.disk_bytes),
-        ("delayd_log_bytes", "Bytes of commit-log segment files.", stats.log_bytes),
-        ("delayd_live_bytes", "Bytes of the records of every message not yet expired.", stats.live_bytes),
+        ("delayd_disk_bytes", "Bytes used by the data directory's files.", stats.disk_bytes as f64),
+        ("delayd_log_bytes", "Bytes of commit-log segment files.", stats.log_bytes as f64),
+        ("delayd_live_bytes", "Bytes of the records of every message not yet expired.", stats.live_bytes as f64),
         (
             "delayd_open_queues",
             "Topic queues whose files are open now (at most open_queues).",
-            stats.open_queues as u64,
+            stats.open_queues as f64,
+        ),
+        (
+            "delayd_index_entries",
+            "Messages in the id index: live, or final within done_retention.",
+            stats.index_entries as f64,
+        ),
+        ("delayd_index_slots", "Slots of the id index table new messages go to.", stats.index_slots as f64),
+        (
+            "delayd_index_load_ratio",
+            "Id index entries per slot; the index grows before this gets high.",
+            load,
+        ),
+        (
+            "delayd_store_writable",
+            "1 while the store takes writes; 0 after a failed sync (until a restart) or while writes fail for lack of disk space or file handles.",
+            f64::from(u8::from(stats.store_writable)),
         ),
     ];
     for (name, help, v) in gauges {
-        header(&mut out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {v}");
+        gauge(&reg, name, help, v)?;
     }
-    header(
-        &mut out,
-        "delayd_store_writable",
-        "gauge",
-        "1 while the store takes writes; 0 after a failed sync (until a restart) or while writes fail for lack of disk space or file handles.",
-    );
-    let _ = writeln!(out, "delayd_store_writable {}", u8::from(stats.store_writable));
-    out
+    Ok(reg)
+}
+
+/// The standard `process_*` metrics, each only when `/proc` gave it.
+fn register_process(reg: &Registry, p: &ProcessStats) -> prometheus::Result<()> {
+    if let Some(cpu) = p.cpu_seconds {
+        let c = prometheus::Counter::new(
+            "process_cpu_seconds_total",
+            "Total user and system CPU time spent in seconds.",
+        )?;
+        c.inc_by(cpu);
+        reg.register(Box::new(c))?;
+    }
+    let gauges = [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            p.resident_memory_bytes.map(|v| v as f64),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            p.virtual_memory_bytes.map(|v| v as f64),
+        ),
+        ("process_open_fds", "Number of open file descriptors.", p.open_fds.map(|v| v as f64)),
+        ("process_max_fds", "Maximum number of open file descriptors.", p.max_fds.map(|v| v as f64)),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            p.start_time_seconds,
+        ),
+        ("process_threads", "Number of OS threads in the process.", p.threads.map(|v| v as f64)),
+    ];
+    for (name, help, v) in gauges {
+        if let Some(v) = v {
+            gauge(reg, name, help, v)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -213,64 +365,82 @@ mod tests {
     use super::*;
     use crate::message::LevelStats;
 
-    #[test]
-    fn renders_every_family_with_cumulative_buckets() {
-        let m = Metrics::default();
-        m.produced.fetch_add(3, Ordering::Relaxed);
-        m.acked.fetch_add(2, Ordering::Relaxed);
-        m.lateness_ms.observe(0);
-        m.lateness_ms.observe(3);
-        m.lateness_ms.observe(99_999);
-        m.flush_us.observe(300);
-        let stats = Stats {
+    fn stats() -> Stats {
+        Stats {
             levels: vec![
                 LevelStats { level_ms: 1000, backlog: 4, next_due_ms: Some(1_700_000_000_123) },
                 LevelStats { level_ms: 60_000, backlog: 0, next_due_ms: None },
             ],
-            topics: vec![TopicStats { topic: "orders".into(), ready: 5, reserved: 1, dead_lettered: 2 }],
+            topics: vec![
+                TopicStats { topic: "orders".into(), ready: 5, reserved: 1, dead_lettered: 2 },
+                TopicStats { topic: "odd\"name\\".into(), ready: 0, reserved: 0, dead_lettered: 0 },
+            ],
             disk_bytes: 4096,
             open_queues: 3,
             log_bytes: 2048,
             log_written_bytes: 9000,
             live_bytes: 100,
+            index_entries: 1024,
+            index_slots: 4096,
             reclaim: crate::storage::reclaim::ReclaimStats { carried: 7, ..Default::default() },
             store_writable: false,
             store_error: Some("fdatasync /data/commitlog/0: Input/output error".into()),
-        };
-        let text = render(&m, &stats);
+        }
+    }
+
+    #[test]
+    fn renders_every_family_in_base_units_with_cumulative_buckets() {
+        let m = Metrics::default();
+        m.produced.fetch_add(3, Ordering::Relaxed);
+        m.acked.fetch_add(2, Ordering::Relaxed);
+        m.pops_waiting.fetch_add(2, Ordering::Relaxed);
+        m.lateness_ms.observe(0);
+        m.lateness_ms.observe(3);
+        m.lateness_ms.observe(99_999);
+        m.flush_us.observe(300);
+        m.engine_step_us.observe(12_000);
+        let text = render(&m, &stats()).unwrap();
         for line in [
             "delayd_produced_total 3",
             "delayd_acked_total 2",
             "delayd_popped_total 0",
+            "delayd_long_polls_waiting 2",
             "delayd_level_backlog{level=\"1s\"} 4",
             "delayd_level_backlog{level=\"1m\"} 0",
-            "delayd_level_next_due_timestamp_ms{level=\"1s\"} 1700000000123",
+            "delayd_level_next_due_timestamp_seconds{level=\"1s\"} 1700000000.123",
             "delayd_topic_ready{topic=\"orders\"} 5",
+            "delayd_topic_ready{topic=\"odd\\\"name\\\\\"} 0",
             "delayd_topic_reserved{topic=\"orders\"} 1",
             "delayd_topic_dead_lettered{topic=\"orders\"} 2",
             "delayd_open_queues 3",
-            "delayd_lateness_ms_bucket{le=\"0\"} 1",
-            "delayd_lateness_ms_bucket{le=\"2\"} 1",
-            "delayd_lateness_ms_bucket{le=\"5\"} 2",
-            "delayd_lateness_ms_bucket{le=\"5000\"} 2",
-            "delayd_lateness_ms_bucket{le=\"+Inf\"} 3",
-            "delayd_lateness_ms_sum 100002",
-            "delayd_lateness_ms_count 3",
-            "delayd_flush_duration_us_bucket{le=\"250\"} 0",
-            "delayd_flush_duration_us_bucket{le=\"500\"} 1",
+            "delayd_lateness_seconds_bucket{le=\"0\"} 1",
+            "delayd_lateness_seconds_bucket{le=\"0.002\"} 1",
+            "delayd_lateness_seconds_bucket{le=\"0.005\"} 2",
+            "delayd_lateness_seconds_bucket{le=\"5\"} 2",
+            "delayd_lateness_seconds_bucket{le=\"+Inf\"} 3",
+            "delayd_lateness_seconds_sum 100.002",
+            "delayd_lateness_seconds_count 3",
+            "delayd_flush_duration_seconds_bucket{le=\"0.00025\"} 0",
+            "delayd_flush_duration_seconds_bucket{le=\"0.0005\"} 1",
+            "delayd_engine_step_seconds_max 0.012",
+            "delayd_engine_step_cpu_seconds_max 0",
             "delayd_disk_bytes 4096",
             "delayd_log_bytes 2048",
             "delayd_live_bytes 100",
+            "delayd_index_entries 1024",
+            "delayd_index_slots 4096",
+            "delayd_index_load_ratio 0.25",
             "delayd_carried_total 7",
             "delayd_log_written_bytes_total 9000",
             "delayd_store_writable 0",
             "# TYPE delayd_store_writable gauge",
-            "# TYPE delayd_lateness_ms histogram",
+            "# TYPE delayd_lateness_seconds histogram",
+            "# TYPE delayd_produced_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-        assert!(!text.contains("next_due_timestamp_ms{level=\"1m\"}"));
-        // Every sample line is `name{labels} value` with a numeric value.
+        assert!(!text.contains("next_due_timestamp_seconds{level=\"1m\"}"));
+        assert!(!text.contains("_ms") && !text.contains("_us"), "abbreviated units in\n{text}");
         for l in text.lines().filter(|l| !l.starts_with('#')) {
             let value = l.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "{l}");
@@ -278,7 +448,30 @@ mod tests {
     }
 
     #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn a_scrape_adds_http_process_and_build_info() {
+        let http = HttpMetrics::new();
+        http.observe("/v1/stats", "GET", StatusCode::OK, 0.003);
+        http.observe(UNMATCHED_ROUTE, "other", StatusCode::NOT_FOUND, 0.0001);
+        let proc = ProcessStats { cpu_seconds: Some(1.25), open_fds: Some(12), ..Default::default() };
+        let text = scrape(&Metrics::default(), &stats(), &http, &proc).unwrap();
+        for line in [
+            "delayd_http_requests_total{method=\"GET\",route=\"/v1/stats\",status=\"200\"} 1",
+            "delayd_http_requests_total{method=\"other\",route=\"unmatched\",status=\"404\"} 1",
+            "delayd_http_request_duration_seconds_bucket{method=\"GET\",route=\"/v1/stats\",status=\"200\",le=\"0.005\"} 1",
+            "delayd_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/stats\",status=\"200\"} 1",
+            "process_cpu_seconds_total 1.25",
+            "process_open_fds 12",
+            &format!("delayd_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION")),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // Values /proc did not give are left out, not reported as 0.
+        assert!(!text.contains("process_max_fds"), "{text}");
+    }
+
+    #[test]
+    fn unknown_methods_share_one_label_value() {
+        assert_eq!(method_label(&Method::DELETE), "DELETE");
+        assert_eq!(method_label(&Method::from_bytes(b"SCAN").unwrap()), "other");
     }
 }

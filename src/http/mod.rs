@@ -6,6 +6,7 @@ pub mod error;
 mod extract;
 pub mod metrics;
 mod native;
+pub mod process;
 pub mod server;
 pub mod validate;
 
@@ -74,13 +75,16 @@ struct Inner {
     broker: Broker,
     limits: Limits,
     shutdown: watch::Sender<bool>,
+    http_metrics: metrics::HttpMetrics,
 }
 
 impl AppState {
     /// Wraps a running broker for the router.
     pub fn new(broker: Broker, limits: Limits) -> AppState {
         let (shutdown, _) = watch::channel(false);
-        AppState { inner: Arc::new(Inner { broker, limits, shutdown }) }
+        AppState {
+            inner: Arc::new(Inner { broker, limits, shutdown, http_metrics: metrics::HttpMetrics::new() }),
+        }
     }
 
     /// The broker handle.
@@ -91,6 +95,11 @@ impl AppState {
     /// The configured limits.
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// Requests served so far, by route, method and status.
+    pub fn http_metrics(&self) -> &metrics::HttpMetrics {
+        &self.inner.http_metrics
     }
 
     /// Makes waiting long-polls return at once (empty) so a graceful shutdown is not held up by them.
@@ -132,6 +141,8 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::trace::TraceLayer::new_for_http())
+        // Outermost, so every answer is counted with its final status, 401s and 404s included.
+        .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
 }
 

@@ -1,0 +1,274 @@
+//! `/metrics` of the real binary: what a scrape says after real requests, checked by the same
+//! linter Prometheus ships (`promtool check metrics`, run when it is on PATH; CI installs it).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, NEVER_HANG};
+use serde_json::json;
+
+/// Samples of one scrape: `name{labels}` as written, and the value.
+struct Scrape {
+    text: String,
+    samples: BTreeMap<String, f64>,
+}
+
+impl Scrape {
+    fn of(s: &Server) -> Scrape {
+        let r = s.http().get(s.url("/metrics")).send().expect("scrape");
+        assert_eq!(r.status(), 200);
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with("text/plain; version=0.0.4"), "content type {ct}");
+        let text = r.text().expect("body");
+        let samples = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let (series, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {l:?}"));
+                (series.to_string(), value.parse().unwrap_or_else(|_| panic!("bad value in {l:?}")))
+            })
+            .collect();
+        Scrape { text, samples }
+    }
+
+    /// A sample's value; 0 when absent (a counter not yet incremented has no series).
+    fn value(&self, series: &str) -> f64 {
+        self.samples.get(series).copied().unwrap_or(0.0)
+    }
+
+    fn has(&self, series: &str) -> bool {
+        self.samples.contains_key(series)
+    }
+
+    /// Names given a `# TYPE` line, with their type.
+    fn families(&self) -> Vec<(String, String)> {
+        self.text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| {
+                let (name, kind) = l.split_once(' ').expect("TYPE line");
+                (name.to_string(), kind.to_string())
+            })
+            .collect()
+    }
+}
+
+fn http_series(method: &str, route: &str, status: u16) -> String {
+    format!("delayd_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}}")
+}
+
+/// Polls the scrape until `ok` holds (the server acts on its own schedule; no fixed sleeps).
+fn scrape_until(s: &Server, what: &str, ok: impl Fn(&Scrape) -> bool) -> Scrape {
+    let deadline = Instant::now() + NEVER_HANG;
+    loop {
+        let m = Scrape::of(s);
+        if ok(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{what} never held; last scrape:\n{}", m.text);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `promtool check metrics` on `text` when promtool is installed. Under CI (`CI` set) it
+/// must be: that is where the contract is checked.
+fn promtool_check(text: &str) {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "promtool is not installed, and CI must run it (apt-get install prometheus)"
+            );
+            println!("promtool not found: `promtool check metrics` skipped (apt-get install prometheus)");
+            return;
+        }
+        Err(e) => panic!("cannot run promtool: {e}"),
+    };
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "promtool check metrics failed ({}):\n{said}\non:\n{text}", out.status);
+    println!("promtool check metrics: passed ({} bytes of exposition){said}", text.len());
+}
+
+#[test]
+fn a_live_scrape_passes_promtool_and_counts_requests_by_route_template() {
+    let s = Server::start(&[]);
+    let before = Scrape::of(&s);
+
+    let created = s.produce("orders", &json!({"id": "o-1", "body": "x", "delay_ms": 60_000}));
+    assert_eq!(created["id"], "o-1");
+    s.produce("orders", &json!({"id": "o-2", "body": "y"}));
+    for _ in 0..2 {
+        assert_eq!(s.get("/v1/messages/o-1").0, 200);
+    }
+    assert_eq!(s.get("/v1/messages/no-such-id").0, 404);
+    assert_eq!(s.get("/scanner/probe/123?x=1").0, 404);
+    let frob = reqwest::Method::from_bytes(b"FROB").unwrap();
+    let r = s.http().request(frob, s.url("/v1/stats")).send().expect("FROB");
+    assert_eq!(r.status(), 405);
+    let (msgs, _) = s.pop("orders", 1, 0, Some(30_000));
+    assert_eq!(s.ack(msgs[0]["receipt"].as_str().unwrap()), 200);
+
+    let after = Scrape::of(&s);
+    let went_up = |series: &str| after.value(series) - before.value(series);
+    assert_eq!(went_up(&http_series("POST", "/v1/topics/{topic}/messages", 201)), 2.0, "{}", after.text);
+    assert_eq!(went_up(&http_series("GET", "/v1/messages/{id}", 200)), 2.0);
+    assert_eq!(went_up(&http_series("GET", "/v1/messages/{id}", 404)), 1.0);
+    assert_eq!(went_up(&http_series("GET", "unmatched", 404)), 1.0);
+    assert_eq!(went_up(&http_series("other", "/v1/stats", 405)), 1.0);
+    assert_eq!(went_up(&http_series("POST", "/v1/topics/{topic}/pop", 200)), 1.0);
+    assert_eq!(went_up(&http_series("POST", "/v1/ack", 200)), 1.0);
+    assert!(after.value(&http_series("GET", "/metrics", 200)) >= 1.0, "the first scrape is counted");
+    assert_eq!(
+        after.value(
+            "delayd_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/messages/{id}\",status=\"200\"}"
+        ),
+        after.value(&http_series("GET", "/v1/messages/{id}", 200)),
+        "the latency histogram sees every counted request"
+    );
+    for raw in ["o-1", "no-such-id", "scanner", "probe", "FROB"] {
+        assert!(!after.text.contains(raw), "{raw:?} leaked into a label:\n{}", after.text);
+    }
+
+    // Base units, and the names the issue asked for.
+    for series in [
+        "delayd_produced_total",
+        "delayd_acked_total",
+        "delayd_lateness_seconds_count",
+        "delayd_flush_duration_seconds_count",
+        "delayd_engine_step_seconds_count",
+        "delayd_engine_step_seconds_max",
+        "delayd_store_writable",
+        "delayd_long_polls_waiting",
+        "delayd_index_entries",
+        "delayd_index_slots",
+        "delayd_index_load_ratio",
+        "delayd_live_bytes",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+        &format!("delayd_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")),
+    ] {
+        assert!(after.has(series), "{series} missing:\n{}", after.text);
+    }
+    assert_eq!(after.value("delayd_produced_total"), 2.0);
+    assert_eq!(after.value("delayd_store_writable"), 1.0);
+    assert_eq!(after.value(&format!("delayd_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"))), 1.0);
+    assert!(after.value("delayd_index_entries") >= 2.0);
+    assert!(after.value("delayd_flush_duration_seconds_count") >= 1.0, "produces were flushed");
+    let started = after.value("process_start_time_seconds");
+    assert!(started > 1e9 && started <= common::now_ms() as f64 / 1000.0 + 1.0, "start time {started}");
+    assert!(after.has("delayd_level_next_due_timestamp_seconds{level=\"1m\"}"), "{}", after.text);
+    let due = after.value("delayd_level_next_due_timestamp_seconds{level=\"1m\"}");
+    assert!(due > started && due < started + 3600.0, "o-1's due time in seconds: {due}");
+    for (name, _) in after.families() {
+        for part in name.split('_') {
+            assert!(!["ms", "us", "ns", "sec", "kb", "mb"].contains(&part), "abbreviated unit in {name}");
+        }
+    }
+
+    // Every histogram series is consistent: cumulative buckets ending in +Inf == _count.
+    let mut histograms = 0;
+    for (name, kind) in after.families().into_iter().filter(|(_, k)| k == "histogram") {
+        assert_eq!(kind, "histogram");
+        let mut series: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+        let prefix = format!("{name}_bucket{{");
+        for (k, v) in &after.samples {
+            if let Some(labels) = k.strip_prefix(&prefix) {
+                let (rest, le) = labels.rsplit_once("le=\"").expect("le label");
+                series
+                    .entry(rest.to_string())
+                    .or_default()
+                    .push((le.trim_end_matches("\"}").to_string(), *v));
+            }
+        }
+        for (labels, mut buckets) in series {
+            histograms += 1;
+            let le = |b: &(String, f64)| if b.0 == "+Inf" { f64::INFINITY } else { b.0.parse().unwrap() };
+            buckets.sort_by(|a, b| le(a).total_cmp(&le(b)));
+            assert!(
+                buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+                "{name}{{{labels} not cumulative: {buckets:?}"
+            );
+            let inf = buckets.last().filter(|b| b.0 == "+Inf").expect("+Inf bucket").1;
+            let labels = labels.trim_end_matches(',');
+            let count =
+                if labels.is_empty() { format!("{name}_count") } else { format!("{name}_count{{{labels}}}") };
+            assert_eq!(after.value(&count), inf, "{count} vs its +Inf bucket");
+            assert!(after.has(&count), "{count} missing");
+        }
+    }
+    assert!(histograms >= 6, "only {histograms} histogram series");
+
+    promtool_check(&after.text);
+}
+
+#[test]
+fn long_polls_waiting_are_counted_while_parked() {
+    let s = Server::start(&[]);
+    let url = s.url("/v1/topics/idle/pop?wait_ms=20000");
+    let waiter = std::thread::spawn(move || {
+        let r = common::client().post(url).send().expect("long-poll");
+        (r.status().as_u16(), r.json::<serde_json::Value>().expect("json"))
+    });
+    scrape_until(&s, "one long-poll waiting", |m| m.value("delayd_long_polls_waiting") == 1.0);
+    s.produce("idle", &json!({"body": "wake"}));
+    let (status, v) = waiter.join().expect("waiter");
+    assert_eq!(status, 200);
+    assert_eq!(v["messages"][0]["body"], "wake");
+    let m = scrape_until(&s, "no long-poll waiting", |m| m.value("delayd_long_polls_waiting") == 0.0);
+    promtool_check(&m.text);
+}
+
+#[test]
+fn stats_and_metrics_leave_out_finished_messages() {
+    let s = Server::start(&[]);
+    let level = |stats: &serde_json::Value, ms: u64| -> u64 {
+        let levels = stats["levels"].as_array().expect("levels");
+        levels.iter().find(|l| l["level_ms"] == ms).map_or(0, |l| l["backlog"].as_u64().unwrap())
+    };
+    let ready = |stats: &serde_json::Value, topic: &str| -> u64 {
+        let topics = stats["topics"].as_array().expect("topics");
+        topics.iter().find(|t| t["topic"] == topic).map_or(0, |t| t["ready"].as_u64().unwrap())
+    };
+
+    // Two one-minute delays, one cancelled: the cancelled timer is not counted.
+    s.produce("shop", &json!({"id": "pay-1", "body": "a", "delay_ms": 60_000}));
+    s.produce("shop", &json!({"id": "pay-2", "body": "b", "delay_ms": 60_000}));
+    assert_eq!(s.delete("/v1/messages/pay-1").0, 200);
+    // A ready message cancelled, one popped and acked within its time-to-run, one left ready.
+    for id in ["now-1", "now-2", "now-3"] {
+        s.produce("shop", &json!({"id": id, "body": id}));
+    }
+    assert_eq!(s.delete("/v1/messages/now-1").0, 200);
+    let (msgs, _) = s.pop("shop", 1, 0, Some(30_000));
+    assert_eq!(msgs[0]["id"], "now-2");
+    assert_eq!(s.ack(msgs[0]["receipt"].as_str().unwrap()), 200);
+
+    let (st, stats) = s.get("/v1/stats");
+    assert_eq!(st, 200);
+    assert_eq!(level(&stats, 60_000), 1, "only pay-2 waits on the 1m level: {stats}");
+    assert_eq!(level(&stats, 30_000), 0, "now-2 was acked: its time-to-run timer is not live: {stats}");
+    assert_eq!(ready(&stats, "shop"), 1, "only now-3 is ready: {stats}");
+
+    let m = Scrape::of(&s);
+    assert_eq!(m.value("delayd_level_backlog{level=\"1m\"}"), 1.0, "{}", m.text);
+    assert_eq!(m.value("delayd_level_backlog{level=\"30s\"}"), 0.0);
+    assert_eq!(m.value("delayd_topic_ready{topic=\"shop\"}"), 1.0);
+    assert_eq!(m.value("delayd_cancelled_total"), 2.0);
+}
