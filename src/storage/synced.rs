@@ -54,9 +54,24 @@ pub fn note(file: &File, path: Option<&Path>, range: Option<(u64, u64)>) {
     let Some(path) = path else { return };
     let Some((_, images)) = w.iter_mut().find(|(r, _)| path.starts_with(r)) else { return };
     let Ok(meta) = file.metadata() else { return };
+    if meta.is_dir() {
+        return;
+    }
     let mut now = vec![0u8; meta.len() as usize];
     if file.read_exact_at(&mut now, 0).is_err() {
-        return;
+        // A write-only descriptor (the checkpoint's temp file) cannot be read back: read the same
+        // inode by path. Skipping the note instead would leave a stale image that a power cut
+        // brings back beside newer files, a disk no real crash can leave.
+        let Ok(by_path) = File::open(&path) else {
+            // Deleted or renamed since its sync: nothing under this name to record.
+            return;
+        };
+        if by_path.metadata().is_ok_and(|m| (m.dev(), m.ino()) != (meta.dev(), meta.ino())) {
+            return;
+        }
+        if let Err(e) = by_path.read_exact_at(&mut now, 0) {
+            panic!("cannot read back synced {}: {e}", path.display());
+        }
     }
     let img = images.entry((meta.dev(), meta.ino())).or_default();
     match range {
@@ -67,5 +82,24 @@ pub fn note(file: &File, path: Option<&Path>, range: Option<(u64, u64)>) {
             let (a, b) = ((off as usize).min(now.len()), ((off + len) as usize).min(now.len()));
             img[a..b].copy_from_slice(&now[a..b]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checkpoint is written through a write-only descriptor; before this was handled, its
+    /// syncs went unrecorded and a simulated power cut brought back a stale checkpoint.
+    #[test]
+    fn a_sync_through_a_write_only_descriptor_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        watch(dir.path());
+        let path = dir.path().join("checkpoint");
+        crate::storage::checkpoint::write_atomic(&path, b"first").unwrap();
+        assert_eq!(image(&path).as_deref(), Some(&b"first"[..]));
+        crate::storage::checkpoint::write_atomic(&path, b"second").unwrap();
+        assert_eq!(image(&path).as_deref(), Some(&b"second"[..]));
+        unwatch(dir.path());
     }
 }
