@@ -265,7 +265,15 @@ fn explain(m: &Msg, state: MessageState, deliver_at: u64) -> Option<St> {
             .map(St::Pending),
         MessageState::Reserved => m.candidates().find(|s| *s == St::Reserved(deliver_at)),
         MessageState::Done | MessageState::Cancelled => {
-            m.candidates().find(|s| matches!(s, St::Final(t) if *t <= deliver_at))
+            // A final message keeps the due time it had, which does not tell candidates apart; the
+            // earliest final time is the one that cannot make the model expect it visible too long.
+            m.candidates()
+                .filter_map(|s| match s {
+                    St::Final(t) => Some(t),
+                    _ => None,
+                })
+                .min()
+                .map(St::Final)
         }
         MessageState::Dead => None,
     }

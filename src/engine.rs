@@ -589,6 +589,7 @@ impl Engine {
             time_ms: change.time_ms,
             deliver_at_ms: change.deliver_at_ms,
             route: change.route,
+            due_ms: change.due_ms,
         });
         self.append(&rec)?;
         Ok(seq)
@@ -720,6 +721,7 @@ impl Engine {
                 attempt,
                 deliver_at_ms: now + ttr,
                 route: plan_hop(&self.cfg.levels_ms, now, ttr),
+                due_ms: Some(entry.tag),
             },
         )?;
         inc(&self.metrics.popped);
@@ -767,8 +769,9 @@ impl Engine {
                 cause: Cause::Ack,
                 home: slot.home,
                 attempt: u32::from(slot.attempt),
-                deliver_at_ms: now,
+                deliver_at_ms: self.store.due_at(slot)?,
                 route: Route::None,
+                due_ms: None,
             },
         )?;
         self.note_left_behind(slot);
@@ -846,6 +849,7 @@ impl Engine {
                 attempt: u32::from(slot.attempt),
                 deliver_at_ms: now,
                 route: Route::Topic,
+                due_ms: None,
             }
         } else {
             Change {
@@ -856,6 +860,7 @@ impl Engine {
                 attempt: u32::from(slot.attempt),
                 deliver_at_ms: from + delay,
                 route: plan_hop(&self.cfg.levels_ms, from, delay),
+                due_ms: None,
             }
         };
         let due = change.deliver_at_ms;
@@ -874,6 +879,7 @@ impl Engine {
                 attempt: u32::from(slot.attempt),
                 deliver_at_ms: now,
                 route: Route::Topic,
+                due_ms: None,
             },
         )?;
         inc(&self.metrics.dead_lettered);
@@ -897,8 +903,9 @@ impl Engine {
                         cause: Cause::Cancel,
                         home: slot.home,
                         attempt: u32::from(slot.attempt),
-                        deliver_at_ms: now,
+                        deliver_at_ms: self.store.due_at(&slot)?,
                         route: Route::None,
+                        due_ms: None,
                     },
                 )?;
                 self.note_left_behind(&slot);
@@ -1110,6 +1117,7 @@ impl Engine {
                         attempt: u32::from(slot.attempt),
                         deliver_at_ms: target,
                         route: Route::Topic,
+                        due_ms: None,
                     },
                 )?;
             }
@@ -1207,6 +1215,8 @@ struct Change {
     attempt: u32,
     deliver_at_ms: u64,
     route: Route,
+    /// A Reserve's delivery due time, kept by a later ack or cancel.
+    due_ms: Option<u64>,
 }
 
 #[cfg(test)]

@@ -44,10 +44,52 @@ fn produce_pop_ack_round_trip() {
 
     assert_eq!(s.get(&format!("/v1/messages/{id}")).1["state"], "reserved");
     assert_eq!(s.ack(&receipt(m)), 200);
-    assert_eq!(s.get(&format!("/v1/messages/{id}")).1["state"], "done");
+    let info = s.get(&format!("/v1/messages/{id}")).1;
+    // A finished message keeps the due time it was delivered for, not the time of the ack.
+    assert_eq!((&info["state"], &info["deliver_at_ms"]), (&json!("done"), &json!(due)), "{info}");
     let (st, v) = s.post("/v1/ack", &json!({"receipt": receipt(m)}));
     Server::assert_error(st, &v, 404, "not_found");
     assert!(s.pop("orders", 10, 0, None).0.is_empty());
+}
+
+/// Ack and cancel keep `deliver_at_ms` whatever the state they end (delayed, ready, reserved,
+/// after a nack), and so does a restart.
+#[test]
+fn a_final_message_keeps_its_deliver_at() {
+    let mut s = Server::start(&[]);
+    let at = |s: &Server, id: &str| {
+        let v = s.get(&format!("/v1/messages/{id}")).1;
+        (v["state"].as_str().unwrap_or_default().to_string(), v["deliver_at_ms"].as_u64())
+    };
+    let delayed = s.produce("k", &json!({"id": "k-delayed", "body": "d", "delay_ms": 3_600_000}));
+    let ready = s.produce("k", &json!({"id": "k-ready", "body": "r"}));
+    let reserved = s.produce("k", &json!({"id": "k-reserved", "body": "v", "delay_ms": 50}));
+    assert_eq!(s.delete("/v1/messages/k-delayed").0, 200);
+    assert_eq!(at(&s, "k-delayed"), ("cancelled".into(), delayed["deliver_at_ms"].as_u64()));
+    assert_eq!(s.delete("/v1/messages/k-ready").0, 200);
+    assert_eq!(at(&s, "k-ready"), ("cancelled".into(), ready["deliver_at_ms"].as_u64()));
+    // Cancelled while reserved: the reservation's expiry was shown, the delivery's due time stays.
+    let (msgs, _) = s.pop("k", 1, 5000, Some(600_000));
+    assert_eq!(msgs[0]["id"], "k-reserved");
+    assert_eq!(at(&s, "k-reserved").0, "reserved");
+    assert_eq!(s.delete("/v1/messages/k-reserved").0, 200);
+    assert_eq!(at(&s, "k-reserved"), ("cancelled".into(), reserved["deliver_at_ms"].as_u64()));
+    // After a nack with a delay, the due time is the retry's.
+    s.produce("k", &json!({"id": "k-nacked", "body": "n"}));
+    let (msgs, _) = s.pop("k", 1, 5000, None);
+    let (st, v) = s.post("/v1/nack", &json!({"receipt": receipt(&msgs[0]), "delay_ms": 100}));
+    assert_eq!(st, 200, "{v}");
+    let retry_at = v["deliver_at_ms"].as_u64();
+    assert!(retry_at.is_some(), "{v}");
+    let (msgs, _) = s.pop("k", 1, 5000, None);
+    assert_eq!((&msgs[0]["id"], msgs[0]["deliver_at_ms"].as_u64()), (&json!("k-nacked"), retry_at));
+    assert_eq!(s.ack(&receipt(&msgs[0])), 200);
+    assert_eq!(at(&s, "k-nacked"), ("done".into(), retry_at));
+
+    s.restart();
+    assert_eq!(at(&s, "k-delayed"), ("cancelled".into(), delayed["deliver_at_ms"].as_u64()));
+    assert_eq!(at(&s, "k-reserved"), ("cancelled".into(), reserved["deliver_at_ms"].as_u64()));
+    assert_eq!(at(&s, "k-nacked"), ("done".into(), retry_at));
 }
 
 #[test]

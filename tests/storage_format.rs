@@ -163,6 +163,8 @@ mod reader {
             time_ms: u64,
             deliver_at_ms: u64,
             route: Route,
+            /// Record version 2 only (a Reserve): when the delivery it reserves fell due.
+            due_ms: Option<u64>,
         },
         Hop {
             msg_offset: u64,
@@ -190,7 +192,8 @@ mod reader {
     pub const KIND_CARRY: u8 = 4;
     pub const KIND_EOS: u8 = 0x7F;
 
-    /// Record versions: Carry is version 2, every other kind version 1.
+    /// Record versions: Carry is version 2; Put is 1 or 2 (2 replaces); Transition 1 or 2 (2 ends
+    /// with a Reserve's due time); every other kind 1.
     pub const VERSION: u8 = 1;
     pub const VERSION_CARRY: u8 = 2;
 
@@ -322,10 +325,11 @@ mod reader {
             return Err(format!("unknown kind {kind}"));
         }
         if (kind == KIND_CARRY && version != VERSION_CARRY)
-            || (version == VERSION_CARRY && ![KIND_CARRY, KIND_PUT].contains(&kind))
+            || (version == VERSION_CARRY && ![KIND_CARRY, KIND_PUT, KIND_TRANSITION].contains(&kind))
         {
             return Err(format!(
-                "kind {kind} with record version {version} (Carry is 2, Put 1 or 2, every other kind 1)"
+                "kind {kind} with record version {version} (Carry is 2, Put and Transition 1 or 2, \
+                 every other kind 1)"
             ));
         }
         // 9: the payload decodes exactly.
@@ -345,6 +349,7 @@ mod reader {
                 time_ms: c.u64()?,
                 deliver_at_ms: c.u64()?,
                 route: c.route()?,
+                due_ms: if version == VERSION_CARRY { Some(c.u64()?) } else { None },
             },
             KIND_HOP => Rec::Hop {
                 msg_offset: c.u64()?,
@@ -489,6 +494,9 @@ mod reader {
         pub carried_from: HashMap<u64, u64>,
         /// `time_ms` of the final Transition of each message that reached Done or Cancelled.
         pub final_ms: HashMap<u64, u64>,
+        /// Per live message: the due time a Reserve delivers and a Done or Cancelled keeps (the
+        /// `deliver_at_ms` of its latest record that is not a Reserve).
+        pub due_ms: HashMap<u64, u64>,
         /// Messages whose id was produced again: they must have expired first.
         pub superseded: Vec<u64>,
     }
@@ -558,6 +566,7 @@ mod reader {
                         dead_letter_home: false,
                     };
                     m.slots.insert(o, slot);
+                    m.due_ms.insert(o, msg.deliver_at_ms);
                     m.route(msg.route, &utf8(&msg.topic), (o, s, msg.deliver_at_ms));
                 }
                 Rec::Transition {
@@ -572,8 +581,14 @@ mod reader {
                     time_ms,
                     deliver_at_ms,
                     route,
+                    due_ms,
                 } => {
                     assert!(msg_offset < &o, "transition at {o} points forward");
+                    assert_eq!(
+                        due_ms.is_some(),
+                        *state == STATE_RESERVED,
+                        "transition at {o}: a due time exactly when it reserves (record version 2)"
+                    );
                     m.causes_seen.insert(*cause);
                     if *msg_offset < log.start {
                         // Its message was carried forward or expired: no index change, no counter,
@@ -599,6 +614,21 @@ mod reader {
                     slot.dead_letter_home = *home == HOME_DEAD_LETTER;
                     if is_final(*state) {
                         m.final_ms.insert(*msg_offset, *time_ms);
+                    }
+                    // A Reserve records the due time it delivers and an ack or cancel keeps it, so
+                    // GET shows the same deliver_at_ms before and after.
+                    let due = m.due_ms.get(msg_offset).copied();
+                    if let Some(d) = due_ms {
+                        assert_eq!(Some(*d), due, "transition at {o}: the reserved delivery's due time");
+                        assert!(d <= time_ms, "transition at {o}: delivered before it was due");
+                    } else if is_final(*state) {
+                        assert_eq!(
+                            Some(*deliver_at_ms),
+                            due,
+                            "transition at {o}: a final state keeps the due time"
+                        );
+                    } else {
+                        m.due_ms.insert(*msg_offset, *deliver_at_ms);
                     }
                     let queue =
                         if *home == HOME_DEAD_LETTER { format!("{topic}.dlq") } else { topic.clone() };
@@ -705,6 +735,8 @@ mod reader {
                         m.take_id(&msg.id, o);
                     }
                     assert!(m.slots.insert(o, carried).is_none());
+                    m.due_ms.remove(prev);
+                    m.due_ms.insert(o, *deliver_at_ms);
                     m.carries += 1;
                     let topic = utf8(&msg.topic);
                     let queue = if dead_letter_home { format!("{topic}.dlq") } else { topic };
@@ -1709,7 +1741,8 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         assert_eq!(r.index.used.get(&c.offset), Some(&want), "{id}: index slot");
     }
 
-    // The reader tells record versions apart: a Carry is version 2, a Put 1 or 2, the rest 1.
+    // The reader tells record versions apart: a Carry is version 2, a Put or Transition 1 or 2, the
+    // rest 1.
     let carry = record_bytes(&data, &r.log, long_c.offset, long_c.len);
     assert!(matches!(reader::parse_record(&carry), Ok(Some((Rec::Carry { .. }, _)))));
     let put = r.log.records.iter().find(|x| matches!(x.rec, Rec::Put(_))).unwrap();
@@ -1717,11 +1750,16 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     assert!(matches!(reader::parse_record(&put), Ok(Some((Rec::Put(m), _))) if !m.replaces));
     // A Put of version 2 is the same layout and replaces the message its id named.
     assert!(matches!(reader::parse_record(&reframe(&put, 2)), Ok(Some((Rec::Put(m), _))) if m.replaces));
-    let transition = r.log.records.iter().find(|x| matches!(x.rec, Rec::Transition { .. })).unwrap();
+    let transition =
+        r.log.records.iter().find(|x| matches!(x.rec, Rec::Transition { due_ms: None, .. })).unwrap();
     let transition = record_bytes(&data, &r.log, transition.offset, transition.len);
+    let hop = r.log.records.iter().find(|x| matches!(x.rec, Rec::Hop { .. })).unwrap();
+    let hop = record_bytes(&data, &r.log, hop.offset, hop.len);
     for (bytes, want) in [
         (reframe(&carry, 1), "kind 4 with record version 1"),
-        (reframe(&transition, 2), "kind 2 with record version 2"),
+        (reframe(&hop, 2), "kind 3 with record version 2"),
+        // A version 2 Transition ends with the due time a version 1 one lacks.
+        (reframe(&transition, 2), "field at 73 past record end"),
         (reframe(&carry, 3), "unknown version 3"),
     ] {
         let err = reader::parse_record(&bytes).err();

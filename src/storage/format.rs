@@ -9,9 +9,10 @@ use crate::error::{Error, Result};
 pub const RECORD_MAGIC: u16 = 0xD71A;
 /// Version written in records of the original kinds (Put, Transition, Hop, EndOfSegment).
 pub const RECORD_VERSION: u8 = 1;
-/// Version of records of kinds added later (Carry), and of a Put that replaces the message its id
-/// named before (the compat `/push`): a delayd that knows only version 1 refuses to start on them
-/// instead of taking them for damage, or for a Put that leaves the old message in place.
+/// Version of records of kinds added later (Carry), of a Put that replaces the message its id
+/// named before (the compat `/push`), and of a Reserve Transition that records the due time of the
+/// delivery it reserves: a delayd that knows only version 1 refuses to start on them instead of
+/// taking them for damage, or for a Put that leaves the old message in place.
 pub const RECORD_VERSION_CARRY: u8 = 2;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
@@ -200,10 +201,14 @@ pub struct Transition {
     pub attempt: u32,
     /// Unix ms of the change.
     pub time_ms: u64,
-    /// Delayed: when it becomes ready; Reserved: when the reservation expires; else when it became ready.
+    /// Delayed: when it becomes ready; Reserved: when the reservation expires; Done and Cancelled:
+    /// the due time the message had; else when it became ready.
     pub deliver_at_ms: u64,
     /// Consume-queue entry this change implies.
     pub route: Route,
+    /// Reserve only: when the delivery it reserves fell due, so that an ack or cancel can keep
+    /// it (record version 2); `None` in version 1 records.
+    pub due_ms: Option<u64>,
 }
 
 /// A timer moved on to its next level.
@@ -536,7 +541,8 @@ pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
 
 /// Encodes a Transition record.
 pub fn encode_transition(t: &Transition) -> Vec<u8> {
-    frame(Kind::Transition, 8 + 8 + 4 + 4 + 4 + 8 + 8 + ROUTE_BYTES, |e| {
+    let (version, extra) = if t.due_ms.is_some() { (RECORD_VERSION_CARRY, 8) } else { (RECORD_VERSION, 0) };
+    frame_v(Kind::Transition, version, 8 + 8 + 4 + 4 + 4 + 8 + 8 + ROUTE_BYTES + extra, |e| {
         e.u64(t.msg_offset);
         e.u64(t.id_hash);
         e.u32(t.seq);
@@ -548,6 +554,9 @@ pub fn encode_transition(t: &Transition) -> Vec<u8> {
         e.u64(t.time_ms);
         e.u64(t.deliver_at_ms);
         e.route(t.route);
+        if let Some(due) = t.due_ms {
+            e.u64(due);
+        }
     })
 }
 
@@ -598,9 +607,10 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
-    // Carry exists only as version 2; a Put may be either (2: it replaces); the rest only 1.
+    // Carry exists only as version 2; a Put may be either (2: it replaces), and so may a
+    // Transition (2: it ends with the due time a Reserve delivers); the rest only 1.
     let v2 = buf[6] == RECORD_VERSION_CARRY;
-    if (kind == Kind::Carry && !v2) || (v2 && !matches!(kind, Kind::Carry | Kind::Put)) {
+    if (kind == Kind::Carry && !v2) || (v2 && !matches!(kind, Kind::Carry | Kind::Put | Kind::Transition)) {
         return Err(DecodeError::Invalid("record kind and version do not match"));
     }
     Ok((len, kind))
@@ -631,6 +641,7 @@ pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
             time_ms: d.u64()?,
             deliver_at_ms: d.u64()?,
             route: d.route()?,
+            due_ms: if buf[6] == RECORD_VERSION_CARRY { Some(d.u64()?) } else { None },
         }),
         Kind::Put => Record::Put(Put { replaces: buf[6] == RECORD_VERSION_CARRY, ..d.put()? }),
         Kind::Carry => Record::Carry(Carry {
@@ -688,11 +699,14 @@ mod tests {
         fn transition_round_trips(
             mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
             c in 1u8..=7, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
+            due in proptest::option::of(any::<u64>()),
         ) {
             let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,
                 cause: Cause::from_u8(c).unwrap(), home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
-                deliver_at_ms: d, route: r };
+                deliver_at_ms: d, route: r, due_ms: due };
             let buf = encode_transition(&tr);
+            prop_assert_eq!(buf.len(), if due.is_some() { 81 } else { 73 });
+            prop_assert_eq!(buf[6], if due.is_some() { 2 } else { 1 });
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Transition(tr), buf.len()));
         }
 

@@ -1164,6 +1164,21 @@ impl Store {
         })
     }
 
+    /// The due time a message had, for an ack or cancel to keep: when it was to become (or
+    /// became) ready, or for a reserved message when the delivery it holds fell due.
+    pub fn due_at(&self, slot: &Slot) -> Result<u64> {
+        Ok(match self.log.read(slot.last_offset)?.0 {
+            Record::Transition(t) => match (t.due_ms, t.state) {
+                (Some(due), _) => due,
+                // A version 1 Reserve (an older delayd) did not record its due time; the time of
+                // the pop is the closest at hand and never before it.
+                (None, State::Reserved) => t.time_ms,
+                (None, _) => t.deliver_at_ms,
+            },
+            _ => self.deliver_at(slot)?,
+        })
+    }
+
     /// Sum of the record sizes of every indexed message (recount after recovery).
     pub(crate) fn count_live_bytes(&self) -> u64 {
         let mut sum = 0;
