@@ -37,8 +37,7 @@ impl Histogram {
     /// `1 / per_second` s.
     ///
     /// # Panics
-    /// On a name or help text Prometheus refuses, or bounds that are not ascending: both are
-    /// constants of this crate.
+    /// On a name Prometheus refuses or bounds that are not ascending (constants of this crate).
     pub fn new(name: &'static str, help: &str, bounds: &'static [u64], per_second: u64) -> Self {
         let buckets = bounds.iter().map(|b| *b as f64 / per_second as f64).collect();
         let opts = prometheus::HistogramOpts::new(name, help).buckets(buckets);
