@@ -22,7 +22,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 pub use crate::message::{
     Delivery, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
-    TopicStats, When,
+    TopicInfo, TopicStats, When,
 };
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
@@ -97,6 +97,14 @@ enum Command {
     },
     Stats {
         reply: oneshot::Sender<Result<Stats>>,
+    },
+    Pause {
+        topic: String,
+        paused: bool,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Topics {
+        reply: oneshot::Sender<Result<Vec<TopicInfo>>>,
     },
     Shutdown {
         reply: oneshot::Sender<Result<()>>,
@@ -292,6 +300,17 @@ impl Broker {
     /// Counters per level and topic.
     pub async fn stats(&self) -> Result<Stats> {
         self.call(|reply| Command::Stats { reply }).await
+    }
+
+    /// Pauses (`true`) or resumes a topic; durable like any change.
+    pub async fn set_paused(&self, topic: &str, paused: bool) -> Result<()> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::Pause { topic, paused, reply }).await
+    }
+
+    /// Every topic with its counts and pause state.
+    pub async fn topics(&self) -> Result<Vec<TopicInfo>> {
+        self.call(|reply| Command::Topics { reply }).await
     }
 
     /// Process-wide counters and histograms.
@@ -726,6 +745,12 @@ impl EngineLoop {
                 }
                 Command::Stats { reply } => {
                     let _ = reply.send(Ok(engine.stats()));
+                }
+                Command::Pause { topic, paused, reply } => {
+                    self.pending.push(Pending::Unit(reply, engine.set_paused(&topic, paused)))
+                }
+                Command::Topics { reply } => {
+                    let _ = reply.send(Ok(engine.topics()));
                 }
                 Command::Shutdown { reply } => {
                     // Requests behind it are dropped (their callers see the broker stopped).

@@ -316,6 +316,7 @@ fn run(ops: Vec<Op>, protocol: Protocol) -> Result<(), TestCaseError> {
     let mut captured: VecDeque<CheckpointJob> = VecDeque::new();
     let mut next_id = 0;
     for op in ops {
+        let op_name = format!("{op:?}");
         let now = clock.now_ms();
         match op {
             Op::Produce { delay_s, body } => {
@@ -528,6 +529,14 @@ fn run(ops: Vec<Op>, protocol: Protocol) -> Result<(), TestCaseError> {
                 }
             }
         }
+        // The per-topic state counts (checkpointed, replayed, rebuilt) match the index.
+        let store = e.store_for_tests();
+        prop_assert_eq!(
+            store.state_counts(),
+            store.recount_states().unwrap(),
+            "state counts after {:?}",
+            op_name
+        );
         // While running, every message answers exactly as the latest state says.
         let now = clock.now_ms();
         for (id, m) in &model {

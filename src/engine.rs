@@ -4,7 +4,7 @@
 //! the engine's state can always be rebuilt from the log. It never waits: the broker thread around
 //! it decides when to flush and when to sleep.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,8 +16,8 @@ use crate::config::{BrokerConfig, DelayPolicy};
 use crate::error::{Error, Result};
 use crate::live::LeftBehind;
 use crate::message::{
-    Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats, TopicStats,
-    When,
+    Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats, TopicInfo,
+    TopicStats, When,
 };
 use crate::metrics::{inc, Metrics};
 use crate::schedule::clock::Clock;
@@ -29,7 +29,9 @@ use crate::storage::format::{self, Cause, Home, Hop, Put, Record, Route, State, 
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::io;
 use crate::storage::reclaim::ReclaimPolicy;
-use crate::storage::store::{dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig};
+use crate::storage::store::{
+    dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig, TopicQueue,
+};
 
 /// Longest accepted id, in bytes.
 pub const MAX_ID_LEN: usize = 128;
@@ -604,7 +606,11 @@ impl Engine {
             }
         }
         let mut out = Vec::new();
+        // A paused topic answers as if empty; its messages keep falling due meanwhile.
         for topic in topics {
+            if self.store.paused.contains_key(topic) {
+                continue;
+            }
             let mut repairs = 0;
             while out.len() < max {
                 match self.pop_one(topic, ttr_ms, &mut repairs) {
@@ -655,7 +661,6 @@ impl Engine {
             }
         };
         self.store.advance_cursor(topic, at);
-        self.left_behind.topic_passed(topic, entry.offset);
         Ok(Some(delivery))
     }
 
@@ -677,11 +682,11 @@ impl Engine {
             Record::Carry(c) => (offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => (t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
             Record::Hop(h) => (h.msg_offset, h.id_hash, h.seq, h.target_ms),
-            Record::EndOfSegment => {
+            Record::Pause(_) | Record::EndOfSegment => {
                 return Err(Error::Corrupt {
                     file: "commitlog".into(),
                     offset,
-                    reason: "queue entry points at an end-of-segment marker".into(),
+                    reason: "queue entry points at a record that makes none".into(),
                 })
             }
         }))
@@ -934,16 +939,8 @@ impl Engine {
                     }
                 }
             }
-            State::Ready | State::Dead => {
-                let Ok(p) = self.store.put_at(old.msg_offset) else { return };
-                let topic = String::from_utf8_lossy(p.topic).into_owned();
-                let queue = match old.home {
-                    Home::Main => topic,
-                    Home::DeadLetter => dead_letter_topic(&topic),
-                };
-                self.left_behind.topic(&queue, old.last_offset);
-            }
-            State::Done | State::Cancelled => {}
+            // Topic counts move with each record (the store counts states), nothing to note.
+            State::Ready | State::Dead | State::Done | State::Cancelled => {}
         }
     }
 
@@ -1155,21 +1152,16 @@ impl Engine {
                 }
             })
             .collect();
-        let topics = &self.store.topics;
-        self.left_behind.retain_topics(|t| topics.contains_key(t));
         let mut topics: Vec<TopicStats> = self
             .store
             .topics
             .iter()
-            .map(|(name, q)| {
-                let entries = q.cq.len().saturating_sub(q.cursor);
-                let behind = self.left_behind.topic_count(name, entries == 0);
-                TopicStats {
-                    topic: name.clone(),
-                    ready: entries.saturating_sub(behind),
-                    reserved: q.reserved,
-                    dead_lettered: q.dead,
-                }
+            .map(|(name, q)| TopicStats {
+                topic: name.clone(),
+                ready: q.ready,
+                reserved: q.reserved,
+                delayed: q.delayed,
+                dead_lettered: q.dead,
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));
@@ -1191,6 +1183,47 @@ impl Engine {
                 .or_else(|| self.durability.trouble())
                 .map(|f| f.to_string()),
         }
+    }
+
+    /// Pauses (`true`) or resumes a topic, durably: one Pause record, none when it already is so.
+    pub fn set_paused(&mut self, topic: &str, paused: bool) -> Result<()> {
+        self.writable()?;
+        validate_topic(topic)?;
+        if self.store.paused.contains_key(topic) == paused {
+            return Ok(());
+        }
+        let rec =
+            format::encode_pause(&format::Pause { paused, time_ms: self.now(), topic: topic.as_bytes() })?;
+        self.append(&rec)?;
+        if !paused {
+            // Long polls waiting on it look again now rather than at their deadline.
+            self.store.touch(topic);
+        }
+        Ok(())
+    }
+
+    /// Every topic with a queue, a count or a pause, by name, with its counts.
+    pub fn topics(&self) -> Vec<TopicInfo> {
+        let mut names: BTreeSet<&str> = self.store.topics.keys().map(String::as_str).collect();
+        names.extend(self.store.paused.keys().map(String::as_str));
+        names
+            .into_iter()
+            .map(|name| {
+                let counts =
+                    |q: Option<&TopicQueue>| q.map_or((0, 0, 0), |q| (q.ready, q.reserved, q.delayed));
+                let (ready, reserved, delayed) = counts(self.store.topics.get(name));
+                let dlq = (!name.ends_with(".dlq"))
+                    .then(|| counts(self.store.topics.get(&dead_letter_topic(name))));
+                TopicInfo {
+                    topic: name.to_string(),
+                    ready,
+                    reserved,
+                    delayed,
+                    dead_lettered: dlq.map_or(0, |(r, v, d)| r + v + d),
+                    paused: self.store.paused.contains_key(name),
+                }
+            })
+            .collect()
     }
 
     /// Entries the level schedulers hold in memory (bounded by the read-ahead window).

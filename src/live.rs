@@ -1,15 +1,15 @@
-//! Queue entries left behind by messages that moved on, so that stats count live entries only.
+//! Level-queue entries left behind by timers that moved on, so that level backlogs count live
+//! entries only. (Topic counts need none of this: the store counts messages by state.)
 //!
-//! A queue entry stays in its file until its reader passes it: the timer of a message cancelled
-//! while delayed, of a reservation acked or nacked before its time-to-run, the topic entry of a
-//! ready message cancelled or finished by id. Each is skipped when reached, but until then a
-//! backlog of `len - cursor` would count it. The engine notes such an entry here when it makes
+//! A level entry stays in its file until its scheduler passes it: the timer of a message cancelled
+//! while delayed, of a reservation acked or nacked before its time-to-run. Each is skipped when
+//! reached, but until then a backlog of `len - cursor` would count it. The engine notes such an entry here when it makes
 //! the change, by the log offset the entry points at, and forgets it when the reader passes it.
 //!
 //! In memory only, and bounded: after a restart, entries left behind before it count until they
 //! are reached, as do those left beyond [`MAX_TRACKED`] at once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Most entries remembered at once: 256 Ki offsets, a few MiB. A steady 8,000 acks a second
 /// with a 30 s time-to-run stays below it.
@@ -19,7 +19,6 @@ pub const MAX_TRACKED: usize = 1 << 18;
 #[derive(Debug, Default)]
 pub struct LeftBehind {
     levels: BTreeMap<u64, BTreeSet<u64>>,
-    topics: HashMap<String, BTreeSet<u64>>,
     tracked: usize,
 }
 
@@ -31,32 +30,9 @@ impl LeftBehind {
         }
     }
 
-    /// Entry `offset` of topic queue `queue` no longer belongs to a ready message.
-    pub fn topic(&mut self, queue: &str, offset: u64) {
-        if self.tracked >= MAX_TRACKED {
-            return;
-        }
-        let set = match self.topics.get_mut(queue) {
-            Some(set) => set,
-            None => self.topics.entry(queue.to_string()).or_default(),
-        };
-        if set.insert(offset) {
-            self.tracked += 1;
-        }
-    }
-
     /// The level's reader handled entry `offset`.
     pub fn level_passed(&mut self, level_ms: u64, offset: u64) {
         if let Some(set) = self.levels.get_mut(&level_ms) {
-            if set.remove(&offset) {
-                self.tracked -= 1;
-            }
-        }
-    }
-
-    /// The topic queue's reader passed entry `offset`.
-    pub fn topic_passed(&mut self, queue: &str, offset: u64) {
-        if let Some(set) = self.topics.get_mut(queue) {
             if set.remove(&offset) {
                 self.tracked -= 1;
             }
@@ -72,29 +48,6 @@ impl LeftBehind {
         self.tracked -= set.len();
         *set = kept;
         set.len() as u64
-    }
-
-    /// Entries left behind in a topic queue; `read_to_end` forgets them all.
-    pub fn topic_count(&mut self, queue: &str, read_to_end: bool) -> u64 {
-        let Some(set) = self.topics.get_mut(queue) else { return 0 };
-        if read_to_end {
-            self.tracked -= set.len();
-            set.clear();
-        }
-        set.len() as u64
-    }
-
-    /// Forgets topic queues for which `keep` says no (the store forgot them).
-    pub fn retain_topics(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        let mut dropped = 0;
-        self.topics.retain(|name, set| {
-            let k = keep(name) && !set.is_empty();
-            if !k {
-                dropped += set.len();
-            }
-            k
-        });
-        self.tracked -= dropped;
     }
 
     /// Entries remembered now.
@@ -115,8 +68,7 @@ mod tests {
         l.level(1000, 20);
         l.level(1000, 20);
         l.level(1000, 30);
-        l.topic("t", 5);
-        assert_eq!(l.tracked(), 4);
+        assert_eq!(l.tracked(), 3);
         assert_eq!(l.level_count(1000, Some(10)), 3);
         l.level_passed(1000, 10);
         assert_eq!(l.level_count(1000, Some(15)), 2);
@@ -124,21 +76,6 @@ mod tests {
         assert_eq!(l.level_count(1000, Some(25)), 1);
         assert_eq!(l.level_count(1000, None), 0);
         assert_eq!(l.level_count(5000, Some(0)), 0);
-        assert_eq!(l.topic_count("t", false), 1);
-        l.topic_passed("t", 5);
-        assert_eq!(l.topic_count("t", false), 0);
-        assert_eq!(l.tracked(), 0);
-    }
-
-    #[test]
-    fn forgotten_topics_and_read_queues_are_dropped() {
-        let mut l = LeftBehind::default();
-        l.topic("a", 1);
-        l.topic("b", 2);
-        l.topic("b", 3);
-        l.retain_topics(|t| t == "b");
-        assert_eq!(l.tracked(), 2);
-        assert_eq!(l.topic_count("b", true), 0);
         assert_eq!(l.tracked(), 0);
     }
 
@@ -150,7 +87,7 @@ mod tests {
         }
         assert_eq!(l.tracked(), MAX_TRACKED);
         l.level_passed(1, 0);
-        l.topic("t", 1);
+        l.level(2, 1);
         assert_eq!(l.tracked(), MAX_TRACKED);
     }
 }

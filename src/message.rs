@@ -148,13 +148,31 @@ pub struct LevelStats {
 pub struct TopicStats {
     /// Topic name.
     pub topic: String,
-    /// Messages in the queue not yet popped (entries of messages cancelled or finished by id
-    /// while ready are left out).
+    /// Messages in the queue not yet popped (exact: counted by state, kept across restarts).
     pub ready: u64,
     /// Messages popped and not yet acked.
     pub reserved: u64,
+    /// Messages waiting on a delay level.
+    pub delayed: u64,
     /// Messages moved to `{topic}.dlq` since the topic was last created (forgetting it resets this).
     pub dead_lettered: u64,
+}
+
+/// A topic as `GET /v1/topics` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TopicInfo {
+    /// Topic name (a dead-letter topic ends in `.dlq` and is listed too).
+    pub topic: String,
+    /// Messages in the queue, not yet popped.
+    pub ready: u64,
+    /// Messages popped and not yet acked.
+    pub reserved: u64,
+    /// Messages waiting for their due time.
+    pub delayed: u64,
+    /// Messages now in `{topic}.dlq` and not finished (0 for a dead-letter topic itself).
+    pub dead_lettered: u64,
+    /// Pops on it find nothing until it is resumed.
+    pub paused: bool,
 }
 
 /// Snapshot for `/v1/stats` and `/metrics`.

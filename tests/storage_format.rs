@@ -173,6 +173,11 @@ mod reader {
             target_ms: u64,
             route: Route,
         },
+        Pause {
+            paused: bool,
+            time_ms: u64,
+            topic: Vec<u8>,
+        },
         Carry {
             prev_msg_offset: u64,
             seq: u32,
@@ -190,6 +195,7 @@ mod reader {
     pub const KIND_TRANSITION: u8 = 2;
     pub const KIND_HOP: u8 = 3;
     pub const KIND_CARRY: u8 = 4;
+    pub const KIND_PAUSE: u8 = 5;
     pub const KIND_EOS: u8 = 0x7F;
 
     /// Record versions: Carry is version 2; Put is 1 or 2 (2 replaces); Transition 1 or 2 (2 ends
@@ -321,15 +327,16 @@ mod reader {
         if version != VERSION && version != VERSION_CARRY {
             return Err(format!("unknown version {version}"));
         }
-        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_EOS].contains(&kind) {
+        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_EOS].contains(&kind) {
             return Err(format!("unknown kind {kind}"));
         }
-        if (kind == KIND_CARRY && version != VERSION_CARRY)
-            || (version == VERSION_CARRY && ![KIND_CARRY, KIND_PUT, KIND_TRANSITION].contains(&kind))
+        if ([KIND_CARRY, KIND_PAUSE].contains(&kind) && version != VERSION_CARRY)
+            || (version == VERSION_CARRY
+                && ![KIND_CARRY, KIND_PAUSE, KIND_PUT, KIND_TRANSITION].contains(&kind))
         {
             return Err(format!(
-                "kind {kind} with record version {version} (Carry is 2, Put and Transition 1 or 2, \
-                 every other kind 1)"
+                "kind {kind} with record version {version} (Carry and Pause are 2, Put and Transition 1 \
+                 or 2, every other kind 1)"
             ));
         }
         // 9: the payload decodes exactly.
@@ -357,6 +364,18 @@ mod reader {
                 seq: c.u32()?,
                 target_ms: c.u64()?,
                 route: c.route()?,
+            },
+            KIND_PAUSE => Rec::Pause {
+                paused: c.enum_u8("pause flag", 0..=1)? == 1,
+                time_ms: c.u64()?,
+                topic: {
+                    let n = c.u16()? as usize;
+                    let t = c.take(n)?.to_vec();
+                    if t.is_empty() || t.len() > 255 {
+                        return Err(format!("pause topic of {} bytes", t.len()));
+                    }
+                    t
+                },
             },
             _ => Rec::Carry {
                 prev_msg_offset: c.u64()?,
@@ -499,6 +518,8 @@ mod reader {
         pub due_ms: HashMap<u64, u64>,
         /// Messages whose id was produced again: they must have expired first.
         pub superseded: Vec<u64>,
+        /// Paused topics → offset of the Pause record in effect.
+        pub paused: BTreeMap<String, u64>,
     }
 
     impl Model {
@@ -742,6 +763,16 @@ mod reader {
                     let queue = if dead_letter_home { format!("{topic}.dlq") } else { topic };
                     m.route(msg.route, &queue, (o, s, *deliver_at_ms));
                 }
+                Rec::Pause { paused, topic, time_ms } => {
+                    assert!(*time_ms > 0, "pause at {o} without a time");
+                    // The latest Pause of a topic decides; a resume needs no record to stay so.
+                    let topic = utf8(topic);
+                    if *paused {
+                        m.paused.insert(topic, o);
+                    } else {
+                        m.paused.remove(&topic);
+                    }
+                }
                 Rec::EndOfSegment => unreachable!("markers are not listed"),
             }
         }
@@ -916,7 +947,7 @@ mod reader {
             Rec::Put(_) => (off, 0),
             Rec::Carry { seq, .. } => (off, *seq),
             Rec::Transition { msg_offset, seq, .. } | Rec::Hop { msg_offset, seq, .. } => (*msg_offset, *seq),
-            Rec::EndOfSegment => return false,
+            Rec::Pause { .. } | Rec::EndOfSegment => return false,
         };
         model.slots.get(&msg).is_some_and(|s| s.seq == seq && matches!(s.state, STATE_READY | STATE_DEAD))
     }
@@ -1095,16 +1126,18 @@ mod reader {
         pub cursor: u64,
         pub reserved: u64,
         pub dead: u64,
+        pub delayed: u64,
+        pub ready: u64,
     }
 
-    /// Parses `checkpoint`: (dispatched, queues).
-    pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>) {
+    /// Parses `checkpoint`: (dispatched, queues, paused topics with their Pause record's offset).
+    pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>, BTreeMap<String, u64>) {
         let b = fs::read(path).unwrap();
         assert!(b.len() >= 24, "checkpoint too short");
         let (body, crc) = b.split_at(b.len() - 4);
         assert_eq!(crc32(&[body]), le32(crc, 0), "checkpoint crc");
         assert_eq!(&body[0..4], b"DLCK", "checkpoint magic");
-        assert_eq!(le16(body, 4), 1, "checkpoint version");
+        assert_eq!(le16(body, 4), 2, "checkpoint version");
         assert_eq!(le16(body, 6), 0, "checkpoint reserved");
         let dispatched = le64(body, 8);
         let n = le32(body, 16);
@@ -1128,10 +1161,21 @@ mod reader {
                 cursor: c.u64().unwrap(),
                 reserved: c.u64().unwrap(),
                 dead: c.u64().unwrap(),
+                delayed: c.u64().unwrap(),
+                ready: c.u64().unwrap(),
             });
         }
-        assert_eq!(c.pos, body.len(), "checkpoint queue records do not end at the crc");
-        (dispatched, queues)
+        let mut paused = BTreeMap::new();
+        for _ in 0..c.u32().unwrap() {
+            let len = c.u16().unwrap() as usize;
+            let name = String::from_utf8(c.take(len).unwrap().to_vec()).unwrap();
+            assert!(
+                paused.insert(name, c.u64().unwrap()).is_none(),
+                "a topic paused twice in the checkpoint"
+            );
+        }
+        assert_eq!(c.pos, body.len(), "checkpoint records do not end at the crc");
+        (dispatched, queues, paused)
     }
 
     /// Parses `clean_shutdown`: the log end.
@@ -1151,7 +1195,7 @@ mod reader {
         assert_eq!(b.len(), 20, "clean marker size");
         assert_eq!(crc32(&[&b[..16]]), le32(&b, 16), "clean marker crc");
         assert_eq!(&b[0..4], b"DLCS", "clean marker magic");
-        assert_eq!(le16(&b, 4), 1, "clean marker version");
+        assert_eq!(le16(&b, 4), 2, "clean marker version");
         assert_eq!(le16(&b, 6), 0, "clean marker reserved");
         le64(&b, 8)
     }
@@ -1272,7 +1316,34 @@ mod reader {
         let cutoff = (now_ms as u64).saturating_sub(writer.done_retention_ms);
         let index = check_index(&dir.join("index"), &log, &model, cutoff);
 
-        let (dispatched, checkpoint) = read_checkpoint(&dir.join("checkpoint"));
+        let (dispatched, checkpoint, paused) = read_checkpoint(&dir.join("checkpoint"));
+        assert_eq!(paused, model.paused, "checkpoint paused topics vs the latest Pause records");
+        // Per queue, the live messages by state, from the replayed slots: what the counts say.
+        let mut counts: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+        for s in model.slots.values() {
+            let topic = utf8(&msg_of(&log, s.msg_offset).topic);
+            let queue = if s.dead_letter_home { format!("{topic}.dlq") } else { topic };
+            let c = counts.entry(queue).or_default();
+            match s.state {
+                STATE_READY | STATE_DEAD => c.0 += 1,
+                STATE_RESERVED => c.1 += 1,
+                STATE_DELAYED => c.2 += 1,
+                _ => {}
+            }
+        }
+        counts.retain(|_, c| *c != (0, 0, 0));
+        let cp_counts: BTreeMap<String, (u64, u64, u64)> = checkpoint
+            .iter()
+            .filter_map(|q| match &q.key {
+                QKey::Topic(t) => Some((t.clone(), (q.ready, q.reserved, q.delayed))),
+                QKey::Level(_) => None,
+            })
+            .filter(|(_, c)| *c != (0, 0, 0))
+            .collect();
+        assert_eq!(
+            cp_counts, counts,
+            "checkpoint (ready, reserved, delayed) per topic vs the replayed states"
+        );
         assert_eq!(dispatched, log.end, "checkpoint.dispatched after a clean shutdown");
         let cp_keys: Vec<&QKey> = checkpoint.iter().map(|q| &q.key).collect();
         assert!(
@@ -1300,7 +1371,14 @@ mod reader {
                 None => assert_eq!(q.cursor, q.len, "{:?}: no file left, yet entries unread", q.key),
             }
             match &q.key {
-                QKey::Level(_) => assert_eq!((q.reserved, q.dead), (0, 0), "{:?}: level counters", q.key),
+                QKey::Level(_) => {
+                    assert_eq!(
+                        (q.reserved, q.dead, q.delayed, q.ready),
+                        (0, 0, 0, 0),
+                        "{:?}: level counters",
+                        q.key
+                    )
+                }
                 QKey::Topic(t) => {
                     let reserved = model.reserved.get(t).copied().unwrap_or(0);
                     let dead = model.dead.get(t).copied().unwrap_or(0);
@@ -1450,6 +1528,12 @@ async fn write_scenario(dir: &Path) {
         b.ack(&d.receipt).await.unwrap();
     }
     assert_eq!(b.get("f-3").await.unwrap().state, MessageState::Cancelled);
+    // Pauses: one ended by a resume, one in effect on a topic with messages, one on a topic
+    // that has none.
+    b.set_paused("orders", true).await.unwrap();
+    b.set_paused("orders", false).await.unwrap();
+    b.set_paused("far", true).await.unwrap();
+    b.set_paused("ghost", true).await.unwrap();
     b.shutdown().await.unwrap();
 }
 
@@ -1491,6 +1575,10 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.max_attempts == 1 && m.backoff_ms == [100, 200])) == 5);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.body.len() > 2000)) > 0);
     assert_eq!(kinds(|x| matches!(x, Rec::Put(m) if m.replaces)), 2);
+    assert_eq!(kinds(|x| matches!(x, Rec::Pause { .. })), 4);
+    assert_eq!(r.model.paused.keys().map(String::as_str).collect::<Vec<_>>(), ["far", "ghost"]);
+    let counted = r.checkpoint.iter().filter(|q| q.delayed > 0 || q.ready > 0 || q.reserved > 0).count();
+    assert!(counted >= 3, "the checkpoint counts messages by state in several topics");
 
     // Semantic spot checks through the document's meaning of the index.
     let slot_of = |id: &str| {

@@ -239,9 +239,10 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
         "level",
         stats.levels.iter().filter_map(|l| Some((fmt_ms(l.level_ms), l.next_due_ms? as f64 / 1000.0))),
     )?;
-    let topic_gauges: [TopicGauge; 3] = [
+    let topic_gauges: [TopicGauge; 4] = [
         ("delayd_topic_ready", "Live messages in a topic queue not yet popped.", |t| t.ready),
         ("delayd_topic_reserved", "Messages popped and not yet acked.", |t| t.reserved),
+        ("delayd_topic_delayed", "Messages of a topic waiting for their due time.", |t| t.delayed),
         ("delayd_topic_dead_lettered", "Messages of a topic moved to its dead-letter topic.", |t| {
             t.dead_lettered
         }),
@@ -373,8 +374,14 @@ mod tests {
                 LevelStats { level_ms: 60_000, backlog: 0, next_due_ms: None },
             ],
             topics: vec![
-                TopicStats { topic: "orders".into(), ready: 5, reserved: 1, dead_lettered: 2 },
-                TopicStats { topic: "odd\"name\\".into(), ready: 0, reserved: 0, dead_lettered: 0 },
+                TopicStats { topic: "orders".into(), ready: 5, reserved: 1, delayed: 3, dead_lettered: 2 },
+                TopicStats {
+                    topic: "odd\"name\\".into(),
+                    ready: 0,
+                    reserved: 0,
+                    delayed: 0,
+                    dead_lettered: 0,
+                },
             ],
             disk_bytes: 4096,
             open_queues: 3,
@@ -412,6 +419,7 @@ mod tests {
             "delayd_topic_ready{topic=\"orders\"} 5",
             "delayd_topic_ready{topic=\"odd\\\"name\\\\\"} 0",
             "delayd_topic_reserved{topic=\"orders\"} 1",
+            "delayd_topic_delayed{topic=\"orders\"} 3",
             "delayd_topic_dead_lettered{topic=\"orders\"} 2",
             "delayd_open_queues 3",
             "delayd_lateness_seconds_bucket{le=\"0\"} 1",

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"DLCK");
 /// Magic of the clean-shutdown marker ("DLCS").
 pub const CLEAN_MAGIC: u32 = u32::from_le_bytes(*b"DLCS");
-/// Layout version of both files.
-pub const CHECKPOINT_VERSION: u16 = 1;
+/// Layout version of both files (2: per-topic state counts and paused topics).
+pub const CHECKPOINT_VERSION: u16 = 2;
 
 /// Which family a queue belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,10 @@ pub struct QueueState {
     pub reserved: u64,
     /// Topics: messages moved to the dead-letter topic.
     pub dead: u64,
+    /// Topics: messages waiting on a delay level.
+    pub delayed: u64,
+    /// Topics: messages in the queue not yet popped.
+    pub ready: u64,
 }
 
 /// Everything the engine restarts from.
@@ -49,6 +53,8 @@ pub struct Checkpoint {
     pub dispatched: u64,
     /// One entry per queue.
     pub queues: Vec<QueueState>,
+    /// Paused topics, each with the log offset of its Pause record.
+    pub paused: Vec<(String, u64)>,
     /// Which snapshot of this process it is (in memory only, 0 when loaded): reclaim must know a
     /// checkpoint was taken after its decision, which `dispatched` alone cannot tell when nothing
     /// was appended in between.
@@ -76,6 +82,14 @@ impl Checkpoint {
             put_u64(&mut b, q.cursor);
             put_u64(&mut b, q.reserved);
             put_u64(&mut b, q.dead);
+            put_u64(&mut b, q.delayed);
+            put_u64(&mut b, q.ready);
+        }
+        b.extend_from_slice(&(self.paused.len() as u32).to_le_bytes());
+        for (topic, offset) in &self.paused {
+            b.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+            b.extend_from_slice(topic.as_bytes());
+            put_u64(&mut b, *offset);
         }
         let crc = crc32fast::hash(&b);
         b.extend_from_slice(&crc.to_le_bytes());
@@ -101,6 +115,10 @@ impl Checkpoint {
             return Err(damaged("bad magic"));
         }
         let version = u16::from_le_bytes([body[4], body[5]]);
+        if version == 1 {
+            // An older delayd's: everything in it can be derived again from the log.
+            return Err(damaged("layout version 1, without per-topic state counts"));
+        }
         if version != CHECKPOINT_VERSION {
             // Intact (the CRC matched) but from another delayd: it is not ours to overwrite.
             return Err(CheckpointDamage::OtherVersion(version));
@@ -132,9 +150,18 @@ impl Checkpoint {
                 cursor: r.u64()?,
                 reserved: r.u64()?,
                 dead: r.u64()?,
+                delayed: r.u64()?,
+                ready: r.u64()?,
             });
         }
-        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues, serial: 0 })
+        let n = r.u32()?;
+        let mut paused = Vec::new();
+        for _ in 0..n {
+            let len = r.u16()? as usize;
+            let topic = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+            paused.push((topic, r.u64()?));
+        }
+        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues, paused, serial: 0 })
     }
 
     /// Loads `path`; a missing file is the empty checkpoint, a damaged one is an error.
@@ -328,6 +355,8 @@ mod tests {
                     cursor: 3,
                     reserved: 0,
                     dead: 0,
+                    delayed: 0,
+                    ready: 0,
                 },
                 QueueState {
                     kind: QueueKind::Topic,
@@ -336,8 +365,11 @@ mod tests {
                     cursor: 1,
                     reserved: 2,
                     dead: 1,
+                    delayed: 4,
+                    ready: 7,
                 },
             ],
+            paused: vec![("orders".into(), 99), ("订单 a".into(), 7)],
             serial: 0,
         };
         cp.store(&path).unwrap();
@@ -349,6 +381,21 @@ mod tests {
         for n in 0..b.len() {
             assert!(Checkpoint::decode(&b[..n]).is_none());
         }
+    }
+
+    /// A version 1 checkpoint (an older delayd's) is rebuilt from the log, not refused.
+    #[test]
+    fn a_version_1_checkpoint_reads_as_rebuildable() {
+        let mut b = Checkpoint::default().encode();
+        b[4..6].copy_from_slice(&1u16.to_le_bytes());
+        let n = b.len() - 4;
+        let crc = crc32fast::hash(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(Checkpoint::decode_checked(&b), Err(CheckpointDamage::Damaged(_))));
+        b[4..6].copy_from_slice(&3u16.to_le_bytes());
+        let crc = crc32fast::hash(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Checkpoint::decode_checked(&b).err(), Some(CheckpointDamage::OtherVersion(3)));
     }
 
     #[test]

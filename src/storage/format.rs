@@ -36,6 +36,8 @@ pub enum Kind {
     Hop = 3,
     /// A live message copied forward out of an old segment, with its current state.
     Carry = 4,
+    /// A topic paused or resumed by an operator.
+    Pause = 5,
     /// Closes a segment: the next record starts at the next segment.
     EndOfSegment = 0x7F,
 }
@@ -47,6 +49,7 @@ impl Kind {
             2 => Some(Kind::Transition),
             3 => Some(Kind::Hop),
             4 => Some(Kind::Carry),
+            5 => Some(Kind::Pause),
             0x7F => Some(Kind::EndOfSegment),
             _ => None,
         }
@@ -211,6 +214,18 @@ pub struct Transition {
     pub due_ms: Option<u64>,
 }
 
+/// A topic paused (pops on it find nothing) or resumed. The latest one per topic counts; reclaim
+/// copies a pause forward before it deletes the segment holding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause<'a> {
+    /// Paused (true) or resumed.
+    pub paused: bool,
+    /// Unix ms of the operator's request (of the original one, in a copy).
+    pub time_ms: u64,
+    /// The topic (as produced; a dead-letter topic ends in `.dlq`).
+    pub topic: &'a [u8],
+}
+
 /// A timer moved on to its next level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hop {
@@ -261,6 +276,8 @@ pub enum Record<'a> {
     Hop(Hop),
     /// See [`Carry`].
     Carry(Carry<'a>),
+    /// See [`Pause`].
+    Pause(Pause<'a>),
     /// End of segment.
     EndOfSegment,
 }
@@ -273,7 +290,7 @@ impl Record<'_> {
             Record::Transition(t) => t.route,
             Record::Hop(h) => h.route,
             Record::Carry(c) => c.put.route,
-            Record::EndOfSegment => Route::None,
+            Record::Pause(_) | Record::EndOfSegment => Route::None,
         }
     }
 }
@@ -433,7 +450,8 @@ impl<'a> Dec<'a> {
 }
 
 fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
-    let version = if kind == Kind::Carry { RECORD_VERSION_CARRY } else { RECORD_VERSION };
+    let version =
+        if matches!(kind, Kind::Carry | Kind::Pause) { RECORD_VERSION_CARRY } else { RECORD_VERSION };
     frame_v(kind, version, payload_len, fill)
 }
 
@@ -560,6 +578,19 @@ pub fn encode_transition(t: &Transition) -> Vec<u8> {
     })
 }
 
+/// Encodes a Pause record. Fails on an empty or too long topic.
+pub fn encode_pause(p: &Pause<'_>) -> Result<Vec<u8>> {
+    if p.topic.is_empty() || p.topic.len() > MAX_TOPIC_BYTES {
+        return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_BYTES} bytes")));
+    }
+    Ok(frame(Kind::Pause, 1 + 8 + 2 + p.topic.len(), |e| {
+        e.u8(u8::from(p.paused));
+        e.u64(p.time_ms);
+        e.u16(p.topic.len() as u16);
+        e.0.extend_from_slice(p.topic);
+    }))
+}
+
 /// Encodes a Hop record.
 pub fn encode_hop(h: &Hop) -> Vec<u8> {
     frame(Kind::Hop, 8 + 8 + 4 + 8 + ROUTE_BYTES, |e| {
@@ -607,10 +638,11 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
-    // Carry exists only as version 2; a Put may be either (2: it replaces), and so may a
+    // Carry and Pause exist only as version 2; a Put may be either (2: it replaces), and so may a
     // Transition (2: it ends with the due time a Reserve delivers); the rest only 1.
     let v2 = buf[6] == RECORD_VERSION_CARRY;
-    if (kind == Kind::Carry && !v2) || (v2 && !matches!(kind, Kind::Carry | Kind::Put | Kind::Transition)) {
+    let only_v2 = matches!(kind, Kind::Carry | Kind::Pause);
+    if (only_v2 && !v2) || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Put | Kind::Transition)) {
         return Err(DecodeError::Invalid("record kind and version do not match"));
     }
     Ok((len, kind))
@@ -644,6 +676,22 @@ pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
             due_ms: if buf[6] == RECORD_VERSION_CARRY { Some(d.u64()?) } else { None },
         }),
         Kind::Put => Record::Put(Put { replaces: buf[6] == RECORD_VERSION_CARRY, ..d.put()? }),
+        Kind::Pause => Record::Pause(Pause {
+            paused: match d.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(DecodeError::Invalid("pause flag is neither 0 nor 1")),
+            },
+            time_ms: d.u64()?,
+            topic: {
+                let n = d.u16()? as usize;
+                let t = d.take(n)?;
+                if t.is_empty() || n > MAX_TOPIC_BYTES {
+                    return Err(DecodeError::Invalid("pause topic length"));
+                }
+                t
+            },
+        }),
         Kind::Carry => Record::Carry(Carry {
             prev_msg_offset: d.u64()?,
             seq: d.u32()?,
@@ -726,6 +774,16 @@ mod tests {
             prop_assert_eq!(buf.len(), encode_put(&c.put).unwrap().len() + CARRY_EXTRA_BYTES);
             let n = buf.len();
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Carry(c), n));
+        }
+
+        #[test]
+        fn pause_round_trips(paused in any::<bool>(), t in any::<u64>(),
+                             topic in proptest::collection::vec(any::<u8>(), 1..=255)) {
+            let p = Pause { paused, time_ms: t, topic: &topic };
+            let buf = encode_pause(&p).unwrap();
+            prop_assert_eq!(buf.len(), HEADER_BYTES + 11 + topic.len());
+            prop_assert_eq!(buf[6], RECORD_VERSION_CARRY);
+            prop_assert_eq!(decode(&buf).unwrap(), (Record::Pause(p), buf.len()));
         }
 
         #[test]

@@ -164,16 +164,17 @@ impl Store {
             if let Some(cq) = cq {
                 self.reclaim.stats.queue_files_deleted += cq.drop_before(q.cursor)? as u64;
             }
+            let empty = |reserved: u64, delayed: u64, ready: u64| reserved == 0 && delayed == 0 && ready == 0;
             if q.kind == QueueKind::Topic
                 && q.cursor >= q.len
-                && q.reserved == 0
+                && empty(q.reserved, q.delayed, q.ready)
                 && forget.len() < FORGET_SLICE
             {
                 let unchanged = self.topics.get(&q.name).is_some_and(|t| {
                     t.created_at < cp.dispatched
                         && t.cq.len() == q.len
                         && t.cursor == q.len
-                        && t.reserved == 0
+                        && empty(t.reserved, t.delayed, t.ready)
                 });
                 if unchanged {
                     forget.push(q.name.as_str());
@@ -328,6 +329,10 @@ impl Store {
             let msg = match &rec {
                 Record::Put(p) => Some(format::id_hash(p.id)),
                 Record::Carry(c) => Some(format::id_hash(c.put.id)),
+                Record::Pause(p) if self.pause_in_effect(p, offset) => {
+                    live += next - offset;
+                    None
+                }
                 _ => None,
             };
             if let Some(hash) = msg {
@@ -389,6 +394,15 @@ impl Store {
             let hash = match &rec {
                 Record::Put(p) => format::id_hash(p.id),
                 Record::Carry(c) => format::id_hash(c.put.id),
+                // The pause in effect moves forward like a live message (a resume needs no copy:
+                // no pause in the log means not paused).
+                Record::Pause(p) if self.pause_in_effect(p, offset) => {
+                    let record = format::encode_pause(p)?;
+                    bytes += record.len() as u64;
+                    self.append(&record)?;
+                    moved += 1;
+                    continue;
+                }
                 _ => continue,
             };
             let slot = match self.holds(offset, hash, now_ms, policy.expired_at_ms)? {
@@ -411,6 +425,11 @@ impl Store {
         }
         // Scan again: a message may have been reserved while the carry was under way.
         Ok(Phase::Scan { seg: base, pos: base, live: 0, pinned: 0 })
+    }
+
+    /// Whether the Pause record at `offset` is the one keeping its topic paused.
+    fn pause_in_effect(&self, p: &format::Pause<'_>, offset: u64) -> bool {
+        self.paused.get(String::from_utf8_lossy(p.topic).as_ref()) == Some(&offset)
     }
 
     fn carry_record(&self, slot: &Slot, now_ms: u64, plan: &dyn Fn(u64, u64) -> Route) -> Result<Vec<u8>> {

@@ -42,6 +42,10 @@ pub struct TopicQueue {
     pub cursor: u64,
     /// Messages currently reserved from this queue.
     pub reserved: u64,
+    /// Messages of this queue waiting on a delay level.
+    pub delayed: u64,
+    /// Messages in this queue not yet popped: Ready, or Dead in a dead-letter queue.
+    pub ready: u64,
     /// Messages of this topic moved to its dead-letter topic since this queue was created.
     pub dead: u64,
     /// Key in the store's least-recently-used order while the files are open.
@@ -54,7 +58,17 @@ pub struct TopicQueue {
 
 impl TopicQueue {
     fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
-        TopicQueue { cq, cursor, reserved, dead, lru: None, created_at }
+        TopicQueue { cq, cursor, reserved, delayed: 0, ready: 0, dead, lru: None, created_at }
+    }
+
+    /// The counter a message in `state` counts in; none for a final one.
+    fn counter(&mut self, state: State) -> Option<&mut u64> {
+        match state {
+            State::Delayed => Some(&mut self.delayed),
+            State::Ready | State::Dead => Some(&mut self.ready),
+            State::Reserved => Some(&mut self.reserved),
+            State::Done | State::Cancelled => None,
+        }
     }
 }
 
@@ -105,6 +119,8 @@ pub struct Store {
     pub levels: BTreeMap<u64, LevelQueue>,
     /// Topic queues by name.
     pub topics: HashMap<String, TopicQueue>,
+    /// Paused topics, with the offset of the Pause record in effect (reclaim copies it forward).
+    pub paused: BTreeMap<String, u64>,
     /// Topics whose queue files are open, by last use (oldest first); at most `cfg.open_queues`.
     lru: BTreeMap<u64, String>,
     /// Key of the most recent use.
@@ -315,6 +331,7 @@ impl Store {
             log,
             levels: BTreeMap::new(),
             topics: HashMap::new(),
+            paused: BTreeMap::new(),
             lru: BTreeMap::new(),
             lru_tick: 0,
             index,
@@ -357,6 +374,8 @@ impl Store {
             report.messages_lost = lost;
             report.messages_reverted = reverted;
         }
+        // Pauses before the checkpoint's position; later ones are replayed below.
+        store.paused = cp.paused.iter().filter(|(_, at)| *at < store.log.end()).cloned().collect();
         if !rebuild {
             rebuild = !store.open_queues(&cp, dispatched, &mut report)?;
         }
@@ -435,7 +454,9 @@ impl Store {
                 // restarts empty at entry 0 whatever its directory holds.
                 remove_dir_if_present(&path)?;
                 let cq = ConsumeQueue::new_closed(&path, per_file);
-                self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, q.reserved, q.dead, 0));
+                let mut t = TopicQueue::new(cq, 0, q.reserved, q.dead, 0);
+                (t.delayed, t.ready) = (q.delayed, q.ready);
+                self.topics.insert(q.name.clone(), t);
                 continue;
             }
             if q.len > 0 && !path.exists() {
@@ -473,7 +494,9 @@ impl Store {
                     self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
                 }
                 None => {
-                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0));
+                    let mut t = TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0);
+                    (t.delayed, t.ready) = (q.delayed, q.ready);
+                    self.topics.insert(q.name.clone(), t);
                     self.topic_open(&q.name)?;
                 }
             }
@@ -649,6 +672,8 @@ impl Store {
     fn rebuild(&mut self, cp: &Checkpoint) -> Result<()> {
         self.levels.clear();
         self.topics.clear();
+        // Pauses come back from their records (reclaim keeps the one in effect in the log).
+        self.paused.clear();
         self.lru.clear();
         let cq_root = self.dir.join("cq");
         if cq_root.exists() {
@@ -811,7 +836,7 @@ impl Store {
             }
             Record::Hop(h) if h.msg_offset < self.log.start() => return Ok(Routed::Reclaimed),
             Record::Hop(h) => (h.route, None, 0),
-            Record::EndOfSegment => return Ok(Routed::Nowhere),
+            Record::Pause(_) | Record::EndOfSegment => return Ok(Routed::Nowhere),
         };
         Ok(match (route, topic) {
             (Route::Topic, Some(t)) => Routed::To(Target::Topic(t), Entry { offset, size, tag }),
@@ -1011,6 +1036,9 @@ impl Store {
                     })?;
                     self.live_bytes += u64::from(size);
                 }
+                // Counters move by the record alone (a replay starts from the checkpoint's counts).
+                let state = if route == Route::Topic { State::Ready } else { State::Delayed };
+                self.count(&topic, state, true)?;
                 self.route(route, &topic, Entry { offset, size, tag: deliver_at })?;
             }
             Record::Carry(c) => {
@@ -1050,6 +1078,13 @@ impl Store {
                     Home::Main => topic,
                     Home::DeadLetter => dead_letter_topic(&topic),
                 };
+                // Moving a message changes no count, unless the record it replaces is gone from the
+                // log: then this is a rebuild, which never met the message before. (A replay after
+                // a crash never meets such a Carry: its segment goes only after a checkpoint that
+                // covers the Carry is durable. The index cannot tell, as it may be ahead.)
+                if prev < self.log.start() {
+                    self.count(&queue, c.state, true)?;
+                }
                 self.route(route, &queue, Entry { offset, size, tag: deliver_at })?;
             }
             // Records of a message whose Put or Carry is in a reclaimed segment are history: the
@@ -1080,13 +1115,8 @@ impl Store {
                 };
                 // Counters move by the record alone, so replay after a crash counts each change once.
                 let prev_queue = if t.cause == Cause::DeadLetter { topic.clone() } else { queue.clone() };
-                if t.prev_state == State::Reserved {
-                    let q = self.topic_state(&prev_queue)?;
-                    q.reserved = q.reserved.saturating_sub(1);
-                }
-                if t.state == State::Reserved {
-                    self.topic_state(&queue)?.reserved += 1;
-                }
+                self.count(&prev_queue, t.prev_state, false)?;
+                self.count(&queue, t.state, true)?;
                 if t.cause == Cause::DeadLetter {
                     self.topic_state(&topic)?.dead += 1;
                 }
@@ -1095,9 +1125,28 @@ impl Store {
             Record::Hop(h) => {
                 self.route(h.route, "", Entry { offset, size, tag: 0 })?;
             }
+            Record::Pause(p) => {
+                let topic = String::from_utf8_lossy(p.topic).into_owned();
+                if p.paused {
+                    self.paused.insert(topic, offset);
+                } else {
+                    self.paused.remove(&topic);
+                }
+            }
             Record::EndOfSegment => {}
         }
         Ok(Some((offset, next)))
+    }
+
+    /// One message of `queue` entered (`up`) or left `state`'s counter; final states count nowhere.
+    fn count(&mut self, queue: &str, state: State, up: bool) -> Result<()> {
+        if state.is_final() {
+            return Ok(());
+        }
+        if let Some(c) = self.topic_state(queue)?.counter(state) {
+            *c = if up { *c + 1 } else { c.saturating_sub(1) };
+        }
+        Ok(())
     }
 
     /// Removes every slot of an older message with id `id` than the one at `offset`: a replacing
@@ -1160,7 +1209,7 @@ impl Store {
             Record::Transition(t) => t.deliver_at_ms,
             Record::Carry(c) => c.deliver_at_ms,
             Record::Hop(h) => h.target_ms,
-            Record::EndOfSegment => 0,
+            Record::Pause(_) | Record::EndOfSegment => 0,
         })
     }
 
@@ -1224,6 +1273,44 @@ impl Store {
         self.index.find(hash, |m| m == msg_offset)
     }
 
+    /// Per topic queue: (ready, reserved, delayed) as counted, leaving out all-zero queues.
+    pub fn state_counts(&self) -> BTreeMap<String, (u64, u64, u64)> {
+        self.topics
+            .iter()
+            .map(|(n, q)| (n.clone(), (q.ready, q.reserved, q.delayed)))
+            .filter(|(_, c)| *c != (0, 0, 0))
+            .collect()
+    }
+
+    /// [`state_counts`](Self::state_counts) worked out from scratch, one index slot and Put at a
+    /// time: what the counters must equal. For tests; it reads every live message.
+    pub fn recount_states(&self) -> Result<BTreeMap<String, (u64, u64, u64)>> {
+        let mut slots = Vec::new();
+        self.index.for_each(|s| slots.push(s));
+        let mut out: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+        for s in slots {
+            let topic = self.topic_of(s.msg_offset)?;
+            let queue = match s.home {
+                Home::Main => topic,
+                Home::DeadLetter => dead_letter_topic(&topic),
+            };
+            let c = out.entry(queue).or_default();
+            match s.state {
+                State::Ready | State::Dead => c.0 += 1,
+                State::Reserved => c.1 += 1,
+                State::Delayed => c.2 += 1,
+                State::Done | State::Cancelled => {}
+            }
+        }
+        out.retain(|_, c| *c != (0, 0, 0));
+        Ok(out)
+    }
+
+    /// Wakes the topic's waiting pops as if it got an entry (it was resumed).
+    pub fn touch(&mut self, topic: &str) {
+        self.touched.push(topic.to_string());
+    }
+
     /// Topics that got new entries since the last call.
     pub fn take_touched(&mut self) -> Vec<String> {
         std::mem::take(&mut self.touched)
@@ -1249,6 +1336,8 @@ impl Store {
                 cursor: q.cursor,
                 reserved: 0,
                 dead: 0,
+                delayed: 0,
+                ready: 0,
             });
         }
         let mut names: Vec<&String> = self.topics.keys().collect();
@@ -1262,10 +1351,13 @@ impl Store {
                 cursor: q.cursor,
                 reserved: q.reserved,
                 dead: q.dead,
+                delayed: q.delayed,
+                ready: q.ready,
             });
         }
         self.snapshots += 1;
-        Checkpoint { dispatched: self.dispatched, queues, serial: self.snapshots }
+        let paused = self.paused.iter().map(|(t, o)| (t.clone(), *o)).collect();
+        Checkpoint { dispatched: self.dispatched, queues, paused, serial: self.snapshots }
     }
 
     /// Flushes everything and records the dispatch position, queue lengths and cursors.
