@@ -8,6 +8,7 @@ pub mod metrics;
 mod native;
 pub mod process;
 pub mod server;
+mod topics;
 pub mod validate;
 
 use std::sync::Arc;
@@ -126,6 +127,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/nack", post(native::nack))
         .route("/v1/messages/{id}", get(native::get_message).delete(native::cancel))
         .route("/v1/stats", get(native::stats))
+        .route("/v1/topics", get(topics::list))
+        .route("/v1/topics/{topic}/pause", post(topics::pause))
+        .route("/v1/topics/{topic}/resume", post(topics::resume))
         .route("/metrics", get(metrics::handler))
         // The original serves these paths for any method; so must a drop-in.
         .route("/push", any_but_head(compat::push))
