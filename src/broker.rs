@@ -18,7 +18,7 @@ use tokio::sync::{oneshot, Notify};
 use tracing::{error, info};
 
 pub use crate::config::{BrokerConfig, DelayPolicy, FlushMode, RecoveryMode};
-use crate::engine::Engine;
+use crate::engine::{Engine, WalkPos};
 use crate::error::{Error, Result};
 pub use crate::message::{
     Delivery, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
@@ -106,10 +106,36 @@ enum Command {
     Topics {
         reply: oneshot::Sender<Result<Vec<TopicInfo>>>,
     },
+    Browse {
+        topic: String,
+        state: MessageState,
+        at: WalkPos,
+        limit: usize,
+        reply: oneshot::Sender<Result<(Vec<MessageInfo>, Option<WalkPos>)>>,
+    },
+    /// One slice of a purge (`ids` is `None`) or a redrive.
+    Walk {
+        op: WalkOp,
+        topic: String,
+        at: WalkPos,
+        until: Option<u64>,
+        reply: oneshot::Sender<Result<WalkStep>>,
+    },
     Shutdown {
         reply: oneshot::Sender<Result<()>>,
     },
 }
+
+/// What a purge or redrive slice does.
+#[derive(Debug, Clone)]
+enum WalkOp {
+    Purge,
+    Redrive(Option<Vec<String>>),
+}
+
+/// One slice's result: messages changed, where to go on (`None`: done), and the log offset the
+/// whole operation stops at (fixed by its first slice, so it never chases new messages).
+type WalkStep = (u64, Option<WalkPos>, u64);
 
 /// A reply held until the batch's flush decides whether it may be sent.
 enum Pending {
@@ -117,6 +143,7 @@ enum Pending {
     Pop(oneshot::Sender<Result<Vec<Delivery>>>, Result<Vec<Delivery>>),
     Unit(oneshot::Sender<Result<()>>, Result<()>),
     Nack(oneshot::Sender<Result<Nacked>>, Result<Nacked>),
+    Walk(oneshot::Sender<Result<WalkStep>>, Result<WalkStep>),
 }
 
 impl Pending {
@@ -127,6 +154,7 @@ impl Pending {
             Pending::Pop(tx, r) => answer(tx, r, flush_err),
             Pending::Unit(tx, r) => answer(tx, r, flush_err),
             Pending::Nack(tx, r) => answer(tx, r, flush_err),
+            Pending::Walk(tx, r) => answer(tx, r, flush_err),
         }
     }
 }
@@ -311,6 +339,41 @@ impl Broker {
     /// Every topic with its counts and pause state.
     pub async fn topics(&self) -> Result<Vec<TopicInfo>> {
         self.call(|reply| Command::Topics { reply }).await
+    }
+
+    /// Up to `limit` messages of `topic` in `state` from `at`, and where the next page starts.
+    pub async fn browse(
+        &self,
+        topic: &str,
+        state: MessageState,
+        at: WalkPos,
+        limit: usize,
+    ) -> Result<(Vec<MessageInfo>, Option<WalkPos>)> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::Browse { topic, state, at, limit, reply }).await
+    }
+
+    /// Cancels every message of `topic` that is not final; returns how many. Runs in bounded
+    /// slices between other requests, and stops at the messages that existed when it began.
+    pub async fn purge(&self, topic: &str) -> Result<u64> {
+        self.walk_all(WalkOp::Purge, topic).await
+    }
+
+    /// Moves dead letters of `topic` (all, or those of `ids`) back to it; returns how many.
+    pub async fn redrive(&self, topic: &str, ids: Option<Vec<String>>) -> Result<u64> {
+        self.walk_all(WalkOp::Redrive(ids), topic).await
+    }
+
+    async fn walk_all(&self, op: WalkOp, topic: &str) -> Result<u64> {
+        let (mut total, mut at, mut until) = (0, Some(WalkPos::default()), None);
+        while let Some(pos) = at {
+            let (op, topic) = (op.clone(), topic.to_string());
+            let (n, next, end) =
+                self.call(|reply| Command::Walk { op, topic, at: pos, until, reply }).await?;
+            total += n;
+            (at, until) = (next, Some(end));
+        }
+        Ok(total)
     }
 
     /// Process-wide counters and histograms.
@@ -751,6 +814,17 @@ impl EngineLoop {
                 }
                 Command::Topics { reply } => {
                     let _ = reply.send(Ok(engine.topics()));
+                }
+                Command::Browse { topic, state, at, limit, reply } => {
+                    let _ = reply.send(engine.browse(&topic, state, at, limit));
+                }
+                Command::Walk { op, topic, at, until, reply } => {
+                    let until = until.unwrap_or_else(|| engine.log_end());
+                    let r = match op {
+                        WalkOp::Purge => engine.purge(&topic, at, until),
+                        WalkOp::Redrive(ids) => engine.redrive(&topic, ids.as_deref(), at, until),
+                    };
+                    self.pending.push(Pending::Walk(reply, r.map(|(n, next)| (n, next, until))));
                 }
                 Command::Shutdown { reply } => {
                     // Requests behind it are dropped (their callers see the broker stopped).

@@ -104,6 +104,8 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Messages moved to a dead-letter topic.
     pub dead_lettered: AtomicU64,
+    /// Dead letters moved back to their topic by an operator.
+    pub redriven: AtomicU64,
     /// Reservations that expired and came back.
     pub ttr_expired: AtomicU64,
     /// Level hops performed by schedulers.
@@ -133,6 +135,7 @@ impl Default for Metrics {
             nacked: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
+            redriven: AtomicU64::new(0),
             ttr_expired: AtomicU64::new(0),
             hops: AtomicU64::new(0),
             corrupt_records: AtomicU64::new(0),

@@ -580,3 +580,78 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     assert!(e.store_for_tests().paused.is_empty());
     assert_eq!(e.topics().iter().find(|t| t.topic == "p").map(|t| t.paused), Some(false));
 }
+
+/// Redrive and purge walk the queues in bounded slices, change exactly the messages they should,
+/// and leave the state counts equal to a recount, also after a restart.
+#[test]
+fn redrive_and_purge_change_exactly_their_messages_in_slices() {
+    use crate::engine::WalkPos;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let check = |e: &Engine| {
+        let s = e.store_for_tests();
+        assert_eq!(s.state_counts(), s.recount_states().unwrap());
+    };
+    // 5,000 dead letters: more than one walk slice.
+    let n = 5_000;
+    for i in 0..n {
+        let mut r = req(&format!("d{i}"), 10, When::Now);
+        r.max_attempts = Some(1);
+        e.produce("j", r).unwrap();
+    }
+    // Popped and never acked: when the reservations end, attempts are used up and each is
+    // dead-lettered.
+    while !e.pop(&["j".to_string()], 1000, Some(1_000)).unwrap().is_empty() {}
+    clock.advance_ms(1_001);
+    settle(&mut e);
+    check(&e);
+    let dlq = e.topics().into_iter().find(|t| t.topic == "j.dlq").unwrap();
+    assert_eq!(dlq.ready, n);
+    // One popped from the dead-letter topic is reserved there: a redrive leaves it alone.
+    let held = e.pop(&["j.dlq".to_string()], 1, None).unwrap();
+    // By ids: the held one and an unknown id are skipped.
+    let ids = vec!["d7".to_string(), held[0].id.clone(), "nope".to_string()];
+    let (moved, next) = e.redrive("j", Some(&ids), WalkPos::default(), e.log_end()).unwrap();
+    assert_eq!((moved, next), (if held[0].id == "d7" { 0 } else { 1 }, None));
+    check(&e);
+    // All, in slices, stopping at the log end when it began.
+    let until = e.log_end();
+    let (mut total, mut at, mut slices) = (moved, Some(WalkPos::default()), 0);
+    while let Some(pos) = at {
+        let (m, next) = e.redrive("j", None, pos, until).unwrap();
+        total += m;
+        at = next;
+        slices += 1;
+    }
+    assert!(slices > 1, "{n} dead letters took one slice");
+    assert_eq!(total, n - 1, "every dead letter but the reserved one");
+    check(&e);
+    let j = e.topics().into_iter().find(|t| t.topic == "j").unwrap();
+    assert_eq!((j.ready, j.dead_lettered), (n - 1, 1));
+    let d = e.get("d9").unwrap();
+    assert_eq!((d.state, d.attempt, d.dead_letter_topic), (MessageState::Ready, 0, None));
+
+    // Purge: delayed, ready and reserved messages of "j" are cancelled; "j.dlq" is another topic.
+    e.produce("j", req("later", 10, When::DelayMs(3_600_000))).unwrap();
+    let r = e.pop(&["j".to_string()], 3, None).unwrap();
+    assert_eq!(r.len(), 3);
+    let until = e.log_end();
+    let (mut cancelled, mut at) = (0, Some(WalkPos::default()));
+    while let Some(pos) = at {
+        let (c, next) = e.purge("j", pos, until).unwrap();
+        cancelled += c;
+        at = next;
+    }
+    assert_eq!(cancelled, n - 1 + 1, "the redriven ones and the delayed one (3 of them reserved)");
+    assert_eq!(e.get("later").unwrap().state, MessageState::Cancelled);
+    assert_eq!(e.get(&r[0].id).unwrap().state, MessageState::Cancelled);
+    assert!(e.ack(&r[0].receipt).is_err(), "a purged reservation cannot be acked");
+    check(&e);
+    let j = e.topics().into_iter().find(|t| t.topic == "j").unwrap();
+    assert_eq!((j.ready, j.reserved, j.delayed), (0, 0, 0));
+    assert_eq!(e.get(&held[0].id).unwrap().state, MessageState::Reserved, "j.dlq untouched");
+    drop(e);
+    let e = open(dir.path(), &clock);
+    check(&e);
+}

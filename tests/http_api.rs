@@ -547,7 +547,7 @@ fn every_error_status_has_the_json_shape() {
     Server::assert_error(st, &v, 400, "invalid_argument");
     let (st, v) = s.get("/v1/nothing-here");
     Server::assert_error(st, &v, 404, "no_such_endpoint");
-    let (st, v) = s.get("/v1/topics/e/messages");
+    let (st, v) = s.get("/v1/topics/e/pop");
     Server::assert_error(st, &v, 405, "method_not_allowed");
     for q in ["max=0", "max=abc", "wait_ms=-1", "ttr_ms=0", "colour=red"] {
         let (st, v) = s.post_raw(&format!("/v1/topics/e/pop?{q}"), None, Vec::new());
@@ -621,6 +621,9 @@ fn bearer_token_guards_everything_but_healthz() {
         ("GET", "/v1/topics"),
         ("POST", "/v1/topics/a/pause"),
         ("POST", "/v1/topics/a/resume"),
+        ("GET", "/v1/topics/a/messages"),
+        ("POST", "/v1/topics/a/redrive"),
+        ("POST", "/v1/topics/a/purge"),
         ("GET", "/metrics"),
         ("POST", "/push"),
         ("POST", "/pop"),

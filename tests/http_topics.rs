@@ -124,3 +124,134 @@ fn bad_topics_are_refused_with_the_json_shape() {
     let (st, v) = s.get("/v1/topics/x/pause");
     Server::assert_error(st, &v, 405, "method_not_allowed");
 }
+
+/// Pages of `GET /v1/topics/{topic}/messages?state=...`, following `next_cursor` to the end.
+fn browse_all(s: &Server, topic: &str, state: &str, limit: usize) -> (Vec<Value>, usize) {
+    let (mut out, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
+    loop {
+        let mut path = format!("/v1/topics/{topic}/messages?state={state}&limit={limit}");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let (st, v) = s.get(&path);
+        assert_eq!(st, 200, "{path}: {v}");
+        let page = v["messages"].as_array().expect("messages");
+        assert!(page.len() <= limit, "{path}: more than the limit");
+        out.extend(page.iter().cloned());
+        pages += 1;
+        match &v["next_cursor"] {
+            Value::Null => return (out, pages),
+            Value::String(c) => cursor = Some(c.clone()),
+            other => panic!("next_cursor {other}"),
+        }
+    }
+}
+
+fn ids(msgs: &[Value]) -> Vec<String> {
+    let mut v: Vec<String> = msgs.iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn browse_pages_through_each_state() {
+    let s = Server::start(&[]);
+    for i in 0..7 {
+        s.produce("b", &json!({"id": format!("r{i}"), "body": format!("ready {i}")}));
+        s.produce("b", &json!({"id": format!("d{i}"), "body": "later", "delay_ms": 3_600_000 + i * 1000}));
+    }
+    s.produce("other", &json!({"id": "o1", "body": "x", "delay_ms": 3_600_000}));
+    s.produce("b", &json!({"id": "x1", "body": "dies", "max_attempts": 1}));
+    eventually("ready", || counts(&s, "b").0 == 8);
+    let (popped, _) = s.pop("b", 3, 5000, None);
+    let dead = popped.iter().find(|m| m["id"] == "x1").cloned();
+    let reserved: Vec<_> = popped.iter().filter(|m| m["id"] != "x1").cloned().collect();
+    if let Some(x) = &dead {
+        s.post("/v1/nack", &json!({"receipt": x["receipt"]}));
+    }
+
+    let (delayed, pages) = browse_all(&s, "b", "delayed", 3);
+    assert_eq!(ids(&delayed), (0..7).map(|i| format!("d{i}")).collect::<Vec<_>>());
+    assert!(pages >= 3, "7 delayed messages in pages of 3 took {pages} pages");
+    let d3 = delayed.iter().find(|m| m["id"] == "d3").unwrap();
+    assert_eq!((&d3["state"], &d3["attempt"], &d3["body"]), (&json!("delayed"), &json!(0), &json!("later")));
+    assert!(d3["deliver_at_ms"].as_u64().unwrap() > common::now_ms());
+    let (ready, _) = browse_all(&s, "b", "ready", 2);
+    let (res, _) = browse_all(&s, "b", "reserved", 10);
+    assert_eq!(ids(&res), ids(&reserved));
+    // 7 r* and x1 were ready; 3 were popped (x1 maybe among them, then dead-lettered).
+    assert_eq!(ready.len() + res.len() + usize::from(dead.is_some()), 8);
+    assert!(ready.iter().all(|m| m["state"] == "ready"));
+    let (dl, _) = browse_all(&s, "b", "dead", 10);
+    assert_eq!(ids(&dl), if dead.is_some() { vec!["x1".to_string()] } else { vec![] });
+    // Another topic's messages never show.
+    assert!(browse_all(&s, "b", "delayed", 50).0.iter().all(|m| m["id"] != "o1"));
+    assert!(browse_all(&s, "nothing-here", "ready", 5).0.is_empty());
+
+    for (q, field) in [
+        ("state=soon", "state"),
+        ("limit=0", "limit"),
+        ("limit=abc", "limit"),
+        ("cursor=zz", "cursor"),
+        ("cursor=1.", "cursor"),
+        ("cursor=99.0&state=ready", "cursor"),
+        ("colour=red", "colour"),
+    ] {
+        let (st, v) = s.get(&format!("/v1/topics/b/messages?{q}"));
+        Server::assert_error(st, &v, 400, "invalid_argument");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.starts_with(&format!("invalid {field}")), "{q}: {v}");
+    }
+}
+
+#[test]
+fn redrive_moves_dead_letters_back_and_purge_cancels_a_topic() {
+    let mut s = Server::start(&[]);
+    // Redrive of an empty dead-letter topic moves nothing.
+    assert_eq!(s.post("/v1/topics/jobs/redrive", &json!({})), (200, json!({"moved": 0})));
+    for i in 0..4 {
+        s.produce("jobs", &json!({"id": format!("j{i}"), "body": "b", "max_attempts": 1}));
+    }
+    let (popped, _) = s.pop("jobs", 4, 5000, None);
+    assert_eq!(popped.len(), 4);
+    for m in &popped {
+        assert_eq!(s.post("/v1/nack", &json!({"receipt": m["receipt"]})).1["state"], "dead");
+    }
+    assert_eq!(counts(&s, "jobs").3, 4);
+    // By ids: one moves; an unknown id and a live message are left alone.
+    let (st, v) = s.post("/v1/topics/jobs/redrive", &json!({"ids": ["j1", "nope"]}));
+    assert_eq!((st, v), (200, json!({"moved": 1})));
+    let j1 = s.get("/v1/messages/j1").1;
+    assert_eq!((&j1["state"], &j1["attempt"]), (&json!("ready"), &json!(0)), "{j1}");
+    assert!(j1.get("dead_letter_topic").is_none(), "{j1}");
+    // All the rest, with no body at all.
+    let r = common::client().post(s.url("/v1/topics/jobs/redrive")).send().unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().unwrap(), json!({"moved": 3}));
+    assert_eq!(counts(&s, "jobs"), (4, 0, 0, 0, false));
+    let (again, _) = s.pop("jobs", 10, 5000, None);
+    assert_eq!(again.len(), 4, "redriven messages are delivered again");
+    assert!(again.iter().all(|m| m["attempt"] == 1), "attempts were reset");
+
+    // Purge: everything not final in the topic, whatever its state.
+    s.produce("jobs", &json!({"id": "later", "body": "b", "delay_ms": 3_600_000}));
+    s.produce("jobs", &json!({"id": "now", "body": "b"}));
+    eventually("now is ready", || s.get("/v1/messages/now").1["state"] == "ready");
+    assert_eq!(s.ack(again[0]["receipt"].as_str().unwrap()), 200);
+    let (st, v) = s.post("/v1/topics/jobs/purge", &json!({}));
+    assert_eq!((st, v), (200, json!({"cancelled": 5})), "3 reserved, 1 delayed, 1 ready");
+    assert_eq!(counts(&s, "jobs"), (0, 0, 0, 0, false));
+    assert_eq!(s.get("/v1/messages/later").1["state"], "cancelled");
+    assert_eq!(s.get(&format!("/v1/messages/{}", again[0]["id"].as_str().unwrap())).1["state"], "done");
+    let (st, v) = s.post("/v1/ack", &json!({"receipt": again[1]["receipt"]}));
+    Server::assert_error(st, &v, 404, "not_found");
+    assert!(s.pop("jobs", 10, 300, None).0.is_empty());
+    s.restart();
+    assert_eq!(counts(&s, "jobs"), (0, 0, 0, 0, false));
+    assert_eq!(s.get("/v1/messages/later").1["state"], "cancelled", "the purge is durable");
+    // Bad bodies are refused.
+    let (st, v) = s.post("/v1/topics/jobs/redrive", &json!({"ids": "j1"}));
+    Server::assert_error(st, &v, 400, "invalid_argument");
+    let (st, v) = s.post("/v1/topics/jobs/redrive", &json!({"idz": []}));
+    Server::assert_error(st, &v, 400, "invalid_argument");
+}

@@ -209,7 +209,9 @@ mod reader {
     pub const STATE_DONE: u8 = 4;
     pub const STATE_CANCELLED: u8 = 5;
     pub const STATE_DEAD: u8 = 6;
+    pub const CAUSE_RESERVE: u8 = 2;
     pub const CAUSE_DEAD_LETTER: u8 = 6;
+    pub const CAUSE_REDRIVE: u8 = 8;
     pub const HOME_DEAD_LETTER: u8 = 1;
 
     fn is_final(state: u8) -> bool {
@@ -350,7 +352,7 @@ mod reader {
                 seq: c.u32()?,
                 prev_state: c.enum_u8("state", 1..=6)?,
                 state: c.enum_u8("state", 1..=6)?,
-                cause: c.enum_u8("cause", 1..=7)?,
+                cause: c.enum_u8("cause", 1..=8)?,
                 home: c.enum_u8("home", 0..=1)?,
                 attempt: c.u32()?,
                 time_ms: c.u64()?,
@@ -607,9 +609,18 @@ mod reader {
                     assert!(msg_offset < &o, "transition at {o} points forward");
                     assert_eq!(
                         due_ms.is_some(),
-                        *state == STATE_RESERVED,
-                        "transition at {o}: a due time exactly when it reserves (record version 2)"
+                        [CAUSE_RESERVE, CAUSE_REDRIVE].contains(cause),
+                        "transition at {o}: a due time exactly for a Reserve or a Redrive (record version 2)"
                     );
+                    if *cause == CAUSE_REDRIVE {
+                        assert_eq!(
+                            (*prev_state, *state, *home, *attempt, *due_ms),
+                            (STATE_DEAD, STATE_READY, 0, 0, Some(*deliver_at_ms)),
+                            "redrive at {o}: Dead in the dead-letter topic to Ready at home, attempts reset, due now"
+                        );
+                        let was = m.slots.get(msg_offset).is_none_or(|s| s.dead_letter_home);
+                        assert!(was, "redrive at {o} of a message not dead-lettered");
+                    }
                     m.causes_seen.insert(*cause);
                     if *msg_offset < log.start {
                         // Its message was carried forward or expired: no index change, no counter,
@@ -639,7 +650,9 @@ mod reader {
                     // A Reserve records the due time it delivers and an ack or cancel keeps it, so
                     // GET shows the same deliver_at_ms before and after.
                     let due = m.due_ms.get(msg_offset).copied();
-                    if let Some(d) = due_ms {
+                    if *cause == CAUSE_REDRIVE {
+                        m.due_ms.insert(*msg_offset, *deliver_at_ms);
+                    } else if let Some(d) = due_ms {
                         assert_eq!(Some(*d), due, "transition at {o}: the reserved delivery's due time");
                         assert!(d <= time_ms, "transition at {o}: delivered before it was due");
                     } else if is_final(*state) {
@@ -653,7 +666,11 @@ mod reader {
                     }
                     let queue =
                         if *home == HOME_DEAD_LETTER { format!("{topic}.dlq") } else { topic.clone() };
-                    let prev_queue = if *cause == CAUSE_DEAD_LETTER { topic.clone() } else { queue.clone() };
+                    let prev_queue = match *cause {
+                        CAUSE_DEAD_LETTER => topic.clone(),
+                        CAUSE_REDRIVE => format!("{topic}.dlq"),
+                        _ => queue.clone(),
+                    };
                     if *prev_state == STATE_RESERVED {
                         m.touch(QKey::Topic(prev_queue.clone()));
                         let r = m.reserved.entry(prev_queue).or_default();
@@ -1516,6 +1533,25 @@ async fn write_scenario(dir: &Path) {
     let dead = pop(&b, "dl.dlq", 2, None).await;
     assert_eq!(dead.len(), 2);
     b.ack(&dead[0].receipt).await.unwrap();
+    // A redrive moves one dead letter back (a Redrive Transition); it is delivered and acked
+    // there, so "dl" empties again. Unknown and reserved ids are left alone.
+    let ids = vec!["d-2".to_string(), dead[1].id.clone(), "no-such-id".to_string()];
+    assert_eq!(b.redrive("dl", Some(ids)).await.unwrap(), 1);
+    let back = pop(&b, "dl", 5, None).await;
+    assert_eq!(back.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["d-2"]);
+    assert_eq!(back[0].attempt, 1, "attempts were reset");
+    b.ack(&back[0].receipt).await.unwrap();
+    // A purge cancels a topic's delayed, ready and reserved messages.
+    b.produce("gone", req(Some("g-delayed".into()), vec![1], When::DelayMs(3_600_000))).await.unwrap();
+    b.produce("gone", req(Some("g-ready".into()), vec![2], When::Now)).await.unwrap();
+    b.produce("gone", req(Some("g-reserved".into()), vec![3], When::Now)).await.unwrap();
+    wait_state(&b, "g-reserved", MessageState::Ready).await;
+    let g = b
+        .pop(PopRequest { topics: vec!["gone".into()], max: 1, wait_ms: 0, ttr_ms: Some(60_000) })
+        .await
+        .unwrap();
+    assert_eq!(g.len(), 1);
+    assert_eq!(b.purge("gone").await.unwrap(), 3);
 
     // Let timers fire: reservations expire, chained delays arrive after their hops.
     wait_state(&b, &expiring, MessageState::Ready).await;
@@ -1567,7 +1603,7 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert!(r.model.queues.contains_key(&QKey::Topic("dl".into())));
     assert!(!r.queues.contains_key(&QKey::Topic("dl".into())), "the emptied topic dl still has a directory");
     assert!(r.model.hops > 0, "hop records were written");
-    assert_eq!(r.model.causes_seen.iter().copied().collect::<Vec<_>>(), (1..=7).collect::<Vec<u8>>());
+    assert_eq!(r.model.causes_seen.iter().copied().collect::<Vec<_>>(), (1..=8).collect::<Vec<u8>>());
     let kinds = |f: fn(&Rec) -> bool| r.log.records.iter().filter(|x| f(&x.rec)).count();
     assert!(kinds(|x| matches!(x, Rec::Transition { .. })) > 0);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 2)) == 1);

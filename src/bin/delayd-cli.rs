@@ -713,7 +713,7 @@ mod tests {
         assert!(unix_ms("").is_err());
     }
 
-    // Browsing is not served yet; its shape is the issue's.
+    // The table shapes of the API answers.
     #[test]
     fn topics_and_browse_tables() {
         let v = json!({"topics": [

@@ -34,6 +34,25 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
+/// A JSON body parsed into `T`, or `T::default()` when the request has no body at all (an
+/// operation whose body is optional, such as a redrive of everything).
+pub struct OptionalJsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let has_type = req.headers().contains_key(header::CONTENT_TYPE);
+        let headers = req.headers().clone();
+        let bytes = RawBody::from_request(req, state).await?.0;
+        if bytes.is_empty() && !has_type {
+            return Ok(OptionalJsonBody(T::default()));
+        }
+        require_json_content_type(&headers)?;
+        parse_json(&bytes).map(OptionalJsonBody)
+    }
+}
+
 /// One path parameter, percent-decoded.
 pub struct PathParam(pub String);
 

@@ -120,7 +120,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.limits().max_body_bytes.saturating_add(ENVELOPE_BYTES);
     let protected = Router::new()
-        .route("/v1/topics/{topic}/messages", post(native::produce))
+        .route("/v1/topics/{topic}/messages", post(native::produce).get(topics::browse))
         .route("/v1/topics/{topic}/messages/batch", post(native::produce_batch))
         .route("/v1/topics/{topic}/pop", post(native::pop))
         .route("/v1/ack", post(native::ack))
@@ -130,6 +130,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/topics", get(topics::list))
         .route("/v1/topics/{topic}/pause", post(topics::pause))
         .route("/v1/topics/{topic}/resume", post(topics::resume))
+        .route("/v1/topics/{topic}/redrive", post(topics::redrive))
+        .route("/v1/topics/{topic}/purge", post(topics::purge))
         .route("/metrics", get(metrics::handler))
         // The original serves these paths for any method; so must a drop-in.
         .route("/push", any_but_head(compat::push))

@@ -258,7 +258,7 @@ pub(crate) async fn nack(
     }))
 }
 
-fn info_json(m: &MessageInfo) -> Value {
+pub(crate) fn info_json(m: &MessageInfo) -> Value {
     let mut v = json!({
         "id": m.id,
         "topic": m.topic,

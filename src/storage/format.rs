@@ -122,6 +122,9 @@ pub enum Cause {
     DeadLetter = 6,
     /// Cancelled by id.
     Cancel = 7,
+    /// An operator moved it from the dead-letter topic back to its topic (written in a version 2
+    /// Transition, so an older delayd refuses the log instead of taking it for damage).
+    Redrive = 8,
 }
 
 impl Cause {
@@ -135,6 +138,7 @@ impl Cause {
             5 => Some(Cause::Expire),
             6 => Some(Cause::DeadLetter),
             7 => Some(Cause::Cancel),
+            8 => Some(Cause::Redrive),
             _ => None,
         }
     }
@@ -746,7 +750,7 @@ mod tests {
         #[test]
         fn transition_round_trips(
             mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
-            c in 1u8..=7, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
+            c in 1u8..=8, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
             due in proptest::option::of(any::<u64>()),
         ) {
             let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,

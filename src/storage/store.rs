@@ -768,6 +768,36 @@ impl Store {
         Ok(q.cq.get(at).map(|e| (at, e)))
     }
 
+    /// Entries `[from, from + max)` of a queue (clipped to what its files hold), with their
+    /// indexes; `len` is where the queue ends now.
+    pub fn read_entries(
+        &mut self,
+        queue: &QueueRef<'_>,
+        from: u64,
+        max: u64,
+    ) -> Result<(Vec<(u64, Entry)>, u64)> {
+        let cq = match queue {
+            QueueRef::Topic(t) => {
+                if !self.topics.contains_key(*t) {
+                    return Ok((Vec::new(), 0));
+                }
+                &self.topic_open(t)?.cq
+            }
+            QueueRef::Level(ms) => match self.levels.get(ms) {
+                Some(q) => &q.cq,
+                None => return Ok((Vec::new(), 0)),
+            },
+        };
+        let from = from.max(cq.first());
+        let to = from.saturating_add(max).min(cq.len());
+        Ok(((from..to).filter_map(|i| cq.get(i).map(|e| (i, e))).collect(), cq.len()))
+    }
+
+    /// Where a topic's reader stands (0 for a topic without a queue).
+    pub fn topic_cursor(&self, topic: &str) -> u64 {
+        self.topics.get(topic).map_or(0, |q| q.cursor)
+    }
+
     /// Moves `topic`'s cursor past entry `at` (read with [`peek_entry`](Self::peek_entry)).
     pub fn advance_cursor(&mut self, topic: &str, at: u64) {
         if let Some(q) = self.topics.get_mut(topic) {
@@ -1114,7 +1144,11 @@ impl Store {
                     Home::DeadLetter => dead_letter_topic(&topic),
                 };
                 // Counters move by the record alone, so replay after a crash counts each change once.
-                let prev_queue = if t.cause == Cause::DeadLetter { topic.clone() } else { queue.clone() };
+                let prev_queue = match t.cause {
+                    Cause::DeadLetter => topic.clone(),
+                    Cause::Redrive => dead_letter_topic(&topic),
+                    _ => queue.clone(),
+                };
                 self.count(&prev_queue, t.prev_state, false)?;
                 self.count(&queue, t.state, true)?;
                 if t.cause == Cause::DeadLetter {
