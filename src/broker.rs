@@ -21,8 +21,8 @@ pub use crate::config::{BrokerConfig, DelayPolicy, FlushMode, RecoveryMode};
 use crate::engine::{Engine, WalkPos};
 use crate::error::{Error, Result};
 pub use crate::message::{
-    Delivery, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
-    TopicInfo, TopicStats, When,
+    Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest,
+    Produced, Stats, TopicInfo, TopicStats, When,
 };
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
@@ -105,6 +105,10 @@ enum Command {
     },
     Topics {
         reply: oneshot::Sender<Result<Vec<TopicInfo>>>,
+    },
+    History {
+        id: String,
+        reply: oneshot::Sender<Result<(Vec<HistoryEntry>, bool)>>,
     },
     Browse {
         topic: String,
@@ -334,6 +338,12 @@ impl Broker {
     pub async fn set_paused(&self, topic: &str, paused: bool) -> Result<()> {
         let topic = topic.to_string();
         self.call(|reply| Command::Pause { topic, paused, reply }).await
+    }
+
+    /// The message's recorded changes, newest first, and whether they reach back to its produce.
+    pub async fn history(&self, id: &str) -> Result<(Vec<HistoryEntry>, bool)> {
+        let id = id.to_string();
+        self.call(|reply| Command::History { id, reply }).await
     }
 
     /// Every topic with its counts and pause state.
@@ -814,6 +824,9 @@ impl EngineLoop {
                 }
                 Command::Topics { reply } => {
                     let _ = reply.send(Ok(engine.topics()));
+                }
+                Command::History { id, reply } => {
+                    let _ = reply.send(engine.history(&id));
                 }
                 Command::Browse { topic, state, at, limit, reply } => {
                     let _ = reply.send(engine.browse(&topic, state, at, limit));

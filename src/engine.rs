@@ -16,8 +16,8 @@ use crate::config::{BrokerConfig, DelayPolicy};
 use crate::error::{Error, Result};
 use crate::live::LeftBehind;
 use crate::message::{
-    Delivery, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats, TopicInfo,
-    TopicStats, When,
+    Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats,
+    TopicInfo, TopicStats, When,
 };
 use crate::metrics::{inc, Metrics};
 use crate::schedule::clock::Clock;
@@ -592,6 +592,7 @@ impl Engine {
             deliver_at_ms: change.deliver_at_ms,
             route: change.route,
             due_ms: change.due_ms,
+            prev_offset: Some(slot.last_offset),
         });
         self.append(&rec)?;
         Ok(seq)
@@ -950,6 +951,45 @@ impl Engine {
     pub fn get(&self, id: &str) -> Result<MessageInfo> {
         let (_, slot) = self.by_id(id)?;
         self.info_of(&slot)
+    }
+
+    /// The message's recorded changes, newest first, and whether they reach back to its produce:
+    /// at most [`HISTORY_MAX`], following each change's link to the record before it (one read
+    /// each). The walk stops at a Carry (reclaim moved the message and its older records go with
+    /// their segment) and at a change written before links were recorded.
+    pub fn history(&self, id: &str) -> Result<(Vec<HistoryEntry>, bool)> {
+        let (_, slot) = self.by_id(id)?;
+        let mut out = Vec::new();
+        let mut at = slot.last_offset;
+        while out.len() < HISTORY_MAX && at >= self.store.log.start() {
+            let entry = |time_ms, event, state, attempt, deliver_at_ms| HistoryEntry {
+                time_ms,
+                event,
+                state: message_state(state),
+                attempt,
+                deliver_at_ms,
+            };
+            match self.store.log.read(at)?.0 {
+                Record::Transition(t) => {
+                    out.push(entry(t.time_ms, cause_name(t.cause), t.state, t.attempt, t.deliver_at_ms));
+                    match t.prev_offset {
+                        Some(prev) => at = prev,
+                        None => break,
+                    }
+                }
+                Record::Put(p) => {
+                    let state = if p.route == Route::Topic { State::Ready } else { State::Delayed };
+                    out.push(entry(p.created_ms, "produced", state, 0, p.deliver_at_ms));
+                    return Ok((out, true));
+                }
+                Record::Carry(c) => {
+                    out.push(entry(c.time_ms, "carried", c.state, c.attempt, c.deliver_at_ms));
+                    break;
+                }
+                Record::Hop(_) | Record::Pause(_) | Record::EndOfSegment => break,
+            }
+        }
+        Ok((out, false))
     }
 
     /// What a look-up shows of the message in `slot`.
@@ -1430,6 +1470,23 @@ pub struct WalkPos {
 enum WalkQueue {
     Topic,
     Level(u64),
+}
+
+/// Most changes a history look-up returns (the newest).
+pub const HISTORY_MAX: usize = 100;
+
+/// The history's name for why a change happened.
+fn cause_name(c: Cause) -> &'static str {
+    match c {
+        Cause::Due => "due",
+        Cause::Reserve => "reserve",
+        Cause::Ack => "ack",
+        Cause::Nack => "nack",
+        Cause::Expire => "expire",
+        Cause::DeadLetter => "dead_letter",
+        Cause::Cancel => "cancel",
+        Cause::Redrive => "redrive",
+    }
 }
 
 /// The API's name for a stored state.

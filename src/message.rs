@@ -122,6 +122,22 @@ pub struct MessageInfo {
     pub created_at_ms: u64,
 }
 
+/// One recorded change of a message, as `GET /v1/messages/{id}/history` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HistoryEntry {
+    /// Unix ms of the change (for `produced`, of the produce).
+    pub time_ms: u64,
+    /// What happened: `produced`, `carried` (reclaim moved it), or the cause of a state change
+    /// (`due`, `reserve`, `ack`, `nack`, `expire`, `dead_letter`, `cancel`, `redrive`).
+    pub event: &'static str,
+    /// The state it left the message in.
+    pub state: MessageState,
+    /// Deliveries so far, after the change.
+    pub attempt: u32,
+    /// The record's `deliver_at_ms` (when it falls due, or a reservation's end).
+    pub deliver_at_ms: u64,
+}
+
 /// Result of a nack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Nacked {

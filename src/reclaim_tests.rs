@@ -161,6 +161,9 @@ fn long_delays_are_carried_forward_and_old_segments_and_queue_files_are_deleted(
     assert!(live < 4_000, "only two messages are live: {live} bytes");
     assert_eq!(e.get("long").unwrap().state, MessageState::Delayed);
     assert_eq!(e.get("ready").unwrap().state, MessageState::Ready);
+    // Its history starts at the Carry: the records before it went with their segments.
+    let (h, complete) = e.history("long").unwrap();
+    assert_eq!((h.iter().map(|x| x.event).collect::<Vec<_>>(), complete), (vec!["carried"], false));
     // After a restart the carried message is still there and fires on time, never early.
     drop(e);
     let mut e = open(dir.path(), &clock);

@@ -617,6 +617,7 @@ fn bearer_token_guards_everything_but_healthz() {
         ("POST", "/v1/nack"),
         ("GET", "/v1/messages/x"),
         ("DELETE", "/v1/messages/x"),
+        ("GET", "/v1/messages/x/history"),
         ("GET", "/v1/stats"),
         ("GET", "/v1/topics"),
         ("POST", "/v1/topics/a/pause"),
@@ -659,4 +660,34 @@ fn bearer_token_guards_everything_but_healthz() {
     assert_eq!(st, 201, "{v}");
     assert_eq!(common::answer(authed("/v1/messages/y").send()).0, 200);
     assert_eq!(common::answer(authed("/metrics").send()).0, 200);
+}
+
+/// The history lists every recorded change, newest first, back to the produce; it survives a
+/// restart (it is read from the log).
+#[test]
+fn history_lists_each_change_back_to_the_produce() {
+    let mut s = Server::start(&[]);
+    let produced = s.produce("h", &json!({"id": "h1", "body": "x", "delay_ms": 50}));
+    let (m, _) = s.pop("h", 1, 5000, None);
+    let (st, v) = s.post("/v1/nack", &json!({"receipt": receipt(&m[0]), "delay_ms": 50}));
+    assert_eq!(st, 200, "{v}");
+    let (m, _) = s.pop("h", 1, 5000, None);
+    assert_eq!(s.ack(&receipt(&m[0])), 200);
+    let want = ["ack", "reserve", "due", "nack", "reserve", "due", "produced"];
+    for round in 0..2 {
+        let (st, v) = s.get("/v1/messages/h1/history");
+        assert_eq!(st, 200, "{v}");
+        let h = v["history"].as_array().unwrap();
+        let events: Vec<&str> = h.iter().map(|e| e["event"].as_str().unwrap()).collect();
+        assert_eq!(events, want, "round {round}: {v}");
+        assert_eq!((&v["id"], &v["complete"]), (&json!("h1"), &json!(true)));
+        let last = h.last().unwrap();
+        assert_eq!((&last["state"], &last["deliver_at_ms"]), (&json!("delayed"), &produced["deliver_at_ms"]));
+        assert_eq!((&h[0]["state"], &h[0]["attempt"]), (&json!("done"), &json!(2)));
+        let times: Vec<u64> = h.iter().map(|e| e["time_ms"].as_u64().unwrap()).collect();
+        assert!(times.windows(2).all(|w| w[0] >= w[1]), "newest first: {times:?}");
+        s.restart();
+    }
+    let (st, v) = s.get("/v1/messages/nope/history");
+    Server::assert_error(st, &v, 404, "not_found");
 }

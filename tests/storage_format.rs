@@ -163,8 +163,10 @@ mod reader {
             time_ms: u64,
             deliver_at_ms: u64,
             route: Route,
-            /// Record version 2 only (a Reserve): when the delivery it reserves fell due.
+            /// Versions 2 and 3 (a Reserve or a Redrive): the due time it records.
             due_ms: Option<u64>,
+            /// Version 3: the message's record this change follows.
+            prev_offset: Option<u64>,
         },
         Hop {
             msg_offset: u64,
@@ -202,6 +204,7 @@ mod reader {
     /// with a Reserve's due time); every other kind 1.
     pub const VERSION: u8 = 1;
     pub const VERSION_CARRY: u8 = 2;
+    pub const VERSION_LINKED: u8 = 3;
 
     pub const STATE_DELAYED: u8 = 1;
     pub const STATE_READY: u8 = 2;
@@ -326,7 +329,7 @@ mod reader {
         }
         // 7-8: a version this reader knows, a known kind, and the version that kind is written with.
         let (version, kind) = (rec[6], rec[7]);
-        if version != VERSION && version != VERSION_CARRY {
+        if ![VERSION, VERSION_CARRY, VERSION_LINKED].contains(&version) {
             return Err(format!("unknown version {version}"));
         }
         if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_EOS].contains(&kind) {
@@ -335,10 +338,11 @@ mod reader {
         if ([KIND_CARRY, KIND_PAUSE].contains(&kind) && version != VERSION_CARRY)
             || (version == VERSION_CARRY
                 && ![KIND_CARRY, KIND_PAUSE, KIND_PUT, KIND_TRANSITION].contains(&kind))
+            || (version == VERSION_LINKED && kind != KIND_TRANSITION)
         {
             return Err(format!(
-                "kind {kind} with record version {version} (Carry and Pause are 2, Put and Transition 1 \
-                 or 2, every other kind 1)"
+                "kind {kind} with record version {version} (Carry and Pause are 2, Put 1 or 2, \
+                 Transition 1 to 3, every other kind 1)"
             ));
         }
         // 9: the payload decodes exactly.
@@ -358,7 +362,12 @@ mod reader {
                 time_ms: c.u64()?,
                 deliver_at_ms: c.u64()?,
                 route: c.route()?,
-                due_ms: if version == VERSION_CARRY { Some(c.u64()?) } else { None },
+                due_ms: match version {
+                    VERSION_CARRY => Some(c.u64()?),
+                    VERSION_LINKED => Some(c.u64()?).filter(|d| *d != 0),
+                    _ => None,
+                },
+                prev_offset: if version == VERSION_LINKED { Some(c.u64()?) } else { None },
             },
             KIND_HOP => Rec::Hop {
                 msg_offset: c.u64()?,
@@ -605,6 +614,7 @@ mod reader {
                     deliver_at_ms,
                     route,
                     due_ms,
+                    prev_offset,
                 } => {
                     assert!(msg_offset < &o, "transition at {o} points forward");
                     assert_eq!(
@@ -638,6 +648,11 @@ mod reader {
                         panic!("transition at {o} names {msg_offset}, where its message no longer lives")
                     });
                     assert_eq!(*seq, slot.seq + 1, "transition at {o}: seq is not dense");
+                    assert_eq!(
+                        *prev_offset,
+                        Some(slot.last_offset),
+                        "transition at {o}: its link is not the message's previous record"
+                    );
                     assert_eq!(*prev_state, slot.state, "transition at {o}: prev_state is not the state");
                     slot.last_offset = o;
                     slot.seq = *seq;
@@ -1882,9 +1897,12 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     for (bytes, want) in [
         (reframe(&carry, 1), "kind 4 with record version 1"),
         (reframe(&hop, 2), "kind 3 with record version 2"),
-        // A version 2 Transition ends with the due time a version 1 one lacks.
-        (reframe(&transition, 2), "field at 73 past record end"),
-        (reframe(&carry, 3), "unknown version 3"),
+        (reframe(&hop, 3), "kind 3 with record version 3"),
+        // Transitions are written as version 3: 16 bytes (a due time, a link) past version 1's
+        // layout, 8 past version 2's.
+        (reframe(&transition, 1), "16 trailing bytes"),
+        (reframe(&transition, 2), "8 trailing bytes"),
+        (reframe(&carry, 4), "unknown version 4"),
     ] {
         let err = reader::parse_record(&bytes).err();
         assert!(err.as_deref().is_some_and(|e| e.contains(want)), "expected {want:?}, got {err:?}");

@@ -126,6 +126,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/ack", post(native::ack))
         .route("/v1/nack", post(native::nack))
         .route("/v1/messages/{id}", get(native::get_message).delete(native::cancel))
+        .route("/v1/messages/{id}/history", get(native::history))
         .route("/v1/stats", get(native::stats))
         .route("/v1/topics", get(topics::list))
         .route("/v1/topics/{topic}/pause", post(topics::pause))

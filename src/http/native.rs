@@ -282,6 +282,16 @@ pub(crate) async fn get_message(
     Ok(Json(info_json(&st.broker().get(&id).await?)))
 }
 
+/// `GET /v1/messages/{id}/history`
+pub(crate) async fn history(
+    State(st): State<AppState>,
+    PathParam(id): PathParam,
+) -> Result<Json<Value>, ApiError> {
+    validate::id("id", &id)?;
+    let (history, complete) = st.broker().history(&id).await?;
+    Ok(Json(json!({"id": id, "history": history, "complete": complete})))
+}
+
 /// `DELETE /v1/messages/{id}`
 pub(crate) async fn cancel(
     State(st): State<AppState>,

@@ -14,6 +14,9 @@ pub const RECORD_VERSION: u8 = 1;
 /// delivery it reserves: a delayd that knows only version 1 refuses to start on them instead of
 /// taking them for damage, or for a Put that leaves the old message in place.
 pub const RECORD_VERSION_CARRY: u8 = 2;
+/// Version of a Transition that links back to the message's record before it (so a look-up can
+/// show the message's history) and always has room for a due time.
+pub const RECORD_VERSION_LINKED: u8 = 3;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
 /// Largest record the log accepts (a frame must also fit in one segment).
@@ -213,9 +216,12 @@ pub struct Transition {
     pub deliver_at_ms: u64,
     /// Consume-queue entry this change implies.
     pub route: Route,
-    /// Reserve only: when the delivery it reserves fell due, so that an ack or cancel can keep
-    /// it (record version 2); `None` in version 1 records.
+    /// Reserve and Redrive only: when the delivery it reserves fell due, so that an ack or cancel
+    /// can keep it (0 on disk for none in version 3); `None` in version 1 records.
     pub due_ms: Option<u64>,
+    /// The message's record this change follows (its Put, Carry or previous Transition), for its
+    /// history (version 3); `None` in older records.
+    pub prev_offset: Option<u64>,
 }
 
 /// A topic paused (pops on it find nothing) or resumed. The latest one per topic counts; reclaim
@@ -563,7 +569,11 @@ pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
 
 /// Encodes a Transition record.
 pub fn encode_transition(t: &Transition) -> Vec<u8> {
-    let (version, extra) = if t.due_ms.is_some() { (RECORD_VERSION_CARRY, 8) } else { (RECORD_VERSION, 0) };
+    let (version, extra) = match (t.prev_offset, t.due_ms) {
+        (Some(_), _) => (RECORD_VERSION_LINKED, 16),
+        (None, Some(_)) => (RECORD_VERSION_CARRY, 8),
+        (None, None) => (RECORD_VERSION, 0),
+    };
     frame_v(Kind::Transition, version, 8 + 8 + 4 + 4 + 4 + 8 + 8 + ROUTE_BYTES + extra, |e| {
         e.u64(t.msg_offset);
         e.u64(t.id_hash);
@@ -576,8 +586,13 @@ pub fn encode_transition(t: &Transition) -> Vec<u8> {
         e.u64(t.time_ms);
         e.u64(t.deliver_at_ms);
         e.route(t.route);
-        if let Some(due) = t.due_ms {
-            e.u64(due);
+        match (t.prev_offset, t.due_ms) {
+            (Some(prev), due) => {
+                e.u64(due.unwrap_or(0));
+                e.u64(prev);
+            }
+            (None, Some(due)) => e.u64(due),
+            (None, None) => {}
         }
     })
 }
@@ -638,15 +653,20 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
-    if buf[6] != RECORD_VERSION && buf[6] != RECORD_VERSION_CARRY {
+    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED].contains(&buf[6]) {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
-    // Carry and Pause exist only as version 2; a Put may be either (2: it replaces), and so may a
-    // Transition (2: it ends with the due time a Reserve delivers); the rest only 1.
+    // Carry and Pause exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
+    // 1, 2 (it ends with a due time) or 3 (a due time and a link to the record before it); the rest
+    // only 1.
     let v2 = buf[6] == RECORD_VERSION_CARRY;
     let only_v2 = matches!(kind, Kind::Carry | Kind::Pause);
-    if (only_v2 && !v2) || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Put | Kind::Transition)) {
+    let v3 = buf[6] == RECORD_VERSION_LINKED;
+    if (only_v2 && !v2)
+        || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Put | Kind::Transition))
+        || (v3 && kind != Kind::Transition)
+    {
         return Err(DecodeError::Invalid("record kind and version do not match"));
     }
     Ok((len, kind))
@@ -677,7 +697,12 @@ pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
             time_ms: d.u64()?,
             deliver_at_ms: d.u64()?,
             route: d.route()?,
-            due_ms: if buf[6] == RECORD_VERSION_CARRY { Some(d.u64()?) } else { None },
+            due_ms: match buf[6] {
+                RECORD_VERSION_CARRY => Some(d.u64()?),
+                RECORD_VERSION_LINKED => Some(d.u64()?).filter(|due| *due != 0),
+                _ => None,
+            },
+            prev_offset: if buf[6] == RECORD_VERSION_LINKED { Some(d.u64()?) } else { None },
         }),
         Kind::Put => Record::Put(Put { replaces: buf[6] == RECORD_VERSION_CARRY, ..d.put()? }),
         Kind::Pause => Record::Pause(Pause {
@@ -751,14 +776,18 @@ mod tests {
         fn transition_round_trips(
             mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
             c in 1u8..=8, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
-            due in proptest::option::of(any::<u64>()),
+            due in proptest::option::of(1..u64::MAX), prev in proptest::option::of(any::<u64>()),
         ) {
             let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,
                 cause: Cause::from_u8(c).unwrap(), home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
-                deliver_at_ms: d, route: r, due_ms: due };
+                deliver_at_ms: d, route: r, due_ms: due, prev_offset: prev };
             let buf = encode_transition(&tr);
-            prop_assert_eq!(buf.len(), if due.is_some() { 81 } else { 73 });
-            prop_assert_eq!(buf[6], if due.is_some() { 2 } else { 1 });
+            let (len, version) = match (prev, due) {
+                (Some(_), _) => (89, 3),
+                (None, Some(_)) => (81, 2),
+                (None, None) => (73, 1),
+            };
+            prop_assert_eq!((buf.len(), buf[6]), (len, version));
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Transition(tr), buf.len()));
         }
 
