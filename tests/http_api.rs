@@ -605,10 +605,14 @@ fn stats_and_metrics_report_the_counters() {
 }
 
 #[test]
-fn bearer_token_guards_everything_but_healthz() {
+fn bearer_token_guards_everything_but_healthz_and_the_dashboard_page() {
     let s = Server::start(&[("DELAYD_AUTH_TOKEN", "s3cret")]);
     let c = s.http();
     assert_eq!(c.get(s.url("/healthz")).send().unwrap().status(), 200);
+    // The page holds no data: it asks for the token and sends it with its own calls to /v1.
+    for path in ["/ui", "/ui/app.js", "/ui/app.css"] {
+        assert_eq!(c.get(s.url(path)).send().unwrap().status(), 200, "{path}");
+    }
     for (method, path) in [
         ("POST", "/v1/topics/a/messages"),
         ("POST", "/v1/topics/a/messages/batch"),

@@ -1,5 +1,5 @@
 //! The HTTP front end: the native JSON API under `/v1`, the ouqiang/delay-queue compatible API,
-//! `/healthz` and `/metrics`. `router` builds an `axum::Router` that tests can drive in-process.
+//! `/healthz`, `/metrics` and the dashboard at `/ui`. `router` builds an `axum::Router` that tests can drive in-process.
 
 mod compat;
 pub mod error;
@@ -9,6 +9,7 @@ mod native;
 pub mod process;
 pub mod server;
 mod topics;
+mod ui;
 pub mod validate;
 
 use std::sync::Arc;
@@ -143,6 +144,10 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
+        // The page is static and holds no data, so it needs no token: its calls to /v1 carry it.
+        .route("/ui", get(ui::index))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/app.css", get(ui::style))
         .merge(protected)
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)

@@ -265,6 +265,7 @@ pub(crate) fn info_json(m: &MessageInfo) -> Value {
         "state": m.state,
         "deliver_at_ms": m.deliver_at_ms,
         "attempt": m.attempt,
+        "created_at_ms": m.created_at_ms,
         "body": String::from_utf8_lossy(&m.body),
     });
     if let Some(dlq) = &m.dead_letter_topic {

@@ -1,0 +1,430 @@
+//! The dashboard at `/ui` in a real browser: headless Chromium, driven over WebDriver (fantoccini
+//! talking to chromedriver), against the real binary with live data. Screenshots of what the
+//! browser showed are saved under `target/ui-screenshots/` for a person to look at.
+//!
+//! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`); without
+//! them the tests are skipped, except under CI (`CI` set), which installs them.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{Server, NEVER_HANG};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "ui-test-token-7f3a9c";
+
+/// One browser at a time: the machine is small, and two Chromiums starting together can make a
+/// wait run out for reasons that have nothing to do with the page.
+static ONE_BROWSER: Mutex<()> = Mutex::new(());
+
+/// Where the browser and its driver are, or `None` (after saying so) when this machine lacks them.
+fn browser_tools() -> Option<(PathBuf, PathBuf)> {
+    let find = |names: &[&str]| {
+        names.iter().find_map(|n| {
+            std::env::var_os("PATH")
+                .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(n)).find(|p| p.is_file()))
+        })
+    };
+    let driver = find(&["chromedriver"]);
+    let chrome = find(&["chromium", "chromium-browser", "google-chrome"]);
+    match (driver, chrome) {
+        (Some(d), Some(c)) => Some((d, c)),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "chromium and chromedriver are not installed, and CI must run the browser tests \
+                 (apt-get install chromium chromium-driver)"
+            );
+            println!("chromium or chromedriver not found: browser test skipped (apt-get install chromium chromium-driver)");
+            None
+        }
+    }
+}
+
+/// `target/ui-screenshots`, under `CARGO_TARGET_DIR` when that is set.
+fn screenshot_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let dir = target.join("ui-screenshots");
+    std::fs::create_dir_all(&dir).expect("create screenshot dir");
+    dir
+}
+
+/// A chromedriver child on a free loopback port, killed on drop.
+struct Driver {
+    child: Child,
+    url: String,
+    _tmp: tempfile::TempDir,
+}
+
+impl Driver {
+    fn start(path: &PathBuf) -> Driver {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let log = std::fs::File::create(tmp.path().join("chromedriver.log")).expect("log");
+        let child = Command::new(path)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start chromedriver");
+        let d = Driver { child, url: format!("http://127.0.0.1:{port}"), _tmp: tmp };
+        let http = common::client();
+        let deadline = Instant::now() + NEVER_HANG;
+        loop {
+            let ready =
+                http.get(format!("{}/status", d.url)).send().ok().and_then(|r| r.json::<Value>().ok());
+            if ready.is_some_and(|v| v["value"]["ready"] == true) {
+                return d;
+            }
+            assert!(Instant::now() < deadline, "chromedriver never became ready on {}", d.url);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A browser session, driven step by step from plain (blocking) test code, so the test can make
+/// its own HTTP calls between browser steps.
+struct Browser {
+    rt: tokio::runtime::Runtime,
+    client: Option<Client>,
+    name: &'static str,
+    _profile: tempfile::TempDir,
+    _driver: Driver,
+}
+
+impl Browser {
+    fn open(name: &'static str, driver_path: &PathBuf, chrome: &PathBuf) -> Browser {
+        let driver = Driver::start(driver_path);
+        let profile = tempfile::tempdir().expect("profile dir");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let args = vec![
+            "--headless".to_string(),
+            "--no-sandbox".into(),
+            "--disable-gpu".into(),
+            "--disable-quic".into(),
+            "--no-first-run".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            "--disable-dev-shm-usage".into(),
+            format!("--user-data-dir={}", profile.path().display()),
+            "--window-size=1280,1000".into(),
+        ];
+        let caps = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chrome, "args": args},
+        });
+        let caps = match caps {
+            Value::Object(m) => m,
+            _ => unreachable!("a JSON object"),
+        };
+        let client = rt
+            .block_on(
+                ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                    .capabilities(caps)
+                    .connect(&driver.url),
+            )
+            .expect("start a Chromium session");
+        Browser { rt, client: Some(client), name, _profile: profile, _driver: driver }
+    }
+
+    fn c(&self) -> &Client {
+        self.client.as_ref().expect("session open")
+    }
+
+    fn goto(&self, url: &str) {
+        self.rt.block_on(self.c().goto(url)).expect("open the page");
+    }
+
+    /// Runs `script` (a function body; `return` gives the value) in the page.
+    fn js(&self, script: &str) -> Value {
+        self.rt
+            .block_on(self.c().execute(script, vec![]))
+            .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    fn click(&self, css: &str) {
+        self.rt
+            .block_on(async { self.c().find(Locator::Css(css)).await?.click().await })
+            .unwrap_or_else(|e| self.fail(&format!("click {css}: {e}")));
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        self.rt
+            .block_on(async { self.c().find(Locator::Css(css)).await?.send_keys(text).await })
+            .unwrap_or_else(|e| self.fail(&format!("type into {css}: {e}")));
+    }
+
+    /// Says yes to the `confirm()` the page just opened (waiting for it to open).
+    fn accept_confirm(&self) {
+        let deadline = Instant::now() + NEVER_HANG;
+        loop {
+            match self.rt.block_on(self.c().accept_alert()) {
+                Ok(()) => return,
+                Err(e) if Instant::now() >= deadline => self.fail(&format!("no confirm dialog: {e}")),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Polls `script` until it returns something truthy, which it then returns; the page refreshes
+    /// on its own schedule, so this never asserts after a fixed sleep.
+    fn wait_for(&self, what: &str, script: &str) -> Value {
+        let deadline = Instant::now() + NEVER_HANG;
+        loop {
+            let v = self.js(script);
+            let truthy = match &v {
+                Value::Null => false,
+                Value::Bool(b) => *b,
+                Value::String(s) => !s.is_empty(),
+                Value::Array(a) => !a.is_empty(),
+                _ => true,
+            };
+            if truthy {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!("waited {NEVER_HANG:?} for {what}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Saves a PNG of the whole page at `width` (the window is made as tall as the page) or, with
+    /// `height`, of that viewport only.
+    fn screenshot(&self, file: &str, width: u32, height: Option<u32>) -> PathBuf {
+        let h = height.unwrap_or(1000);
+        self.rt.block_on(self.c().set_window_size(width, h)).expect("resize");
+        if height.is_none() {
+            let full = self.js("return document.documentElement.scrollHeight").as_u64().unwrap_or(1000);
+            // The outer window is a little taller than the viewport it holds.
+            let inner = self.js("return window.innerHeight").as_u64().unwrap_or(u64::from(h));
+            let extra = u64::from(h).saturating_sub(inner);
+            let want = u32::try_from(full + extra).unwrap_or(4000).min(4000);
+            self.rt.block_on(self.c().set_window_size(width, want)).expect("resize");
+        }
+        let png = self.rt.block_on(self.c().screenshot()).expect("screenshot");
+        let path = screenshot_dir().join(file);
+        std::fs::write(&path, png).expect("save screenshot");
+        println!("screenshot: {}", path.display());
+        path
+    }
+
+    /// Panics with what the page shows, after saving a screenshot of it.
+    fn fail(&self, why: &str) -> ! {
+        let text = self.rt.block_on(self.c().execute("return document.body.innerText", vec![]));
+        let shot = self.rt.block_on(self.c().screenshot()).ok();
+        let file = screenshot_dir().join(format!("{}-failure.png", self.name));
+        if let Some(png) = shot {
+            let _ = std::fs::write(&file, png);
+        }
+        panic!("{why}\nscreenshot: {}\npage text:\n{}", file.display(), text.unwrap_or(Value::Null))
+    }
+
+    /// Starts recording script errors and unhandled rejections from now on.
+    fn watch_errors(&self) {
+        self.js(
+            "window.__uiErrors = [];
+             window.addEventListener('error', (e) => window.__uiErrors.push(String(e.message)));
+             window.addEventListener('unhandledrejection', (e) => window.__uiErrors.push(String(e.reason)));",
+        );
+    }
+
+    fn assert_no_errors(&self) {
+        let errors = self.js("return window.__uiErrors");
+        assert_eq!(errors, json!([]), "the page threw");
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            let _ = self.rt.block_on(c.close());
+        }
+    }
+}
+
+/// Levels rows as [level, backlog, next due] texts.
+const LEVEL_ROWS: &str = "return Array.from(document.querySelectorAll('#levels tbody tr'))
+    .map((r) => Array.from(r.cells).map((c) => c.textContent))";
+
+/// A levels row with a backlog, once the page has shown one.
+const A_BUSY_LEVEL: &str = "return Array.from(document.querySelectorAll('#levels tbody tr'))
+    .map((r) => Array.from(r.cells).map((c) => c.textContent))
+    .find((cells) => Number(cells[1]) > 0) || null";
+
+#[test]
+fn the_dashboard_shows_live_levels_topics_and_messages_and_cancels_one() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+
+    for (id, delay_ms) in [("o-1", 60_000), ("o-2", 120_000), ("o-3", 300_000)] {
+        s.produce(
+            "orders",
+            &json!({"id": id, "body": format!("{{\"order\":\"{id}\"}}"), "delay_ms": delay_ms}),
+        );
+    }
+    s.produce("mail", &json!({"id": "m-1", "body": "weekly digest", "delay_ms": 30_000}));
+    s.produce("mail", &json!({"id": "m-2", "body": "welcome, ready now"}));
+    // One dead letter, for the redrive: a single attempt, given back.
+    s.produce("jobs", &json!({"id": "j-1", "body": "resize image 42", "max_attempts": 1}));
+    let (popped, _) = s.pop("jobs", 1, 5_000, None);
+    let receipt = popped[0]["receipt"].as_str().expect("receipt");
+    let (status, nacked) = s.post("/v1/nack", &json!({"receipt": receipt}));
+    assert_eq!((status, nacked["state"].clone()), (200, json!("dead")), "{nacked}");
+
+    let b = Browser::open("desktop", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+
+    let busy = b.wait_for("a level with a backlog", A_BUSY_LEVEL);
+    assert!(busy[2].as_str().is_some_and(|due| due.starts_with("in ")), "next due of a busy level: {busy}");
+    let mail = b.wait_for(
+        "the mail topic in the topics table",
+        "const r = document.querySelector('#topics tbody tr[data-topic=\"mail\"]');
+         return r ? Array.from(r.cells).map((c) => c.textContent) : null",
+    );
+    assert_eq!(mail[1], "1", "mail has one ready message: {mail}");
+
+    let orders = b.wait_for(
+        "orders with its delayed count",
+        "const r = document.querySelector('#topics tbody tr[data-topic=\"orders\"]');
+         return r ? Array.from(r.cells).map((c) => c.textContent) : null",
+    );
+    assert_eq!(orders[3], "3", "orders has three delayed messages: {orders}");
+    assert_eq!(b.js("return document.getElementById('topics-note').hidden"), json!(true));
+
+    // Browse orders' delayed messages: the ids show up in the list.
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    let ids = b.wait_for(
+        "browsed messages of orders",
+        "return Array.from(document.querySelectorAll('#messages tbody tr')).map((r) => r.dataset.id)",
+    );
+    assert!(ids.as_array().is_some_and(|a| a.contains(&json!("o-1"))), "browsed ids {ids}");
+
+    // Redrive jobs.dlq through the page; the message is back in jobs.
+    b.click("#topics tr[data-topic='jobs.dlq'] button[aria-label='Redrive jobs.dlq to jobs']");
+    b.accept_confirm();
+    b.wait_for(
+        "the redrive result",
+        "return document.getElementById('status').textContent.includes('1 moved')",
+    );
+    let (_, j1) = s.get("/v1/messages/j-1");
+    assert_eq!(j1["topic"], "jobs", "{j1}");
+    assert_ne!(j1["state"], "dead", "{j1}");
+
+    // Pause mail through its switch; the API says so and the row shows it.
+    b.click("#topics tr[data-topic='mail'] button[aria-label='Pause mail']");
+    b.wait_for(
+        "mail shown paused",
+        "return document.querySelector('#topics tr[data-topic=\"mail\"] .badge.paused') !== null",
+    );
+    let (_, topics) = s.get("/v1/topics");
+    let mail = topics["topics"].as_array().unwrap().iter().find(|t| t["topic"] == "mail").cloned();
+    assert_eq!(mail.map(|t| t["paused"].clone()), Some(json!(true)), "{topics}");
+
+    // Look a message up by id: its state and topic are shown.
+    b.type_into("#lookup-id", "o-2");
+    b.click("#lookup-form button[type=submit]");
+    b.wait_for(
+        "o-2's state",
+        "const e = document.getElementById('lookup-state'); return e && e.textContent === 'delayed'",
+    );
+    let shown = b.js("return document.getElementById('lookup-fields').innerText");
+    assert!(
+        shown.as_str().is_some_and(|t| t.contains("orders") && t.contains("\"order\":\"o-2\"")),
+        "{shown}"
+    );
+    // Its history: produced, nothing since.
+    let events = b.wait_for(
+        "o-2's history",
+        "const l = document.querySelectorAll('#lookup-fields ol.history li');
+         return l.length ? Array.from(l).map((e) => e.dataset.event) : null",
+    );
+    assert_eq!(events, json!(["produced"]), "history of o-2");
+
+    b.screenshot("dashboard-desktop.png", 1280, None);
+
+    // Cancel it through the page; the API agrees.
+    b.click("#cancel-msg");
+    b.accept_confirm();
+    b.wait_for("o-2 cancelled", "return document.getElementById('lookup-state').textContent === 'cancelled'");
+    let (status, o2) = s.get("/v1/messages/o-2");
+    assert_eq!((status, o2["state"].clone()), (200, json!("cancelled")), "{o2}");
+
+    // A phone-sized screen: the page itself does not scroll sideways (wide tables scroll in place).
+    b.screenshot("dashboard-phone.png", 390, Some(844));
+    let (page_w, view_w) = (
+        b.js("return document.documentElement.scrollWidth"),
+        b.js("return document.documentElement.clientWidth"),
+    );
+    assert!(page_w.as_u64() <= view_w.as_u64(), "page is {page_w} px wide in a {view_w} px viewport");
+    b.wait_for("levels still shown on the phone", A_BUSY_LEVEL);
+    b.assert_no_errors();
+}
+
+#[test]
+fn with_a_token_the_page_asks_for_it_and_keeps_it_out_of_urls() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", TOKEN)]);
+    let r = s
+        .http()
+        .post(s.url("/v1/topics/orders/messages"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"id": "secret-order", "body": "x", "delay_ms": 60_000}))
+        .send()
+        .expect("produce");
+    assert_eq!(r.status(), 201);
+
+    let b = Browser::open("token", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    b.wait_for("the token prompt", "return !document.getElementById('auth').hidden");
+    assert_eq!(b.js(LEVEL_ROWS), json!([]), "no data shown without the token");
+    b.screenshot("dashboard-token-prompt.png", 1280, Some(700));
+
+    b.type_into("#token", TOKEN);
+    b.click("#auth-form button[type=submit]");
+    b.wait_for("levels after the token", A_BUSY_LEVEL);
+    assert_eq!(b.js("return document.getElementById('auth').hidden"), json!(true));
+    b.type_into("#lookup-id", "secret-order");
+    b.click("#lookup-form button[type=submit]");
+    b.wait_for(
+        "the message",
+        "const e = document.getElementById('lookup-state'); return e && e.textContent === 'delayed'",
+    );
+    b.wait_for(
+        "orders in the topics table",
+        "return document.querySelector('#topics tr[data-topic=\"orders\"]')",
+    );
+
+    // Every URL the page asked for, its own included: the token is in none of them.
+    let urls = b
+        .js("return [location.href].concat(performance.getEntriesByType('resource').map((e) => e.name),
+                 performance.getEntriesByType('navigation').map((e) => e.name))");
+    let urls: Vec<&str> = urls.as_array().expect("urls").iter().filter_map(Value::as_str).collect();
+    assert!(urls.iter().any(|u| u.contains("/v1/stats")), "the page's requests: {urls:?}");
+    assert!(urls.iter().any(|u| u.contains("/v1/messages/secret-order")), "the page's requests: {urls:?}");
+    for u in &urls {
+        assert!(!u.contains(TOKEN), "the token is in a URL: {u}");
+    }
+    b.assert_no_errors();
+}
