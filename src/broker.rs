@@ -22,7 +22,7 @@ use crate::engine::{Engine, WalkPos};
 use crate::error::{Error, Result};
 pub use crate::message::{
     Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest,
-    Produced, Stats, TopicInfo, TopicStats, When,
+    Produced, PushConfig, Stats, TopicInfo, TopicStats, When,
 };
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
@@ -105,6 +105,18 @@ enum Command {
     },
     Topics {
         reply: oneshot::Sender<Result<Vec<TopicInfo>>>,
+    },
+    SetPush {
+        topic: String,
+        cfg: Option<PushConfig>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    GetPush {
+        topic: String,
+        reply: oneshot::Sender<Result<Option<PushConfig>>>,
+    },
+    Pushes {
+        reply: oneshot::Sender<Result<(u64, Vec<PushConfig>)>>,
     },
     History {
         id: String,
@@ -190,6 +202,7 @@ impl Shared {
 pub struct Broker {
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    push_metrics: Arc<crate::push::PushMetrics>,
     durability: Durability,
 }
 
@@ -219,7 +232,7 @@ impl Broker {
             })
             .map_err(|e| Error::io("spawn engine thread", e))?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
-        Ok(Broker { shared, metrics, durability })
+        Ok(Broker { shared, metrics, push_metrics: Arc::default(), durability })
     }
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {
@@ -340,6 +353,23 @@ impl Broker {
         self.call(|reply| Command::Pause { topic, paused, reply }).await
     }
 
+    /// Sets, replaces or (`None`) removes `topic`'s push subscription; durable like any change.
+    pub async fn set_push(&self, topic: &str, cfg: Option<PushConfig>) -> Result<()> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::SetPush { topic, cfg, reply }).await
+    }
+
+    /// `topic`'s push subscription, if any.
+    pub async fn push_of(&self, topic: &str) -> Result<Option<PushConfig>> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::GetPush { topic, reply }).await
+    }
+
+    /// Every push subscription, with a number that changes whenever one is set or removed.
+    pub async fn pushes(&self) -> Result<(u64, Vec<PushConfig>)> {
+        self.call(|reply| Command::Pushes { reply }).await
+    }
+
     /// The message's recorded changes, newest first, and whether they reach back to its produce.
     pub async fn history(&self, id: &str) -> Result<(Vec<HistoryEntry>, bool)> {
         let id = id.to_string();
@@ -389,6 +419,11 @@ impl Broker {
     /// Process-wide counters and histograms.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Push delivery counters and histograms, per topic.
+    pub fn push_metrics(&self) -> &crate::push::PushMetrics {
+        &self.push_metrics
     }
 
     /// True while the store takes writes: not poisoned by a failed sync, and its last write did
@@ -824,6 +859,15 @@ impl EngineLoop {
                 }
                 Command::Topics { reply } => {
                     let _ = reply.send(Ok(engine.topics()));
+                }
+                Command::SetPush { topic, cfg, reply } => {
+                    self.pending.push(Pending::Unit(reply, engine.set_push(&topic, cfg.as_ref())))
+                }
+                Command::GetPush { topic, reply } => {
+                    let _ = reply.send(engine.push_of(&topic));
+                }
+                Command::Pushes { reply } => {
+                    let _ = reply.send(engine.pushes());
                 }
                 Command::History { id, reply } => {
                     let _ = reply.send(engine.history(&id));

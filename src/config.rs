@@ -112,10 +112,15 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
     key("reclaim", "true|false", "Delete expired messages, old segments and read queue files"),
     key("max_topics", "N", "Most topics (dead-letter topics included)"),
     key("open_queues", "N", "Most topic queues with open files at once"),
+    key(
+        "push_allowed_hosts",
+        "HOSTS",
+        "Hosts push subscriptions may deliver to (space-separated); unset (the default): any",
+    ),
 ];
 
 /// How many keys there are.
-pub const KEY_COUNT: usize = 31;
+pub const KEY_COUNT: usize = 32;
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -309,6 +314,9 @@ pub struct Config {
     pub max_topics: usize,
     /// Most topic queues whose files are open at once; the least recently used are closed.
     pub open_queues: usize,
+    /// Hosts a push subscription may target; `None` (the default): any.
+    #[serde(deserialize_with = "de_hosts")]
+    pub push_allowed_hosts: Option<Vec<String>>,
 }
 
 impl Default for Config {
@@ -345,6 +353,7 @@ impl Default for Config {
             reclaim: true,
             max_topics: 10_000,
             open_queues: 1024,
+            push_allowed_hosts: None,
         }
     }
 }
@@ -451,6 +460,7 @@ impl Config {
             "reclaim" => self.reclaim = choose(v, &BOOLS)?,
             "max_topics" => self.max_topics = parse_count(v)?,
             "open_queues" => self.open_queues = parse_count(v)?,
+            "push_allowed_hosts" => self.push_allowed_hosts = Some(parse_hosts(v)?),
             other => return Err(format!("unknown key {other}")),
         }
         Ok(())
@@ -492,6 +502,7 @@ impl Config {
             "reclaim" => name_of(&BOOLS, self.reclaim),
             "max_topics" => self.max_topics.to_string(),
             "open_queues" => self.open_queues.to_string(),
+            "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
             _ => return None,
         })
     }
@@ -765,6 +776,32 @@ fn de_attempts_limit<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Opt
     }
 }
 
+/// Host names, space- or comma-separated, lower-cased (hosts compare without case); at least one.
+fn parse_hosts(v: &str) -> std::result::Result<Vec<String>, String> {
+    let hosts: Vec<String> =
+        v.split([' ', ',']).filter(|h| !h.is_empty()).map(str::to_ascii_lowercase).collect();
+    if hosts.is_empty() {
+        return Err("must name at least one host; leave push_allowed_hosts unset to allow any".into());
+    }
+    Ok(hosts)
+}
+
+fn de_hosts<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<String>>, D::Error> {
+    use serde::de::Error as _;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrStr {
+        List(Vec<String>),
+        Str(String),
+    }
+    let expecting = "a list of host names such as [\"hooks.internal\"] or \"a.example b.example\"";
+    let joined = match ListOrStr::deserialize(d).map_err(|_| D::Error::custom(expecting))? {
+        ListOrStr::Str(s) => s,
+        ListOrStr::List(items) => items.join(" "),
+    };
+    parse_hosts(&joined).map(Some).map_err(D::Error::custom)
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
     num_or_str(d, "a duration such as \"10s\" or a number of ms", parse_duration)
 }
@@ -952,6 +989,7 @@ mod tests {
             ("reclaim", "off"),
             ("max_topics", "7"),
             ("open_queues", "3"),
+            ("push_allowed_hosts", "Hooks.Example,127.0.0.1"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -991,6 +1029,7 @@ mod tests {
             reclaim: false,
             max_topics: 7,
             open_queues: 3,
+            push_allowed_hosts: Some(vec!["hooks.example".into(), "127.0.0.1".into()]),
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
@@ -999,17 +1038,27 @@ mod tests {
     #[test]
     fn every_key_reads_back_what_get_shows() {
         let mut changed = Config::default();
-        for (key, value) in
-            [("levels", "1s 1h30m"), ("segment_bytes", "4MB"), ("auth_token", "t"), ("reclaim", "off")]
-        {
+        for (key, value) in [
+            ("levels", "1s 1h30m"),
+            ("segment_bytes", "4MB"),
+            ("auth_token", "t"),
+            ("reclaim", "off"),
+            ("push_allowed_hosts", "a.example b.example"),
+        ] {
             changed.set(key, value).unwrap();
         }
         for original in [Config::default(), changed] {
-            let mut c = Config { auth_token: Some("other".into()), ..Config::default() };
+            let mut c = Config {
+                auth_token: Some("other".into()),
+                push_allowed_hosts: Some(vec!["other".into()]),
+                ..Config::default()
+            };
+            // The keys that may be unset show nothing then.
             for key in KEYS {
-                match original.get(key) {
-                    Some(v) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
-                    None => c.auth_token = None,
+                match (original.get(key), key) {
+                    (Some(v), _) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
+                    (None, "auth_token") => c.auth_token = None,
+                    (None, _) => c.push_allowed_hosts = None,
                 }
             }
             assert_eq!(c, original);

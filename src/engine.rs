@@ -16,8 +16,8 @@ use crate::config::{BrokerConfig, DelayPolicy};
 use crate::error::{Error, Result};
 use crate::live::LeftBehind;
 use crate::message::{
-    Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, Stats,
-    TopicInfo, TopicStats, When,
+    Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced,
+    PushConfig, Stats, TopicInfo, TopicStats, When,
 };
 use crate::metrics::{inc, Metrics};
 use crate::schedule::clock::Clock;
@@ -683,7 +683,7 @@ impl Engine {
             Record::Carry(c) => (offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => (t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
             Record::Hop(h) => (h.msg_offset, h.id_hash, h.seq, h.target_ms),
-            Record::Pause(_) | Record::EndOfSegment => {
+            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => {
                 return Err(Error::Corrupt {
                     file: "commitlog".into(),
                     offset,
@@ -986,7 +986,7 @@ impl Engine {
                     out.push(entry(c.time_ms, "carried", c.state, c.attempt, c.deliver_at_ms));
                     break;
                 }
-                Record::Hop(_) | Record::Pause(_) | Record::EndOfSegment => break,
+                Record::Hop(_) | Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => break,
             }
         }
         Ok((out, false))
@@ -1416,6 +1416,58 @@ impl Engine {
         )?;
         inc(&self.metrics.redriven);
         Ok(())
+    }
+
+    /// Sets (or replaces) `topic`'s push subscription, or removes it (`None`); durable, one Push
+    /// record. Removing a subscription there is none of is `NotFound`.
+    pub fn set_push(&mut self, topic: &str, cfg: Option<&PushConfig>) -> Result<()> {
+        self.writable()?;
+        validate_topic(topic)?;
+        if cfg.is_none() && !self.store.push.contains_key(topic) {
+            return Err(Error::NotFound(format!("topic {topic:?} has no push subscription")));
+        }
+        let secret = cfg.and_then(|c| c.secret.as_deref()).unwrap_or("");
+        let rec = format::encode_push(&format::Push {
+            target: if cfg.is_some() { format::PushTarget::Webhook } else { format::PushTarget::None },
+            time_ms: self.now(),
+            timeout_ms: cfg.map_or(0, |c| c.timeout_ms),
+            max_in_flight: cfg.map_or(0, |c| c.max_in_flight),
+            topic: topic.as_bytes(),
+            url: cfg.map_or(&b""[..], |c| c.url.as_bytes()),
+            subject: b"",
+            secret: secret.as_bytes(),
+        })?;
+        self.append(&rec)?;
+        Ok(())
+    }
+
+    /// `topic`'s push subscription, if it has one (read from the record in effect).
+    pub fn push_of(&self, topic: &str) -> Result<Option<PushConfig>> {
+        let Some(at) = self.store.push.get(topic) else { return Ok(None) };
+        match self.store.log.read(*at)?.0 {
+            Record::Push(p) if p.target == format::PushTarget::Webhook => Ok(Some(PushConfig {
+                topic: topic.to_string(),
+                url: String::from_utf8_lossy(p.url).into_owned(),
+                secret: (!p.secret.is_empty()).then(|| String::from_utf8_lossy(p.secret).into_owned()),
+                timeout_ms: p.timeout_ms,
+                max_in_flight: p.max_in_flight,
+                created_at_ms: p.time_ms,
+            })),
+            _ => Err(Error::Corrupt {
+                file: "commitlog".into(),
+                offset: *at,
+                reason: format!("the push subscription of {topic:?} does not point at a webhook Push record"),
+            }),
+        }
+    }
+
+    /// Every push subscription, and a number that changes whenever one is set or removed.
+    pub fn pushes(&self) -> Result<(u64, Vec<PushConfig>)> {
+        let mut out = Vec::new();
+        for topic in self.store.push.keys() {
+            out.extend(self.push_of(topic)?);
+        }
+        Ok((self.store.push_changes, out))
     }
 
     /// Every topic with a queue, a count or a pause, by name, with its counts.

@@ -27,6 +27,7 @@ pub mod http;
 mod live;
 pub mod message;
 pub mod metrics;
+pub mod push;
 #[cfg(test)]
 mod reclaim_tests;
 #[cfg(test)]

@@ -174,6 +174,23 @@ pub struct TopicStats {
     pub dead_lettered: u64,
 }
 
+/// A topic's push subscription: delayd itself consumes the topic and delivers each due message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushConfig {
+    /// The topic consumed.
+    pub topic: String,
+    /// The webhook URL each message is POSTed to.
+    pub url: String,
+    /// Signing secret for `Delayd-Signature` (never shown by the API).
+    pub secret: Option<String>,
+    /// How long one delivery may take, ms; the reservation is this plus a margin.
+    pub timeout_ms: u32,
+    /// Most deliveries under way at once.
+    pub max_in_flight: u32,
+    /// When it was set, unix ms.
+    pub created_at_ms: u64,
+}
+
 /// A topic as `GET /v1/topics` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TopicInfo {

@@ -180,6 +180,16 @@ mod reader {
             time_ms: u64,
             topic: Vec<u8>,
         },
+        Push {
+            target: u8,
+            time_ms: u64,
+            timeout_ms: u32,
+            max_in_flight: u32,
+            topic: Vec<u8>,
+            url: Vec<u8>,
+            subject: Vec<u8>,
+            secret: Vec<u8>,
+        },
         Carry {
             prev_msg_offset: u64,
             seq: u32,
@@ -198,6 +208,7 @@ mod reader {
     pub const KIND_HOP: u8 = 3;
     pub const KIND_CARRY: u8 = 4;
     pub const KIND_PAUSE: u8 = 5;
+    pub const KIND_PUSH: u8 = 6;
     pub const KIND_EOS: u8 = 0x7F;
 
     /// Record versions: Carry is version 2; Put is 1 or 2 (2 replaces); Transition 1 or 2 (2 ends
@@ -332,12 +343,13 @@ mod reader {
         if ![VERSION, VERSION_CARRY, VERSION_LINKED].contains(&version) {
             return Err(format!("unknown version {version}"));
         }
-        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_EOS].contains(&kind) {
+        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_EOS].contains(&kind)
+        {
             return Err(format!("unknown kind {kind}"));
         }
-        if ([KIND_CARRY, KIND_PAUSE].contains(&kind) && version != VERSION_CARRY)
+        if ([KIND_CARRY, KIND_PAUSE, KIND_PUSH].contains(&kind) && version != VERSION_CARRY)
             || (version == VERSION_CARRY
-                && ![KIND_CARRY, KIND_PAUSE, KIND_PUT, KIND_TRANSITION].contains(&kind))
+                && ![KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_PUT, KIND_TRANSITION].contains(&kind))
             || (version == VERSION_LINKED && kind != KIND_TRANSITION)
         {
             return Err(format!(
@@ -376,6 +388,22 @@ mod reader {
                 target_ms: c.u64()?,
                 route: c.route()?,
             },
+            KIND_PUSH => {
+                let target = c.enum_u8("push target", 0..=2)?;
+                let (time_ms, timeout_ms, max_in_flight) = (c.u64()?, c.u32()?, c.u32()?);
+                let mut field = |max: usize| -> Result<Vec<u8>, String> {
+                    let n = c.u16()? as usize;
+                    if n > max {
+                        return Err(format!("push field of {n} bytes, more than {max}"));
+                    }
+                    Ok(c.take(n)?.to_vec())
+                };
+                let (topic, url, subject, secret) = (field(255)?, field(2048)?, field(255)?, field(1024)?);
+                if topic.is_empty() || (target != 0 && url.is_empty()) {
+                    return Err("push record without a topic or url".into());
+                }
+                Rec::Push { target, time_ms, timeout_ms, max_in_flight, topic, url, subject, secret }
+            }
             KIND_PAUSE => Rec::Pause {
                 paused: c.enum_u8("pause flag", 0..=1)? == 1,
                 time_ms: c.u64()?,
@@ -531,6 +559,8 @@ mod reader {
         pub superseded: Vec<u64>,
         /// Paused topics → offset of the Pause record in effect.
         pub paused: BTreeMap<String, u64>,
+        /// Topics with a push subscription → offset of the Push record in effect.
+        pub push: BTreeMap<String, u64>,
     }
 
     impl Model {
@@ -805,6 +835,25 @@ mod reader {
                         m.paused.remove(&topic);
                     }
                 }
+                Rec::Push { target, time_ms, timeout_ms, max_in_flight, topic, url, subject, secret } => {
+                    assert!(*time_ms > 0, "push at {o} without a time");
+                    let topic = utf8(topic);
+                    if *target == 0 {
+                        assert!(
+                            url.is_empty() && subject.is_empty() && secret.is_empty(),
+                            "push removal at {o}"
+                        );
+                        m.push.remove(&topic);
+                    } else {
+                        assert!(*timeout_ms > 0 && *max_in_flight > 0, "push at {o}: limits");
+                        let scheme = String::from_utf8_lossy(url);
+                        assert!(
+                            *target != 1 || scheme.starts_with("http://") || scheme.starts_with("https://"),
+                            "webhook at {o}: {scheme}"
+                        );
+                        m.push.insert(topic, o);
+                    }
+                }
                 Rec::EndOfSegment => unreachable!("markers are not listed"),
             }
         }
@@ -979,7 +1028,7 @@ mod reader {
             Rec::Put(_) => (off, 0),
             Rec::Carry { seq, .. } => (off, *seq),
             Rec::Transition { msg_offset, seq, .. } | Rec::Hop { msg_offset, seq, .. } => (*msg_offset, *seq),
-            Rec::Pause { .. } | Rec::EndOfSegment => return false,
+            Rec::Pause { .. } | Rec::Push { .. } | Rec::EndOfSegment => return false,
         };
         model.slots.get(&msg).is_some_and(|s| s.seq == seq && matches!(s.state, STATE_READY | STATE_DEAD))
     }
@@ -1162,14 +1211,15 @@ mod reader {
         pub ready: u64,
     }
 
-    /// Parses `checkpoint`: (dispatched, queues, paused topics with their Pause record's offset).
-    pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>, BTreeMap<String, u64>) {
+    /// Parses `checkpoint`: (dispatched, queues, paused topics with their Pause record's offset,
+    /// push subscriptions with their Push record's offset).
+    pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>, BTreeMap<String, u64>, BTreeMap<String, u64>) {
         let b = fs::read(path).unwrap();
         assert!(b.len() >= 24, "checkpoint too short");
         let (body, crc) = b.split_at(b.len() - 4);
         assert_eq!(crc32(&[body]), le32(crc, 0), "checkpoint crc");
         assert_eq!(&body[0..4], b"DLCK", "checkpoint magic");
-        assert_eq!(le16(body, 4), 2, "checkpoint version");
+        assert_eq!(le16(body, 4), 3, "checkpoint version");
         assert_eq!(le16(body, 6), 0, "checkpoint reserved");
         let dispatched = le64(body, 8);
         let n = le32(body, 16);
@@ -1197,17 +1247,20 @@ mod reader {
                 ready: c.u64().unwrap(),
             });
         }
-        let mut paused = BTreeMap::new();
-        for _ in 0..c.u32().unwrap() {
-            let len = c.u16().unwrap() as usize;
-            let name = String::from_utf8(c.take(len).unwrap().to_vec()).unwrap();
-            assert!(
-                paused.insert(name, c.u64().unwrap()).is_none(),
-                "a topic paused twice in the checkpoint"
-            );
+        let mut lists = [BTreeMap::new(), BTreeMap::new()];
+        for list in &mut lists {
+            for _ in 0..c.u32().unwrap() {
+                let len = c.u16().unwrap() as usize;
+                let name = String::from_utf8(c.take(len).unwrap().to_vec()).unwrap();
+                assert!(
+                    list.insert(name, c.u64().unwrap()).is_none(),
+                    "a topic listed twice in the checkpoint"
+                );
+            }
         }
         assert_eq!(c.pos, body.len(), "checkpoint records do not end at the crc");
-        (dispatched, queues, paused)
+        let [paused, push] = lists;
+        (dispatched, queues, paused, push)
     }
 
     /// Parses `clean_shutdown`: the log end.
@@ -1227,7 +1280,7 @@ mod reader {
         assert_eq!(b.len(), 20, "clean marker size");
         assert_eq!(crc32(&[&b[..16]]), le32(&b, 16), "clean marker crc");
         assert_eq!(&b[0..4], b"DLCS", "clean marker magic");
-        assert_eq!(le16(&b, 4), 2, "clean marker version");
+        assert_eq!(le16(&b, 4), 3, "clean marker version");
         assert_eq!(le16(&b, 6), 0, "clean marker reserved");
         le64(&b, 8)
     }
@@ -1348,7 +1401,8 @@ mod reader {
         let cutoff = (now_ms as u64).saturating_sub(writer.done_retention_ms);
         let index = check_index(&dir.join("index"), &log, &model, cutoff);
 
-        let (dispatched, checkpoint, paused) = read_checkpoint(&dir.join("checkpoint"));
+        let (dispatched, checkpoint, paused, push) = read_checkpoint(&dir.join("checkpoint"));
+        assert_eq!(push, model.push, "checkpoint push subscriptions vs the latest Push records");
         assert_eq!(paused, model.paused, "checkpoint paused topics vs the latest Pause records");
         // Per queue, the live messages by state, from the replayed slots: what the counts say.
         let mut counts: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
@@ -1585,6 +1639,20 @@ async fn write_scenario(dir: &Path) {
     b.set_paused("orders", false).await.unwrap();
     b.set_paused("far", true).await.unwrap();
     b.set_paused("ghost", true).await.unwrap();
+    // Push subscriptions: one replaced, one removed, one in effect (to an address nobody serves:
+    // its deliveries fail and the reader sees only the records).
+    let hook = |url: &str, secret: Option<&str>| delayd::message::PushConfig {
+        topic: String::new(),
+        url: url.into(),
+        secret: secret.map(Into::into),
+        timeout_ms: 1000,
+        max_in_flight: 4,
+        created_at_ms: 0,
+    };
+    b.set_push("hooked", Some(hook("http://127.0.0.1:9/a", None))).await.unwrap();
+    b.set_push("hooked", Some(hook("https://127.0.0.1:9/b", Some("s")))).await.unwrap();
+    b.set_push("unhooked", Some(hook("http://127.0.0.1:9/c", None))).await.unwrap();
+    b.set_push("unhooked", None).await.unwrap();
     b.shutdown().await.unwrap();
 }
 
@@ -1627,6 +1695,8 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.body.len() > 2000)) > 0);
     assert_eq!(kinds(|x| matches!(x, Rec::Put(m) if m.replaces)), 2);
     assert_eq!(kinds(|x| matches!(x, Rec::Pause { .. })), 4);
+    assert_eq!(kinds(|x| matches!(x, Rec::Push { .. })), 4);
+    assert_eq!(r.model.push.keys().map(String::as_str).collect::<Vec<_>>(), ["hooked"]);
     assert_eq!(r.model.paused.keys().map(String::as_str).collect::<Vec<_>>(), ["far", "ghost"]);
     let counted = r.checkpoint.iter().filter(|q| q.delayed > 0 || q.ready > 0 || q.reserved > 0).count();
     assert!(counted >= 3, "the checkpoint counts messages by state in several topics");

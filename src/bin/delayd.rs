@@ -76,7 +76,11 @@ async fn run(cfg: Config) -> Result<()> {
     println!("delayd listening on http://{local}");
     tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
     notify_systemd(&[sd_notify::NotifyState::Ready]);
+    // Push delivery runs beside the server and stops with it (a delivery cut short comes back
+    // when its reservation runs out).
+    let pusher = tokio::spawn(delayd::push::run(broker.clone()));
     let served = serve(&cfg, listener, broker.clone()).await;
+    pusher.abort();
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
     stopped?;

@@ -118,7 +118,13 @@ pub(crate) async fn handler(State(st): State<AppState>) -> Result<Response, ApiE
     let stats = st.broker().stats().await?;
     // Reading /proc is file I/O (one entry per open file for the fd count): off the runtime.
     let proc = tokio::task::spawn_blocking(process::read).await.unwrap_or_default();
-    let text = scrape(st.broker().metrics(), &stats, st.http_metrics(), &proc).map_err(|e| {
+    let text = scrape(st.broker().metrics(), &stats, st.http_metrics(), &proc).and_then(|text| {
+        // Push families come last, from their own registry (they have their own owner).
+        let reg = Registry::new();
+        st.broker().push_metrics().register(&reg)?;
+        Ok(text + &encode(&reg)?)
+    });
+    let text = text.map_err(|e| {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("cannot encode metrics: {e}"))
     })?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response())

@@ -7,6 +7,7 @@ mod extract;
 pub mod metrics;
 mod native;
 pub mod process;
+mod push;
 pub mod server;
 mod topics;
 mod ui;
@@ -49,6 +50,8 @@ pub struct Limits {
     pub max_delay_ms: u64,
     /// Configured levels, for `level` given as a duration.
     pub levels_ms: Vec<u64>,
+    /// Hosts a push subscription may target; `None`: any.
+    pub push_allowed_hosts: Option<Vec<String>>,
 }
 
 impl Limits {
@@ -63,6 +66,7 @@ impl Limits {
             compat_max_attempts: cfg.compat_max_attempts,
             max_delay_ms: cfg.max_delay,
             levels_ms: cfg.levels.clone(),
+            push_allowed_hosts: cfg.push_allowed_hosts.clone(),
         }
     }
 }
@@ -134,6 +138,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/topics/{topic}/resume", post(topics::resume))
         .route("/v1/topics/{topic}/redrive", post(topics::redrive))
         .route("/v1/topics/{topic}/purge", post(topics::purge))
+        .route("/v1/topics/{topic}/push", axum::routing::put(push::put).get(push::get).delete(push::delete))
         .route("/metrics", get(metrics::handler))
         // The original serves these paths for any method; so must a drop-in.
         .route("/push", any_but_head(compat::push))

@@ -325,6 +325,7 @@ mod tests {
             compat_max_attempts: None,
             max_delay_ms: 60_000,
             levels_ms: vec![1000, 5000],
+            push_allowed_hosts: None,
         }
     }
 

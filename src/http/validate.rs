@@ -156,6 +156,7 @@ mod tests {
             compat_max_attempts: None,
             max_delay_ms: 86_400_000,
             levels_ms: vec![1000, 5000, 60_000],
+            push_allowed_hosts: None,
         }
     }
 

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"DLCK");
 /// Magic of the clean-shutdown marker ("DLCS").
 pub const CLEAN_MAGIC: u32 = u32::from_le_bytes(*b"DLCS");
-/// Layout version of both files (2: per-topic state counts and paused topics).
-pub const CHECKPOINT_VERSION: u16 = 2;
+/// Layout version of both files (3: per-topic state counts, paused topics, push subscriptions).
+pub const CHECKPOINT_VERSION: u16 = 3;
 
 /// Which family a queue belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,8 @@ pub struct Checkpoint {
     pub queues: Vec<QueueState>,
     /// Paused topics, each with the log offset of its Pause record.
     pub paused: Vec<(String, u64)>,
+    /// Topics with a push subscription, each with the log offset of its Push record.
+    pub push: Vec<(String, u64)>,
     /// Which snapshot of this process it is (in memory only, 0 when loaded): reclaim must know a
     /// checkpoint was taken after its decision, which `dispatched` alone cannot tell when nothing
     /// was appended in between.
@@ -85,11 +87,13 @@ impl Checkpoint {
             put_u64(&mut b, q.delayed);
             put_u64(&mut b, q.ready);
         }
-        b.extend_from_slice(&(self.paused.len() as u32).to_le_bytes());
-        for (topic, offset) in &self.paused {
-            b.extend_from_slice(&(topic.len() as u16).to_le_bytes());
-            b.extend_from_slice(topic.as_bytes());
-            put_u64(&mut b, *offset);
+        for list in [&self.paused, &self.push] {
+            b.extend_from_slice(&(list.len() as u32).to_le_bytes());
+            for (topic, offset) in list {
+                b.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+                b.extend_from_slice(topic.as_bytes());
+                put_u64(&mut b, *offset);
+            }
         }
         let crc = crc32fast::hash(&b);
         b.extend_from_slice(&crc.to_le_bytes());
@@ -115,9 +119,9 @@ impl Checkpoint {
             return Err(damaged("bad magic"));
         }
         let version = u16::from_le_bytes([body[4], body[5]]);
-        if version == 1 {
+        if version == 1 || version == 2 {
             // An older delayd's: everything in it can be derived again from the log.
-            return Err(damaged("layout version 1, without per-topic state counts"));
+            return Err(damaged(&format!("layout version {version}, without all of today's fields")));
         }
         if version != CHECKPOINT_VERSION {
             // Intact (the CRC matched) but from another delayd: it is not ours to overwrite.
@@ -154,14 +158,16 @@ impl Checkpoint {
                 ready: r.u64()?,
             });
         }
-        let n = r.u32()?;
-        let mut paused = Vec::new();
-        for _ in 0..n {
-            let len = r.u16()? as usize;
-            let topic = String::from_utf8(r.take(len)?.to_vec()).ok()?;
-            paused.push((topic, r.u64()?));
+        let mut lists = [Vec::new(), Vec::new()];
+        for list in &mut lists {
+            for _ in 0..r.u32()? {
+                let len = r.u16()? as usize;
+                let topic = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+                list.push((topic, r.u64()?));
+            }
         }
-        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues, paused, serial: 0 })
+        let [paused, push] = lists;
+        (r.pos == body.len()).then_some(Checkpoint { dispatched, queues, paused, push, serial: 0 })
     }
 
     /// Loads `path`; a missing file is the empty checkpoint, a damaged one is an error.
@@ -370,6 +376,7 @@ mod tests {
                 },
             ],
             paused: vec![("orders".into(), 99), ("订单 a".into(), 7)],
+            push: vec![("hooks".into(), 1234)],
             serial: 0,
         };
         cp.store(&path).unwrap();

@@ -41,6 +41,8 @@ pub enum Kind {
     Carry = 4,
     /// A topic paused or resumed by an operator.
     Pause = 5,
+    /// A topic's push subscription set, replaced or removed.
+    Push = 6,
     /// Closes a segment: the next record starts at the next segment.
     EndOfSegment = 0x7F,
 }
@@ -53,6 +55,7 @@ impl Kind {
             3 => Some(Kind::Hop),
             4 => Some(Kind::Carry),
             5 => Some(Kind::Pause),
+            6 => Some(Kind::Push),
             0x7F => Some(Kind::EndOfSegment),
             _ => None,
         }
@@ -236,6 +239,45 @@ pub struct Pause<'a> {
     pub topic: &'a [u8],
 }
 
+/// Where a push subscription delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PushTarget {
+    /// None: the record removes the subscription.
+    None = 0,
+    /// An HTTP(S) webhook at `url`.
+    Webhook = 1,
+    /// A NATS JetStream `subject` on the server at `url`.
+    Nats = 2,
+}
+
+/// Longest push URL in bytes.
+pub const MAX_PUSH_URL_BYTES: usize = 2048;
+/// Longest push secret in bytes.
+pub const MAX_PUSH_SECRET_BYTES: usize = 1024;
+
+/// A topic's push subscription set or replaced (`target` not None) or removed. The latest one
+/// per topic counts; reclaim copies the one in effect forward, as it does a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Push<'a> {
+    /// Where deliveries go; None removes the subscription.
+    pub target: PushTarget,
+    /// Unix ms of the operator's request (of the original one, in a copy).
+    pub time_ms: u64,
+    /// How long one delivery may take, ms.
+    pub timeout_ms: u32,
+    /// Most deliveries under way at once.
+    pub max_in_flight: u32,
+    /// The topic.
+    pub topic: &'a [u8],
+    /// Webhook URL, or the NATS server URL.
+    pub url: &'a [u8],
+    /// NATS subject (empty for a webhook).
+    pub subject: &'a [u8],
+    /// Signing secret (empty for none).
+    pub secret: &'a [u8],
+}
+
 /// A timer moved on to its next level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hop {
@@ -288,6 +330,8 @@ pub enum Record<'a> {
     Carry(Carry<'a>),
     /// See [`Pause`].
     Pause(Pause<'a>),
+    /// See [`Push`].
+    Push(Push<'a>),
     /// End of segment.
     EndOfSegment,
 }
@@ -300,7 +344,7 @@ impl Record<'_> {
             Record::Transition(t) => t.route,
             Record::Hop(h) => h.route,
             Record::Carry(c) => c.put.route,
-            Record::Pause(_) | Record::EndOfSegment => Route::None,
+            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => Route::None,
         }
     }
 }
@@ -460,8 +504,11 @@ impl<'a> Dec<'a> {
 }
 
 fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
-    let version =
-        if matches!(kind, Kind::Carry | Kind::Pause) { RECORD_VERSION_CARRY } else { RECORD_VERSION };
+    let version = if matches!(kind, Kind::Carry | Kind::Pause | Kind::Push) {
+        RECORD_VERSION_CARRY
+    } else {
+        RECORD_VERSION
+    };
     frame_v(kind, version, payload_len, fill)
 }
 
@@ -610,6 +657,34 @@ pub fn encode_pause(p: &Pause<'_>) -> Result<Vec<u8>> {
     }))
 }
 
+/// Encodes a Push record. Fails on a field longer than its limit, or a subscription without a
+/// URL.
+pub fn encode_push(p: &Push<'_>) -> Result<Vec<u8>> {
+    if p.topic.is_empty() || p.topic.len() > MAX_TOPIC_BYTES {
+        return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_BYTES} bytes")));
+    }
+    if p.url.len() > MAX_PUSH_URL_BYTES || (p.target != PushTarget::None && p.url.is_empty()) {
+        return Err(Error::invalid("url", format!("must be 1 to {MAX_PUSH_URL_BYTES} bytes")));
+    }
+    if p.subject.len() > MAX_TOPIC_BYTES {
+        return Err(Error::invalid("subject", format!("must be at most {MAX_TOPIC_BYTES} bytes")));
+    }
+    if p.secret.len() > MAX_PUSH_SECRET_BYTES {
+        return Err(Error::invalid("secret", format!("must be at most {MAX_PUSH_SECRET_BYTES} bytes")));
+    }
+    let len = 1 + 8 + 4 + 4 + 2 * 4 + p.topic.len() + p.url.len() + p.subject.len() + p.secret.len();
+    Ok(frame(Kind::Push, len, |e| {
+        e.u8(p.target as u8);
+        e.u64(p.time_ms);
+        e.u32(p.timeout_ms);
+        e.u32(p.max_in_flight);
+        for field in [p.topic, p.url, p.subject, p.secret] {
+            e.u16(field.len() as u16);
+            e.0.extend_from_slice(field);
+        }
+    }))
+}
+
 /// Encodes a Hop record.
 pub fn encode_hop(h: &Hop) -> Vec<u8> {
     frame(Kind::Hop, 8 + 8 + 4 + 8 + ROUTE_BYTES, |e| {
@@ -661,10 +736,10 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
     // 1, 2 (it ends with a due time) or 3 (a due time and a link to the record before it); the rest
     // only 1.
     let v2 = buf[6] == RECORD_VERSION_CARRY;
-    let only_v2 = matches!(kind, Kind::Carry | Kind::Pause);
+    let only_v2 = matches!(kind, Kind::Carry | Kind::Pause | Kind::Push);
     let v3 = buf[6] == RECORD_VERSION_LINKED;
     if (only_v2 && !v2)
-        || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Put | Kind::Transition))
+        || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Push | Kind::Put | Kind::Transition))
         || (v3 && kind != Kind::Transition)
     {
         return Err(DecodeError::Invalid("record kind and version do not match"));
@@ -721,6 +796,32 @@ pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
                 t
             },
         }),
+        Kind::Push => {
+            let target = match d.u8()? {
+                0 => PushTarget::None,
+                1 => PushTarget::Webhook,
+                2 => PushTarget::Nats,
+                _ => return Err(DecodeError::Invalid("unknown push target")),
+            };
+            let (time_ms, timeout_ms, max_in_flight) = (d.u64()?, d.u32()?, d.u32()?);
+            let mut field = |max: usize| -> Result<&[u8], DecodeError> {
+                let n = d.u16()? as usize;
+                if n > max {
+                    return Err(DecodeError::Invalid("push field too long"));
+                }
+                d.take(n)
+            };
+            let (topic, url, subject, secret) = (
+                field(MAX_TOPIC_BYTES)?,
+                field(MAX_PUSH_URL_BYTES)?,
+                field(MAX_TOPIC_BYTES)?,
+                field(MAX_PUSH_SECRET_BYTES)?,
+            );
+            if topic.is_empty() || (target != PushTarget::None && url.is_empty()) {
+                return Err(DecodeError::Invalid("push record without a topic or url"));
+            }
+            Record::Push(Push { target, time_ms, timeout_ms, max_in_flight, topic, url, subject, secret })
+        }
         Kind::Carry => Record::Carry(Carry {
             prev_msg_offset: d.u64()?,
             seq: d.u32()?,
@@ -817,6 +918,21 @@ mod tests {
             prop_assert_eq!(buf.len(), HEADER_BYTES + 11 + topic.len());
             prop_assert_eq!(buf[6], RECORD_VERSION_CARRY);
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Pause(p), buf.len()));
+        }
+
+        #[test]
+        fn push_round_trips(target in 0u8..3, t in any::<u64>(), timeout in any::<u32>(), inflight in any::<u32>(),
+                            topic in proptest::collection::vec(any::<u8>(), 1..=255),
+                            url in proptest::collection::vec(any::<u8>(), 1..300),
+                            subject in proptest::collection::vec(any::<u8>(), 0..40),
+                            secret in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let target = [PushTarget::None, PushTarget::Webhook, PushTarget::Nats][target as usize];
+            let p = Push { target, time_ms: t, timeout_ms: timeout, max_in_flight: inflight, topic: &topic,
+                url: &url, subject: &subject, secret: &secret };
+            let buf = encode_push(&p).unwrap();
+            prop_assert_eq!(buf.len(), HEADER_BYTES + 25 + topic.len() + url.len() + subject.len() + secret.len());
+            prop_assert_eq!(buf[6], RECORD_VERSION_CARRY);
+            prop_assert_eq!(decode(&buf).unwrap(), (Record::Push(p), buf.len()));
         }
 
         #[test]

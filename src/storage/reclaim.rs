@@ -333,6 +333,10 @@ impl Store {
                     live += next - offset;
                     None
                 }
+                Record::Push(p) if self.push_in_effect(p, offset) => {
+                    live += next - offset;
+                    None
+                }
                 _ => None,
             };
             if let Some(hash) = msg {
@@ -391,18 +395,22 @@ impl Store {
                 break;
             }
             pos = next;
+            // Topic settings in effect (a pause, a push subscription) move forward like live
+            // messages; ending one needs no copy, since no record in the log means not set.
+            let setting = match &rec {
+                Record::Pause(p) if self.pause_in_effect(p, offset) => Some(format::encode_pause(p)?),
+                Record::Push(p) if self.push_in_effect(p, offset) => Some(format::encode_push(p)?),
+                _ => None,
+            };
+            if let Some(record) = setting {
+                bytes += record.len() as u64;
+                self.append(&record)?;
+                moved += 1;
+                continue;
+            }
             let hash = match &rec {
                 Record::Put(p) => format::id_hash(p.id),
                 Record::Carry(c) => format::id_hash(c.put.id),
-                // The pause in effect moves forward like a live message (a resume needs no copy:
-                // no pause in the log means not paused).
-                Record::Pause(p) if self.pause_in_effect(p, offset) => {
-                    let record = format::encode_pause(p)?;
-                    bytes += record.len() as u64;
-                    self.append(&record)?;
-                    moved += 1;
-                    continue;
-                }
                 _ => continue,
             };
             let slot = match self.holds(offset, hash, now_ms, policy.expired_at_ms)? {
@@ -430,6 +438,11 @@ impl Store {
     /// Whether the Pause record at `offset` is the one keeping its topic paused.
     fn pause_in_effect(&self, p: &format::Pause<'_>, offset: u64) -> bool {
         self.paused.get(String::from_utf8_lossy(p.topic).as_ref()) == Some(&offset)
+    }
+
+    /// Whether the Push record at `offset` is the subscription in effect for its topic.
+    fn push_in_effect(&self, p: &format::Push<'_>, offset: u64) -> bool {
+        self.push.get(String::from_utf8_lossy(p.topic).as_ref()) == Some(&offset)
     }
 
     fn carry_record(&self, slot: &Slot, now_ms: u64, plan: &dyn Fn(u64, u64) -> Route) -> Result<Vec<u8>> {

@@ -121,6 +121,11 @@ pub struct Store {
     pub topics: HashMap<String, TopicQueue>,
     /// Paused topics, with the offset of the Pause record in effect (reclaim copies it forward).
     pub paused: BTreeMap<String, u64>,
+    /// Topics with a push subscription, with the offset of the Push record in effect (reclaim
+    /// copies it forward; the subscription is read from it).
+    pub push: BTreeMap<String, u64>,
+    /// Push records applied so far, so that the pushers can tell when to look again.
+    pub push_changes: u64,
     /// Topics whose queue files are open, by last use (oldest first); at most `cfg.open_queues`.
     lru: BTreeMap<u64, String>,
     /// Key of the most recent use.
@@ -332,6 +337,8 @@ impl Store {
             levels: BTreeMap::new(),
             topics: HashMap::new(),
             paused: BTreeMap::new(),
+            push: BTreeMap::new(),
+            push_changes: 0,
             lru: BTreeMap::new(),
             lru_tick: 0,
             index,
@@ -376,6 +383,7 @@ impl Store {
         }
         // Pauses before the checkpoint's position; later ones are replayed below.
         store.paused = cp.paused.iter().filter(|(_, at)| *at < store.log.end()).cloned().collect();
+        store.push = cp.push.iter().filter(|(_, at)| *at < store.log.end()).cloned().collect();
         if !rebuild {
             rebuild = !store.open_queues(&cp, dispatched, &mut report)?;
         }
@@ -674,6 +682,7 @@ impl Store {
         self.topics.clear();
         // Pauses come back from their records (reclaim keeps the one in effect in the log).
         self.paused.clear();
+        self.push.clear();
         self.lru.clear();
         let cq_root = self.dir.join("cq");
         if cq_root.exists() {
@@ -866,7 +875,7 @@ impl Store {
             }
             Record::Hop(h) if h.msg_offset < self.log.start() => return Ok(Routed::Reclaimed),
             Record::Hop(h) => (h.route, None, 0),
-            Record::Pause(_) | Record::EndOfSegment => return Ok(Routed::Nowhere),
+            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => return Ok(Routed::Nowhere),
         };
         Ok(match (route, topic) {
             (Route::Topic, Some(t)) => Routed::To(Target::Topic(t), Entry { offset, size, tag }),
@@ -1167,6 +1176,15 @@ impl Store {
                     self.paused.remove(&topic);
                 }
             }
+            Record::Push(p) => {
+                let topic = String::from_utf8_lossy(p.topic).into_owned();
+                if p.target == format::PushTarget::None {
+                    self.push.remove(&topic);
+                } else {
+                    self.push.insert(topic, offset);
+                }
+                self.push_changes += 1;
+            }
             Record::EndOfSegment => {}
         }
         Ok(Some((offset, next)))
@@ -1243,7 +1261,7 @@ impl Store {
             Record::Transition(t) => t.deliver_at_ms,
             Record::Carry(c) => c.deliver_at_ms,
             Record::Hop(h) => h.target_ms,
-            Record::Pause(_) | Record::EndOfSegment => 0,
+            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => 0,
         })
     }
 
@@ -1391,7 +1409,8 @@ impl Store {
         }
         self.snapshots += 1;
         let paused = self.paused.iter().map(|(t, o)| (t.clone(), *o)).collect();
-        Checkpoint { dispatched: self.dispatched, queues, paused, serial: self.snapshots }
+        let push = self.push.iter().map(|(t, o)| (t.clone(), *o)).collect();
+        Checkpoint { dispatched: self.dispatched, queues, paused, push, serial: self.snapshots }
     }
 
     /// Flushes everything and records the dispatch position, queue lengths and cursors.

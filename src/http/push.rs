@@ -1,0 +1,125 @@
+//! `PUT/GET/DELETE /v1/topics/{topic}/push`: a topic's push subscription.
+
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::extract::{JsonBody, PathParam};
+use super::{validate, AppState};
+use crate::message::PushConfig;
+use crate::storage::format::{MAX_PUSH_SECRET_BYTES, MAX_PUSH_URL_BYTES};
+
+/// Delivery timeout when the subscription names none, ms.
+const DEFAULT_TIMEOUT_MS: u32 = 10_000;
+/// Longest delivery timeout a subscription may ask for, ms.
+const MAX_TIMEOUT_MS: u32 = 300_000;
+/// Deliveries under way at once when the subscription names no limit.
+const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
+/// Most deliveries under way at once a subscription may ask for.
+const MAX_IN_FLIGHT: u32 = 1_024;
+
+/// The body of a subscribe.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PushBody {
+    url: Option<String>,
+    secret: Option<String>,
+    timeout_ms: Option<u32>,
+    max_in_flight: Option<u32>,
+    nats: Option<Value>,
+}
+
+/// `PUT /v1/topics/{topic}/push`
+pub(crate) async fn put(
+    State(st): State<AppState>,
+    PathParam(topic): PathParam,
+    JsonBody(body): JsonBody<PushBody>,
+) -> Result<Json<Value>, ApiError> {
+    validate::topic(&topic)?;
+    if body.nats.is_some() {
+        return Err(ApiError::invalid("nats", "NATS JetStream targets are not supported yet; use url"));
+    }
+    let url =
+        body.url.ok_or_else(|| ApiError::invalid("url", "required: the webhook to POST each message to"))?;
+    check_url(&url, st.limits().push_allowed_hosts.as_deref())?;
+    if let Some(s) = &body.secret {
+        if s.is_empty() || s.len() > MAX_PUSH_SECRET_BYTES {
+            return Err(ApiError::invalid("secret", format!("must be 1 to {MAX_PUSH_SECRET_BYTES} bytes")));
+        }
+    }
+    let timeout_ms = body.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+    if !(1..=MAX_TIMEOUT_MS).contains(&timeout_ms) {
+        return Err(ApiError::invalid("timeout_ms", format!("must be 1 to {MAX_TIMEOUT_MS}")));
+    }
+    let max_in_flight = body.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    if !(1..=MAX_IN_FLIGHT).contains(&max_in_flight) {
+        return Err(ApiError::invalid("max_in_flight", format!("must be 1 to {MAX_IN_FLIGHT}")));
+    }
+    let cfg = PushConfig {
+        topic: topic.clone(),
+        url,
+        secret: body.secret,
+        timeout_ms,
+        max_in_flight,
+        created_at_ms: 0,
+    };
+    st.broker().set_push(&topic, Some(cfg)).await?;
+    get(State(st), PathParam(topic)).await
+}
+
+/// `GET /v1/topics/{topic}/push`
+pub(crate) async fn get(
+    State(st): State<AppState>,
+    PathParam(topic): PathParam,
+) -> Result<Json<Value>, ApiError> {
+    validate::topic(&topic)?;
+    let cfg = st.broker().push_of(&topic).await?.ok_or_else(|| {
+        ApiError::from(crate::error::Error::NotFound(format!("topic {topic:?} has no push subscription")))
+    })?;
+    // Never the secret itself: only whether there is one.
+    Ok(Json(json!({
+        "topic": cfg.topic,
+        "url": cfg.url,
+        "has_secret": cfg.secret.is_some(),
+        "timeout_ms": cfg.timeout_ms,
+        "max_in_flight": cfg.max_in_flight,
+        "created_at_ms": cfg.created_at_ms,
+    })))
+}
+
+/// `DELETE /v1/topics/{topic}/push`
+pub(crate) async fn delete(
+    State(st): State<AppState>,
+    PathParam(topic): PathParam,
+) -> Result<Json<Value>, ApiError> {
+    validate::topic(&topic)?;
+    st.broker().set_push(&topic, None).await?;
+    Ok(Json(json!({ "topic": topic, "removed": true })))
+}
+
+/// Only absolute http and https URLs with a host (one of `allowed`, when set), without
+/// credentials in them.
+fn check_url(url: &str, allowed: Option<&[String]>) -> Result<(), ApiError> {
+    if url.len() > MAX_PUSH_URL_BYTES {
+        return Err(ApiError::invalid("url", format!("must be at most {MAX_PUSH_URL_BYTES} bytes")));
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|e| ApiError::invalid("url", format!("not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ApiError::invalid("url", "only http and https URLs"));
+    }
+    let host = parsed.host_str().unwrap_or_default().trim_matches(['[', ']']).to_ascii_lowercase();
+    if host.is_empty() {
+        return Err(ApiError::invalid("url", "needs a host"));
+    }
+    if let Some(allowed) = allowed {
+        if !allowed.iter().any(|a| a.trim_matches(['[', ']']) == host) {
+            return Err(ApiError::invalid("url", format!("host {host} is not in push_allowed_hosts")));
+        }
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(ApiError::invalid("url", "must not carry credentials (use secret to sign instead)"));
+    }
+    Ok(())
+}

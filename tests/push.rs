@@ -1,0 +1,299 @@
+//! Push delivery to a webhook, against the real binary and a real local receiver.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use common::{now_ms, Server};
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Got {
+    at_ms: u64,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// How the receiver answers a request, by its `Delayd-Message-Id` and `Delayd-Attempt`.
+type Answer = dyn Fn(&str, u32) -> (StatusCode, Duration) + Send + Sync;
+
+#[derive(Clone)]
+struct Receiver {
+    got: Arc<Mutex<Vec<Got>>>,
+    answer: Arc<Mutex<Arc<Answer>>>,
+}
+
+impl Receiver {
+    /// Starts a webhook receiver on a free 127.0.0.1 port, on its own runtime thread; returns it
+    /// and its URL.
+    fn start() -> (Receiver, String) {
+        let r = Receiver {
+            got: Arc::default(),
+            answer: Arc::new(Mutex::new(Arc::new(|_: &str, _: u32| (StatusCode::OK, Duration::ZERO)))),
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let state = r.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let app = axum::Router::new().fallback(receive).with_state(state);
+                let l = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(l, app).await.unwrap();
+            });
+        });
+        (r, format!("http://{addr}/hook"))
+    }
+
+    fn answer(&self, f: impl Fn(&str, u32) -> (StatusCode, Duration) + Send + Sync + 'static) {
+        *self.answer.lock().unwrap() = Arc::new(f);
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    fn for_id(&self, id: &str) -> Vec<Got> {
+        self.got().into_iter().filter(|g| g.headers["delayd-message-id"] == id).collect()
+    }
+
+    fn wait(&self, what: &str, mut done: impl FnMut(&[Got]) -> bool) -> Vec<Got> {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let got = self.got();
+            if done(&got) {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "never: {what}; got {} requests", got.len());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let headers: HashMap<String, String> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
+        .collect();
+    let id = headers.get("delayd-message-id").cloned().unwrap_or_default();
+    let attempt = headers.get("delayd-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
+    r.got.lock().unwrap().push(Got { at_ms: now_ms(), headers, body: body.to_vec() });
+    let answer = r.answer.lock().unwrap().clone();
+    let (status, wait) = answer(&id, attempt);
+    tokio::time::sleep(wait).await;
+    status
+}
+
+fn subscribe(s: &Server, topic: &str, body: Value) -> Value {
+    let c = s.http();
+    let r = c.put(s.url(&format!("/v1/topics/{topic}/push"))).json(&body).send().unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().unwrap();
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+fn state(s: &Server, id: &str) -> Value {
+    s.get(&format!("/v1/messages/{id}")).1
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !f() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn each_due_message_is_posted_once_with_exact_body_and_headers_and_a_valid_signature() {
+    let s = Server::start(&[]);
+    let (rx, url) = Receiver::start();
+    let v = subscribe(&s, "orders", json!({"url": url, "secret": "whsec_test", "timeout_ms": 5000}));
+    assert_eq!(
+        v,
+        json!({"topic": "orders", "url": url, "has_secret": true, "timeout_ms": 5000, "max_in_flight": 16,
+               "created_at_ms": v["created_at_ms"]})
+    );
+    assert!(v.get("secret").is_none());
+    let bodies = ["{\"order\":1}", "plain text, ünïcödé ✓", ""];
+    let mut produced = vec![];
+    for (i, b) in bodies.iter().enumerate() {
+        let p = s.produce("orders", &json!({"id": format!("o{i}"), "body": b, "delay_ms": 300 * i as u64}));
+        produced.push(p);
+    }
+    let got = rx.wait("three deliveries", |g| g.len() >= 3);
+    eventually("all done", || (0..3).all(|i| state(&s, &format!("o{i}"))["state"] == "done"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rx.got().len(), 3, "a message was posted twice: {:?}", rx.got());
+    let (_, metrics) = s.get_text("/metrics");
+    assert!(
+        metrics.lines().any(|l| l == "delayd_push_attempts_total{outcome=\"ok\",topic=\"orders\"} 3"),
+        "{metrics}"
+    );
+    for (i, b) in bodies.iter().enumerate() {
+        let id = format!("o{i}");
+        let g = got.iter().find(|g| g.headers["delayd-message-id"] == id).expect("delivered");
+        assert_eq!(g.body, b.as_bytes(), "{id}: body byte for byte");
+        let due = produced[i]["deliver_at_ms"].as_u64().unwrap();
+        assert_eq!(g.headers["delayd-topic"], "orders");
+        assert_eq!(g.headers["delayd-attempt"], "1");
+        assert_eq!(g.headers["delayd-deliver-at"], due.to_string());
+        assert!(g.at_ms >= due, "{id} posted at {} before its due time {due}", g.at_ms);
+        assert!(g.headers["user-agent"].starts_with("delayd/"), "{:?}", g.headers);
+        // Verify the signature as a receiver would.
+        let sig = &g.headers["delayd-signature"];
+        let (t, v1) = sig.strip_prefix("t=").and_then(|r| r.split_once(",v1=")).expect("t=..,v1=..");
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"whsec_test").unwrap();
+        mac.update(format!("{t}.").as_bytes());
+        mac.update(&g.body);
+        let want: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(v1, want, "{id}: signature");
+        let t: u64 = t.parse().unwrap();
+        assert!(t <= g.at_ms && t + 60_000 > g.at_ms, "{id}: signature time {t} vs arrival {}", g.at_ms);
+    }
+}
+
+#[test]
+fn failed_deliveries_follow_the_backoff_and_dead_letter_after_max_attempts() {
+    let s = Server::start(&[]);
+    let (rx, url) = Receiver::start();
+    // 500, then a redirect (not followed: also a failure), then a timeout.
+    rx.answer(|_, attempt| match attempt {
+        1 => (StatusCode::INTERNAL_SERVER_ERROR, Duration::ZERO),
+        2 => (StatusCode::FOUND, Duration::ZERO),
+        _ => (StatusCode::OK, Duration::from_secs(3)),
+    });
+    subscribe(&s, "jobs", json!({"url": url, "timeout_ms": 500}));
+    s.produce("jobs", &json!({"id": "j", "body": "x", "max_attempts": 3, "backoff": [400, 800]}));
+    let got = rx.wait("three attempts", |g| g.len() >= 3);
+    let attempts: Vec<&str> = got.iter().map(|g| g.headers["delayd-attempt"].as_str()).collect();
+    assert_eq!(attempts, ["1", "2", "3"]);
+    // Never early: each retry waits at least its backoff step after the failed attempt.
+    assert!(got[1].at_ms >= got[0].at_ms + 400, "second attempt after {} ms", got[1].at_ms - got[0].at_ms);
+    assert!(got[2].at_ms >= got[1].at_ms + 800, "third attempt after {} ms", got[2].at_ms - got[1].at_ms);
+    eventually("j dead-lettered", || state(&s, "j")["state"] == "dead");
+    let (_, metrics) = s.get_text("/metrics");
+    for line in [
+        "delayd_push_attempts_total{outcome=\"refused\",topic=\"jobs\"} 2",
+        "delayd_push_attempts_total{outcome=\"failed\",topic=\"jobs\"} 1",
+        "delayd_push_in_flight{topic=\"jobs\"} 0",
+        "delayd_push_duration_seconds_count{topic=\"jobs\"} 3",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in /metrics");
+    }
+    assert_eq!(state(&s, "j")["dead_letter_topic"], "jobs.dlq");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(rx.got().len(), 3, "a dead letter is not pushed again (jobs.dlq has no subscription)");
+}
+
+#[test]
+fn a_kill_with_deliveries_in_flight_loses_none_and_the_subscription_survives() {
+    let mut s = Server::start(&[]);
+    let (rx, url) = Receiver::start();
+    // Hold every request: the deliveries are in flight when delayd is killed.
+    rx.answer(|_, _| (StatusCode::OK, Duration::from_secs(60)));
+    subscribe(&s, "k", json!({"url": url, "timeout_ms": 1000, "max_in_flight": 8}));
+    for i in 0..5 {
+        s.produce("k", &json!({"id": format!("k{i}"), "body": format!("{i}")}));
+    }
+    rx.wait("five deliveries in flight", |g| g.len() >= 5);
+    s.kill9();
+    rx.answer(|_, _| (StatusCode::OK, Duration::ZERO));
+    s.respawn();
+    let (st, v) = s.get("/v1/topics/k/push");
+    assert_eq!((st, &v["url"]), (200, &json!(url)), "{v}");
+    eventually("every message done after the restart", || {
+        (0..5).all(|i| state(&s, &format!("k{i}"))["state"] == "done")
+    });
+    for i in 0..5 {
+        let tries = rx.for_id(&format!("k{i}"));
+        assert!(tries.len() >= 2, "k{i} was delivered again after the kill: {tries:?}");
+        assert_eq!(tries.last().unwrap().headers["delayd-attempt"], "2");
+    }
+}
+
+#[test]
+fn a_slow_endpoint_does_not_hold_up_another_topic() {
+    let s = Server::start(&[]);
+    let (slow_rx, slow_url) = Receiver::start();
+    let (fast_rx, fast_url) = Receiver::start();
+    slow_rx.answer(|_, _| (StatusCode::OK, Duration::from_secs(20)));
+    subscribe(&s, "slow", json!({"url": slow_url, "timeout_ms": 30000, "max_in_flight": 2}));
+    subscribe(&s, "fast", json!({"url": fast_url}));
+    for i in 0..6 {
+        s.produce("slow", &json!({"id": format!("s{i}"), "body": "s"}));
+    }
+    slow_rx.wait("two slow deliveries", |g| g.len() >= 2);
+    for i in 0..20 {
+        s.produce("fast", &json!({"id": format!("f{i}"), "body": "f"}));
+    }
+    fast_rx.wait("all fast deliveries", |g| g.len() >= 20);
+    eventually("fast ones done", || (0..20).all(|i| state(&s, &format!("f{i}"))["state"] == "done"));
+    assert_eq!(slow_rx.got().len(), 2, "max_in_flight 2 was exceeded on the slow topic");
+}
+
+#[test]
+fn subscriptions_are_validated_shown_without_the_secret_and_removed() {
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", "tok")]);
+    let c = s.http();
+    let put = |body: Value| {
+        let r = c.put(s.url("/v1/topics/t/push")).bearer_auth("tok").json(&body).send().unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    for (body, field) in [
+        (json!({}), "url"),
+        (json!({"url": "ftp://x/y"}), "url"),
+        (json!({"url": "not a url"}), "url"),
+        (json!({"url": "http://user:pw@host/"}), "url"),
+        (json!({"url": "http://h/", "timeout_ms": 0}), "timeout_ms"),
+        (json!({"url": "http://h/", "max_in_flight": 0}), "max_in_flight"),
+        (json!({"url": "http://h/", "secret": ""}), "secret"),
+        (json!({"url": "http://h/", "colour": "red"}), "colour"),
+    ] {
+        let (st, v) = put(body.clone());
+        Server::assert_error(st, &v, 400, "invalid_argument");
+        assert!(v["error"]["message"].as_str().unwrap().contains(field), "{body}: {v}");
+    }
+    let (st, v) = put(json!({"url": "https://example.invalid/hook", "secret": "s3"}));
+    assert_eq!(st, 200, "{v}");
+    assert!(!v.to_string().contains("s3\""), "the secret is shown: {v}");
+    let unauth = c.get(s.url("/v1/topics/t/push")).send().unwrap().status().as_u16();
+    assert_eq!(unauth, 401);
+    let del = |_: ()| {
+        let r = c.delete(s.url("/v1/topics/t/push")).bearer_auth("tok").send().unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    assert_eq!(del(()), (200, json!({"topic": "t", "removed": true})));
+    let (st, v) = del(());
+    Server::assert_error(st, &v, 404, "not_found");
+    let r = c.get(s.url("/v1/topics/t/push")).bearer_auth("tok").send().unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+}
+
+#[test]
+fn push_allowed_hosts_limits_where_deliveries_may_go() {
+    let s = Server::start(&[("DELAYD_PUSH_ALLOWED_HOSTS", "hooks.example 127.0.0.1")]);
+    let c = s.http();
+    let put = |url: &str| {
+        let r = c.put(s.url("/v1/topics/t/push")).json(&json!({"url": url})).send().unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    assert_eq!(put("https://HOOKS.example/x").0, 200);
+    assert_eq!(put("http://127.0.0.1:9/x").0, 200);
+    for url in ["http://169.254.169.254/latest/meta-data", "http://localhost/", "http://hooks.example.evil/"]
+    {
+        let (st, v) = put(url);
+        Server::assert_error(st, &v, 400, "invalid_argument");
+        assert!(v["error"]["message"].as_str().unwrap().contains("push_allowed_hosts"), "{url}: {v}");
+    }
+}
