@@ -544,6 +544,17 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     e.produce("p", req("held", 100, When::Now)).unwrap();
     e.set_paused("p", true).unwrap();
     let first = e.store_for_tests().paused["p"];
+    // A push subscription is a setting like a pause: it must outlive its segment too.
+    let hook = crate::message::PushConfig {
+        topic: "p".into(),
+        url: "http://127.0.0.1:9/hook".into(),
+        secret: Some("s".into()),
+        timeout_ms: 1000,
+        max_in_flight: 2,
+        created_at_ms: 0,
+    };
+    e.set_push("p", Some(&hook)).unwrap();
+    let first_push = e.store_for_tests().push["p"];
     // Pausing twice writes nothing.
     let end = e.log_end();
     e.set_paused("p", true).unwrap();
@@ -563,6 +574,15 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     let store = e.store_for_tests();
     assert!(store.log.start() > first, "the pause's segment was reclaimed");
     assert!(store.paused["p"] >= store.log.start(), "the pause was copied forward");
+    assert!(
+        store.log.start() > first_push && store.push["p"] >= store.log.start(),
+        "the push was copied forward"
+    );
+    let kept = e.push_of("p").unwrap().unwrap();
+    assert_eq!(
+        (kept.url.as_str(), kept.secret.as_deref(), kept.max_in_flight),
+        (hook.url.as_str(), Some("s"), 2)
+    );
     assert_eq!(e.topics().iter().find(|t| t.topic == "p").map(|t| (t.ready, t.paused)), Some((1, true)));
     // A restart keeps it (from the checkpoint), and so does a rebuild from the log alone.
     drop(e);
@@ -573,6 +593,7 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
     let mut e = open(dir.path(), &clock);
     assert!(e.store_for_tests().paused.contains_key("p"));
+    assert_eq!(e.push_of("p").unwrap().map(|c| c.url), Some(hook.url.clone()), "the rebuild found the push");
     assert!(e.pop(&paused, 10, None).unwrap().is_empty());
     e.set_paused("p", false).unwrap();
     let ds = e.pop(&paused, 10, None).unwrap();
