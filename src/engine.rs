@@ -1427,14 +1427,20 @@ impl Engine {
             return Err(Error::NotFound(format!("topic {topic:?} has no push subscription")));
         }
         let secret = cfg.and_then(|c| c.secret.as_deref()).unwrap_or("");
+        let target = match cfg {
+            None => format::PushTarget::None,
+            Some(c) if c.nats_subject.is_some() => format::PushTarget::Nats,
+            Some(_) => format::PushTarget::Webhook,
+        };
+        let subject = cfg.and_then(|c| c.nats_subject.as_deref()).unwrap_or("");
         let rec = format::encode_push(&format::Push {
-            target: if cfg.is_some() { format::PushTarget::Webhook } else { format::PushTarget::None },
+            target,
             time_ms: self.now(),
             timeout_ms: cfg.map_or(0, |c| c.timeout_ms),
             max_in_flight: cfg.map_or(0, |c| c.max_in_flight),
             topic: topic.as_bytes(),
             url: cfg.map_or(&b""[..], |c| c.url.as_bytes()),
-            subject: b"",
+            subject: subject.as_bytes(),
             secret: secret.as_bytes(),
         })?;
         self.append(&rec)?;
@@ -1445,9 +1451,11 @@ impl Engine {
     pub fn push_of(&self, topic: &str) -> Result<Option<PushConfig>> {
         let Some(at) = self.store.push.get(topic) else { return Ok(None) };
         match self.store.log.read(*at)?.0 {
-            Record::Push(p) if p.target == format::PushTarget::Webhook => Ok(Some(PushConfig {
+            Record::Push(p) if p.target != format::PushTarget::None => Ok(Some(PushConfig {
                 topic: topic.to_string(),
                 url: String::from_utf8_lossy(p.url).into_owned(),
+                nats_subject: (p.target == format::PushTarget::Nats)
+                    .then(|| String::from_utf8_lossy(p.subject).into_owned()),
                 secret: (!p.secret.is_empty()).then(|| String::from_utf8_lossy(p.secret).into_owned()),
                 timeout_ms: p.timeout_ms,
                 max_in_flight: p.max_in_flight,
@@ -1456,7 +1464,7 @@ impl Engine {
             _ => Err(Error::Corrupt {
                 file: "commitlog".into(),
                 offset: *at,
-                reason: format!("the push subscription of {topic:?} does not point at a webhook Push record"),
+                reason: format!("the push subscription of {topic:?} does not point at a Push record"),
             }),
         }
     }

@@ -179,8 +179,10 @@ pub struct TopicStats {
 pub struct PushConfig {
     /// The topic consumed.
     pub topic: String,
-    /// The webhook URL each message is POSTed to.
+    /// The webhook URL each message is POSTed to, or the NATS server's URL.
     pub url: String,
+    /// For a NATS JetStream target, the subject each message is published to; `None`: a webhook.
+    pub nats_subject: Option<String>,
     /// Signing secret for `Delayd-Signature` (never shown by the API).
     pub secret: Option<String>,
     /// How long one delivery may take, ms; the reservation is this plus a margin.

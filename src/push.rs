@@ -1,7 +1,8 @@
 //! Push delivery: for each topic with a push subscription, delayd is the consumer. It reserves
-//! due messages (time-to-run = the delivery timeout plus a margin) and POSTs each to the webhook;
-//! a 2xx acks it, anything else is a nack, so the message comes back after the next step of its
-//! backoff and is dead-lettered after its last attempt, as with any consumer. A delivery cut
+//! due messages (time-to-run = the delivery timeout plus a margin) and POSTs each to the webhook,
+//! or publishes it to a NATS JetStream subject; a 2xx (or JetStream's publish ack) acks it,
+//! anything else is a nack, so the message comes back after the next step of its backoff and is
+//! dead-lettered after its last attempt, as with any consumer. A delivery cut
 //! short (the process killed, the subscription changed) leaves the reservation to run out, and
 //! the message comes back: at least once.
 
@@ -135,7 +136,34 @@ fn client() -> reqwest::Result<reqwest::Client> {
 }
 
 /// Consumes `cfg.topic`, keeping at most `max_in_flight` deliveries under way.
+/// Where a worker's deliveries go.
+#[derive(Clone)]
+enum Sink {
+    /// POST to the subscription's URL.
+    Webhook(reqwest::Client),
+    /// Publish to the subscription's JetStream subject (boxed: the context is large, and cloned
+    /// once per delivery).
+    Nats(Arc<async_nats::jetstream::Context>),
+}
+
+/// What became of one delivery: acked (`Ok`), or why not (the outcome label, and a reason).
+type Outcome = Result<(), (&'static str, String)>;
+
 async fn worker(broker: Broker, client: reqwest::Client, cfg: PushConfig) {
+    let sink = match &cfg.nats_subject {
+        None => Sink::Webhook(client),
+        // With retry_on_initial_connect the client is made at once and (re)connects in the
+        // background: a NATS server that is down holds up only this topic's deliveries, which
+        // time out and come back on their backoff.
+        Some(_) => match async_nats::ConnectOptions::new().retry_on_initial_connect().connect(&cfg.url).await
+        {
+            Ok(nc) => Sink::Nats(Arc::new(async_nats::jetstream::new(nc))),
+            Err(e) => {
+                tracing::error!(topic = %cfg.topic, url = %cfg.url, error = %e, "cannot set up the NATS client; this topic is not pushed");
+                return;
+            }
+        },
+    };
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1) as usize));
     let cfg = Arc::new(cfg);
     loop {
@@ -166,33 +194,33 @@ async fn worker(broker: Broker, client: reqwest::Client, cfg: PushConfig) {
                     Err(_) => break,
                 },
             };
-            let (broker, client, cfg) = (broker.clone(), client.clone(), cfg.clone());
+            let (broker, sink, cfg) = (broker.clone(), sink.clone(), cfg.clone());
             tokio::spawn(async move {
-                deliver(&broker, &client, &cfg, d).await;
+                deliver(&broker, &sink, &cfg, d).await;
                 drop(slot);
             });
         }
     }
 }
 
-/// POSTs one message and acks or nacks it by the answer.
-async fn deliver(broker: &Broker, client: &reqwest::Client, cfg: &PushConfig, d: Delivery) {
+/// Delivers one message to the sink and acks or nacks it by the outcome.
+async fn deliver(broker: &Broker, sink: &Sink, cfg: &PushConfig, d: Delivery) {
     let m = broker.push_metrics();
     let in_flight = m.in_flight.with_label_values(&[cfg.topic.as_str()]);
     in_flight.inc();
     let started = std::time::Instant::now();
-    let result = post(client, cfg, &d).await;
+    let timeout = Duration::from_millis(u64::from(cfg.timeout_ms));
+    let result = match sink {
+        Sink::Webhook(client) => post(client, cfg, &d, timeout).await,
+        Sink::Nats(js) => publish(js, cfg, &d, timeout).await,
+    };
     in_flight.dec();
     m.latency.with_label_values(&[cfg.topic.as_str()]).observe(started.elapsed().as_secs_f64());
     let (ok, outcome) = match result {
-        Ok(status) if status.is_success() => (true, "ok"),
-        Ok(status) => {
-            tracing::debug!(topic = %cfg.topic, id = %d.id, %status, "webhook refused a delivery");
-            (false, "refused")
-        }
-        Err(e) => {
-            tracing::debug!(topic = %cfg.topic, id = %d.id, error = %e, "webhook delivery failed");
-            (false, "failed")
+        Ok(()) => (true, "ok"),
+        Err((outcome, why)) => {
+            tracing::debug!(topic = %cfg.topic, id = %d.id, %why, "push delivery failed");
+            (false, outcome)
         }
     };
     m.attempts.with_label_values(&[cfg.topic.as_str(), outcome]).inc();
@@ -204,14 +232,11 @@ async fn deliver(broker: &Broker, client: &reqwest::Client, cfg: &PushConfig, d:
     }
 }
 
-async fn post(
-    client: &reqwest::Client,
-    cfg: &PushConfig,
-    d: &Delivery,
-) -> reqwest::Result<reqwest::StatusCode> {
+/// POSTs one message: a 2xx is delivered, any other status `refused`, no answer `failed`.
+async fn post(client: &reqwest::Client, cfg: &PushConfig, d: &Delivery, timeout: Duration) -> Outcome {
     let mut req = client
         .post(&cfg.url)
-        .timeout(Duration::from_millis(u64::from(cfg.timeout_ms)))
+        .timeout(timeout)
         .header("Content-Type", "application/octet-stream")
         .header("Delayd-Message-Id", &d.id)
         .header("Delayd-Topic", &cfg.topic)
@@ -220,7 +245,37 @@ async fn post(
     if let Some(secret) = &cfg.secret {
         req = req.header("Delayd-Signature", signature(secret.as_bytes(), now_ms(), &d.body));
     }
-    Ok(req.body(d.body.clone()).send().await?.status())
+    match req.body(d.body.clone()).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(("refused", format!("answered {}", r.status()))),
+        Err(e) => Err(("failed", e.to_string())),
+    }
+}
+
+/// Publishes one message to JetStream and waits for the stream's ack: only then is it delivered.
+/// `Nats-Msg-Id` is the message id, so a redelivery within the stream's duplicate window (after a
+/// crash between the publish and delayd's ack) is dropped by JetStream.
+async fn publish(
+    js: &async_nats::jetstream::Context,
+    cfg: &PushConfig,
+    d: &Delivery,
+    timeout: Duration,
+) -> Outcome {
+    let subject = cfg.nats_subject.clone().unwrap_or_default();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", d.id.as_str());
+    headers.insert("Delayd-Topic", cfg.topic.as_str());
+    headers.insert("Delayd-Attempt", d.attempt.to_string().as_str());
+    headers.insert("Delayd-Deliver-At", d.deliver_at_ms.to_string().as_str());
+    let acked = tokio::time::timeout(timeout, async {
+        js.publish_with_headers(subject, headers, d.body.clone()).await?.await
+    })
+    .await;
+    match acked {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(("refused", e.to_string())),
+        Err(_) => Err(("failed", format!("no JetStream ack within {timeout:?}"))),
+    }
 }
 
 /// `t=<unix ms>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`: the receiver recomputes it and

@@ -548,6 +548,7 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     let hook = crate::message::PushConfig {
         topic: "p".into(),
         url: "http://127.0.0.1:9/hook".into(),
+        nats_subject: None,
         secret: Some("s".into()),
         timeout_ms: 1000,
         max_in_flight: 2,

@@ -259,6 +259,11 @@ fn subscriptions_are_validated_shown_without_the_secret_and_removed() {
         (json!({"url": "http://h/", "max_in_flight": 0}), "max_in_flight"),
         (json!({"url": "http://h/", "secret": ""}), "secret"),
         (json!({"url": "http://h/", "colour": "red"}), "colour"),
+        (json!({"nats": {"url": "http://h:4222", "subject": "a.b"}}), "nats.url"),
+        (json!({"nats": {"url": "nats://h:4222", "subject": "a.*"}}), "nats.subject"),
+        (json!({"nats": {"url": "nats://h:4222", "subject": "a..b"}}), "nats.subject"),
+        (json!({"nats": {"url": "nats://h:4222", "subject": "a.b"}, "url": "http://h/"}), "url"),
+        (json!({"nats": {"url": "nats://h:4222", "subject": "a.b"}, "secret": "s"}), "secret"),
     ] {
         let (st, v) = put(body.clone());
         Server::assert_error(st, &v, 400, "invalid_argument");

@@ -1644,6 +1644,7 @@ async fn write_scenario(dir: &Path) {
     let hook = |url: &str, secret: Option<&str>| delayd::message::PushConfig {
         topic: String::new(),
         url: url.into(),
+        nats_subject: None,
         secret: secret.map(Into::into),
         timeout_ms: 1000,
         max_in_flight: 4,

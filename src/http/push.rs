@@ -28,7 +28,15 @@ pub(crate) struct PushBody {
     secret: Option<String>,
     timeout_ms: Option<u32>,
     max_in_flight: Option<u32>,
-    nats: Option<Value>,
+    nats: Option<NatsBody>,
+}
+
+/// A NATS JetStream target.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NatsBody {
+    url: String,
+    subject: String,
 }
 
 /// `PUT /v1/topics/{topic}/push`
@@ -38,12 +46,28 @@ pub(crate) async fn put(
     JsonBody(body): JsonBody<PushBody>,
 ) -> Result<Json<Value>, ApiError> {
     validate::topic(&topic)?;
-    if body.nats.is_some() {
-        return Err(ApiError::invalid("nats", "NATS JetStream targets are not supported yet; use url"));
+    let allowed = st.limits().push_allowed_hosts.as_deref();
+    let (url, nats_subject) = match (body.url, body.nats) {
+        (Some(url), None) => {
+            check_url(&url, &["http", "https"], "url", allowed)?;
+            (url, None)
+        }
+        (None, Some(n)) => {
+            check_url(&n.url, &["nats", "tls"], "nats.url", allowed)?;
+            check_subject(&n.subject)?;
+            (n.url, Some(n.subject))
+        }
+        (Some(_), Some(_)) => return Err(ApiError::invalid("url", "give url (a webhook) or nats, not both")),
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "url",
+                "required: the webhook to POST each message to (or nats: {url, subject})",
+            ))
+        }
+    };
+    if body.secret.is_some() && nats_subject.is_some() {
+        return Err(ApiError::invalid("secret", "signs webhook requests only; a NATS target has none"));
     }
-    let url =
-        body.url.ok_or_else(|| ApiError::invalid("url", "required: the webhook to POST each message to"))?;
-    check_url(&url, st.limits().push_allowed_hosts.as_deref())?;
     if let Some(s) = &body.secret {
         if s.is_empty() || s.len() > MAX_PUSH_SECRET_BYTES {
             return Err(ApiError::invalid("secret", format!("must be 1 to {MAX_PUSH_SECRET_BYTES} bytes")));
@@ -60,6 +84,7 @@ pub(crate) async fn put(
     let cfg = PushConfig {
         topic: topic.clone(),
         url,
+        nats_subject,
         secret: body.secret,
         timeout_ms,
         max_in_flight,
@@ -79,14 +104,18 @@ pub(crate) async fn get(
         ApiError::from(crate::error::Error::NotFound(format!("topic {topic:?} has no push subscription")))
     })?;
     // Never the secret itself: only whether there is one.
-    Ok(Json(json!({
+    let mut v = json!({
         "topic": cfg.topic,
-        "url": cfg.url,
         "has_secret": cfg.secret.is_some(),
         "timeout_ms": cfg.timeout_ms,
         "max_in_flight": cfg.max_in_flight,
         "created_at_ms": cfg.created_at_ms,
-    })))
+    });
+    match cfg.nats_subject {
+        Some(subject) => v["nats"] = json!({"url": cfg.url, "subject": subject}),
+        None => v["url"] = json!(cfg.url),
+    }
+    Ok(Json(v))
 }
 
 /// `DELETE /v1/topics/{topic}/push`
@@ -99,27 +128,40 @@ pub(crate) async fn delete(
     Ok(Json(json!({ "topic": topic, "removed": true })))
 }
 
-/// Only absolute http and https URLs with a host (one of `allowed`, when set), without
+/// Only absolute URLs of one of `schemes` with a host (one of `allowed`, when set), without
 /// credentials in them.
-fn check_url(url: &str, allowed: Option<&[String]>) -> Result<(), ApiError> {
+fn check_url(url: &str, schemes: &[&str], field: &str, allowed: Option<&[String]>) -> Result<(), ApiError> {
     if url.len() > MAX_PUSH_URL_BYTES {
-        return Err(ApiError::invalid("url", format!("must be at most {MAX_PUSH_URL_BYTES} bytes")));
+        return Err(ApiError::invalid(field, format!("must be at most {MAX_PUSH_URL_BYTES} bytes")));
     }
-    let parsed = reqwest::Url::parse(url).map_err(|e| ApiError::invalid("url", format!("not a URL: {e}")))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(ApiError::invalid("url", "only http and https URLs"));
+    let parsed = reqwest::Url::parse(url).map_err(|e| ApiError::invalid(field, format!("not a URL: {e}")))?;
+    if !schemes.contains(&parsed.scheme()) {
+        return Err(ApiError::invalid(field, format!("only {} URLs", schemes.join(" and "))));
     }
     let host = parsed.host_str().unwrap_or_default().trim_matches(['[', ']']).to_ascii_lowercase();
     if host.is_empty() {
-        return Err(ApiError::invalid("url", "needs a host"));
+        return Err(ApiError::invalid(field, "needs a host"));
     }
     if let Some(allowed) = allowed {
         if !allowed.iter().any(|a| a.trim_matches(['[', ']']) == host) {
-            return Err(ApiError::invalid("url", format!("host {host} is not in push_allowed_hosts")));
+            return Err(ApiError::invalid(field, format!("host {host} is not in push_allowed_hosts")));
         }
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err(ApiError::invalid("url", "must not carry credentials (use secret to sign instead)"));
+        return Err(ApiError::invalid(field, "must not carry credentials"));
     }
     Ok(())
+}
+
+/// A NATS subject to publish to: dot-separated tokens, no wildcards or whitespace.
+fn check_subject(s: &str) -> Result<(), ApiError> {
+    let token_ok = |t: &str| !t.is_empty() && !t.contains(['*', '>']) && !t.chars().any(char::is_whitespace);
+    if s.len() <= 255 && s.split('.').all(token_ok) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "nats.subject",
+            "must be 1 to 255 bytes of dot-separated tokens without wildcards or spaces",
+        ))
+    }
 }

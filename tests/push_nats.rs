@@ -1,0 +1,219 @@
+//! Push delivery to NATS JetStream, against the real binary and a real `nats-server -js`.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{now_ms, Server};
+use serde_json::{json, Value};
+
+/// A `nats-server -js` on a fixed loopback port and store directory, so it can be restarted.
+struct Nats {
+    child: Option<Child>,
+    port: u16,
+    store: PathBuf,
+}
+
+impl Nats {
+    fn binary() -> Option<PathBuf> {
+        ["/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+    }
+
+    fn start(store: &Path) -> Nats {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut n = Nats { child: None, port, store: store.to_path_buf() };
+        n.spawn();
+        n
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(Nats::binary().expect("nats-server"))
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// nats-server is installed by CI; elsewhere the test says it is skipped.
+fn nats_available() -> bool {
+    if Nats::binary().is_some() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "nats-server is missing under CI (.ci/run installs it)");
+    eprintln!("nats-server is not installed: skipping the NATS push tests");
+    false
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Makes the stream `DUE` over `orders.due`, with JetStream's duplicate window.
+fn create_stream(url: &str) {
+    runtime().block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        js.get_or_create_stream(async_nats::jetstream::stream::Config {
+            name: "DUE".into(),
+            subjects: vec!["orders.due".into()],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+}
+
+/// One message of the stream: its Nats-Msg-Id, its headers as pairs, its payload.
+type StreamMessage = (String, Vec<(String, String)>, Vec<u8>);
+
+/// Every message in stream `DUE`.
+fn stream_messages(url: &str) -> Vec<StreamMessage> {
+    runtime().block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        let mut stream = js.get_stream("DUE").await.unwrap();
+        let n = stream.info().await.unwrap().state.messages;
+        let mut out = Vec::new();
+        for seq in 1..=n {
+            let Ok(m) = stream.get_raw_message(seq).await else { continue };
+            let headers: Vec<(String, String)> = m
+                .headers
+                .iter()
+                .flat_map(|(k, vs)| vs.iter().map(move |v| (k.to_string(), v.to_string())))
+                .collect();
+            let id =
+                headers.iter().find(|(k, _)| k == "Nats-Msg-Id").map(|(_, v)| v.clone()).unwrap_or_default();
+            out.push((id, headers, m.payload.to_vec()));
+        }
+        out
+    })
+}
+
+fn subscribe(s: &Server, nats: &Nats) {
+    let r = s
+        .http()
+        .put(s.url("/v1/topics/due/push"))
+        .json(&json!({"nats": {"url": nats.url(), "subject": "orders.due"}, "timeout_ms": 2000}))
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["nats"], json!({"url": nats.url(), "subject": "orders.due"}));
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn due_messages_land_in_jetstream_with_their_id_and_are_acked_after_the_publish_ack() {
+    if !nats_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(tmp.path());
+    create_stream(&nats.url());
+    let s = Server::start(&[]);
+    subscribe(&s, &nats);
+    let mut due = vec![];
+    for i in 0..5 {
+        let v = s.produce(
+            "due",
+            &json!({"id": format!("n{i}"), "body": format!("payload {i}"), "delay_ms": 200 * i}),
+        );
+        due.push(v["deliver_at_ms"].as_u64().unwrap());
+    }
+    eventually("five in the stream", || stream_messages(&nats.url()).len() >= 5);
+    eventually("all done", || (0..5).all(|i| s.get(&format!("/v1/messages/n{i}")).1["state"] == "done"));
+    let got = stream_messages(&nats.url());
+    assert_eq!(got.len(), 5, "{got:?}");
+    for (i, at) in due.iter().enumerate() {
+        let (_, headers, body) = got.iter().find(|(id, _, _)| *id == format!("n{i}")).expect("published");
+        assert_eq!(body, format!("payload {i}").as_bytes());
+        let h = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!((h("Delayd-Topic"), h("Delayd-Attempt")), (Some("due"), Some("1")));
+        assert_eq!(h("Delayd-Deliver-At"), Some(at.to_string().as_str()));
+    }
+    assert!(now_ms() >= *due.last().unwrap());
+}
+
+#[test]
+fn a_nats_restart_while_delivering_loses_nothing_and_duplicates_nothing() {
+    if !nats_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut nats = Nats::start(tmp.path());
+    create_stream(&nats.url());
+    let s = Server::start(&[]);
+    subscribe(&s, &nats);
+    for i in 0..5 {
+        s.produce("due", &json!({"id": format!("a{i}"), "body": "before", "backoff": [200]}));
+    }
+    eventually("the first five published", || stream_messages(&nats.url()).len() >= 5);
+    nats.kill();
+    for i in 0..5 {
+        s.produce(
+            "due",
+            &json!({"id": format!("b{i}"), "body": "while down", "backoff": [200], "max_attempts": 1000}),
+        );
+    }
+    // Deliveries fail while it is down (they time out and come back on the backoff).
+    eventually("a failed attempt", || {
+        s.get_text("/metrics")
+            .1
+            .lines()
+            .any(|l| l.starts_with("delayd_push_attempts_total{outcome=\"failed\",topic=\"due\"}"))
+    });
+    nats.spawn();
+    eventually("all ten done", || {
+        (0..5).all(|i| {
+            s.get(&format!("/v1/messages/a{i}")).1["state"] == "done"
+                && s.get(&format!("/v1/messages/b{i}")).1["state"] == "done"
+        })
+    });
+    let got = stream_messages(&nats.url());
+    let mut ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["a0", "a1", "a2", "a3", "a4", "b0", "b1", "b2", "b3", "b4"],
+        "each exactly once in the stream"
+    );
+}
