@@ -5,6 +5,7 @@
 //! `--quick` is a seconds-long smoke run. See docs in README.md, section "Benchmarks".
 
 mod chart;
+mod push;
 mod queue;
 mod report;
 mod servers;
@@ -323,7 +324,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
     let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
     let mut systems = selected(&cli.systems, &all_systems)?;
     let all_workloads: Vec<(String, &str)> =
-        ["produce", "e2e", "capacity", "crash", "soak"].iter().map(|w| (w.to_string(), *w)).collect();
+        ["produce", "e2e", "capacity", "crash", "push", "soak"].iter().map(|w| (w.to_string(), *w)).collect();
     let mut workloads = selected(&cli.workloads, &all_workloads)?;
     // The soak takes an hour at its defaults: only when asked for.
     if cli.workloads.is_empty() {
@@ -464,6 +465,37 @@ async fn run(cli: Cli) -> Result<bool, String> {
         all_ok = false;
     };
     for w in &workloads {
+        if *w == "push" {
+            // delayd delivers to a webhook itself; the Redis designs have no such thing.
+            for sys in systems.iter().copied().filter(|s| !s.needs_redis()) {
+                eprintln!("delayd-bench: push on {} ...", sys.name());
+                let outcome = match Running::start(sys, &progs, &p).await {
+                    Ok(run) => {
+                        let (burst, secs) = if cli.quick { (2_000, 2.0) } else { (20_000, 10.0) };
+                        let o = push::run(&run.server, burst, &[1_000, 10_000], secs, p.body_bytes).await;
+                        run.shutdown().await;
+                        o
+                    }
+                    Err(e) => Err(e),
+                };
+                match &outcome {
+                    Ok(runs) => {
+                        for x in runs {
+                            eprintln!(
+                                "  {}: {} delivered, {:.0}/s, lateness p99 {:?} ms",
+                                if x.rate == 0 { "burst".to_string() } else { format!("{} msgs/s", x.rate) },
+                                x.delivered,
+                                x.per_sec,
+                                report::percentile(&x.lateness, 99.0)
+                            );
+                        }
+                    }
+                    Err(e) => failure(&mut r, "push", sys, e),
+                }
+                r.push.push((sys.name(), outcome));
+            }
+            continue;
+        }
         if let ("soak", Some(sp)) = (*w, r.soak_params.clone()) {
             for &sys in &soak_systems {
                 // Reclaim on and off run side by side, so both see the same machine noise and

@@ -28,6 +28,8 @@ pub struct Results {
     pub soak: Vec<(String, Result<SoakRun, String>)>,
     /// The soak settings, when the soak workload was selected.
     pub soak_params: Option<SoakParams>,
+    /// Push runs per delayd system: the burst, then each paced rate.
+    pub push: Vec<(String, Result<Vec<crate::push::PushRun>, String>)>,
 }
 
 /// Median, min and max of a sample.
@@ -273,6 +275,46 @@ pub fn markdown(r: &Results, batch: usize, clients: usize, rates: &[u64]) -> Str
                         f(&|c| c.first_pop_ms.unwrap_or(0.0))
                     },
                 );
+            }
+        }
+    }
+
+    if !r.push.is_empty() {
+        let _ = writeln!(s, "\n## Push delivery to a local webhook\n");
+        let _ = writeln!(
+            s,
+            "delayd POSTs each due message to a receiver in this process (max_in_flight 64). Burst: \
+             every message due at the same moment, deliveries/s from the first arrival to the last. \
+             Paced: batches every 10 ms due 1 s later; lateness = arrival − due time.\n"
+        );
+        let _ = writeln!(s, "| System | Run | Delivered | Deliveries/s | p50 ms | p99 ms | max ms | early |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
+        for (name, o) in &r.push {
+            match o {
+                Ok(runs) => {
+                    for x in runs {
+                        let p = |q| percentile(&x.lateness, q).map_or("-".into(), |v: i64| v.to_string());
+                        let _ = writeln!(
+                            s,
+                            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+                            if x.rate == 0 {
+                                "burst".to_string()
+                            } else {
+                                format!("{} msgs/s", num(x.rate as f64))
+                            },
+                            x.delivered,
+                            num(x.per_sec),
+                            p(50.0),
+                            p(99.0),
+                            x.lateness.last().map_or("-".into(), |v| v.to_string()),
+                            x.lateness.iter().filter(|l| **l < 0).count(),
+                        );
+                    }
+                }
+                Err(e) => {
+                    let _ =
+                        writeln!(s, "| {name} | failed: {} | | | | | | |", e.lines().next().unwrap_or(""));
+                }
             }
         }
     }
