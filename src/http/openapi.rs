@@ -189,3 +189,42 @@ pub(crate) enum DurationValue {
     /// `250ms`, `30s`, `1h30m`, `2d`.
     Text(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text() -> Bytes {
+        match Served::new(&crate::http::openapi_document()).0 {
+            Ok(bytes) => bytes,
+            Err(e) => panic!("the document does not serialize: {e}"),
+        }
+    }
+
+    #[test]
+    fn the_document_serializes_deterministically() {
+        // Maps in utoipa's model are BTreeMaps (its `preserve_order` feature is off), so two builds,
+        // here or in another process, write the same bytes: clients may cache and diff it.
+        let first = text();
+        for _ in 0..3 {
+            assert_eq!(text(), first);
+        }
+        let doc: serde_json::Value = serde_json::from_slice(&first).expect("valid JSON");
+        assert_eq!(doc["openapi"], "3.1.0");
+    }
+
+    #[test]
+    fn open_and_protected_operations_are_told_apart() {
+        let mut doc = crate::http::openapi_document();
+        let mut seen = 0;
+        for (path, item) in doc.paths.paths.iter_mut() {
+            for op in operations(item) {
+                seen += 1;
+                let open = matches!(path.as_str(), "/healthz" | "/openapi.json");
+                assert_eq!(op.security.as_ref().is_some_and(Vec::is_empty), open, "{path}");
+                assert_eq!(op.responses.responses.contains_key("401"), !open, "{path}");
+            }
+        }
+        assert!(seen > 20, "{seen} operations");
+    }
+}
