@@ -81,7 +81,7 @@ pub struct Delivery {
 }
 
 /// Where a message is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum MessageState {
     /// Waiting on a delay level.
@@ -123,7 +123,7 @@ pub struct MessageInfo {
 }
 
 /// One recorded change of a message, as `GET /v1/messages/{id}/history` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct HistoryEntry {
     /// Unix ms of the change (for `produced`, of the produce).
     pub time_ms: u64,
@@ -148,7 +148,7 @@ pub enum Nacked {
 }
 
 /// Per-level counters.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct LevelStats {
     /// Level duration in ms.
     pub level_ms: u64,
@@ -160,7 +160,7 @@ pub struct LevelStats {
 }
 
 /// Per-topic counters.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct TopicStats {
     /// Topic name.
     pub topic: String,
@@ -194,7 +194,7 @@ pub struct PushConfig {
 }
 
 /// A topic as `GET /v1/topics` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct TopicInfo {
     /// Topic name (a dead-letter topic ends in `.dlq` and is listed too).
     pub topic: String,
@@ -211,7 +211,7 @@ pub struct TopicInfo {
 }
 
 /// Snapshot for `/v1/stats` and `/metrics`.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct Stats {
     /// One entry per level, ascending.
     pub levels: Vec<LevelStats>,

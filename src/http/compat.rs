@@ -8,7 +8,9 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::Json;
+use serde::Serialize;
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use super::error::ApiError;
 use super::extract::RawBody;
@@ -82,9 +84,9 @@ fn compat_id(id: &str) -> Result<(), String> {
 pub(crate) struct CompatBody(Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for CompatBody {
-    type Rejection = Json<Value>;
+    type Rejection = Json<CompatReply>;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Json<Value>> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, Json<CompatReply>> {
         match RawBody::from_request(req, state).await {
             Ok(RawBody(bytes)) => Ok(CompatBody(bytes)),
             Err(e) => Err(fail(e.message)),
@@ -110,17 +112,69 @@ pub(crate) fn unauthorized(denied: ApiError) -> axum::response::Response {
     resp
 }
 
-fn reply(code: u8, message: &str, data: Value) -> Json<Value> {
-    Json(json!({"code": code, "message": message, "data": data}))
+/// Every compat answer, errors and 401 included. Fields in the alphabetical order `json!` wrote
+/// them in; the OpenAPI schema is derived from this struct.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CompatReply {
+    /// 0 on success, 1 on failure.
+    code: u8,
+    /// What the call returns (see each path), or null.
+    #[schema(value_type = Option<Object>)]
+    data: Value,
+    /// `ok`, or what went wrong.
+    message: String,
 }
 
-fn ok(data: Value) -> Json<Value> {
+fn reply(code: u8, message: &str, data: Value) -> Json<CompatReply> {
+    Json(CompatReply { code, data, message: message.to_string() })
+}
+
+fn ok(data: Value) -> Json<CompatReply> {
     reply(0, "ok", data)
 }
 
-fn fail(message: impl Into<String>) -> Json<Value> {
+fn fail(message: impl Into<String>) -> Json<CompatReply> {
     reply(1, &message.into(), Value::Null)
 }
+
+// The request bodies below only describe what `fields` reads from a JSON object or a form: the
+// handlers read any method, any content type, and numbers as numbers or strings, which a typed
+// struct could not take as the original does.
+
+/// `/push`: a job.
+#[derive(ToSchema)]
+#[allow(dead_code)] // a schema only, never built
+pub(crate) struct CompatPushBody {
+    /// Any non-empty string.
+    topic: String,
+    /// Any non-empty string; a job with this id is replaced.
+    id: String,
+    /// Seconds from now, ≥ 0.
+    delay: u64,
+    /// Time-to-run in seconds, 1..=86400.
+    ttr: u32,
+    /// The payload.
+    body: String,
+}
+
+/// `/pop`: the topics to pop from.
+#[derive(ToSchema)]
+#[allow(dead_code)] // a schema only, never built
+pub(crate) struct CompatPopBody {
+    /// One topic, or several as `a,b`.
+    topic: String,
+}
+
+/// `/finish`, `/delete`, `/get`: the job's id.
+#[derive(ToSchema)]
+#[allow(dead_code)] // a schema only, never built
+pub(crate) struct CompatIdBody {
+    /// The job id.
+    id: String,
+}
+
+const COMPAT_METHODS: &str = "Any method but HEAD is accepted, as by the original; clients use POST. \
+    The body is read as JSON whatever the Content-Type, else as a form.";
 
 /// Reads the fields of a compat request from a JSON object or a form body.
 fn fields(body: &[u8]) -> Result<Map<String, Value>, String> {
@@ -200,7 +254,20 @@ fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, Produc
 }
 
 /// `POST /push {topic, id, delay, ttr, body}`
-pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
+#[utoipa::path(
+    post,
+    path = "/push",
+    tag = "compat",
+    operation_id = "compat_push",
+    summary = "Add or replace a job (ouqiang/delay-queue)",
+    description = COMPAT_METHODS,
+    request_body(content((CompatPushBody = "application/json"), (CompatPushBody = "application/x-www-form-urlencoded"))),
+    responses(
+        (status = 200, description = "code 0 and data null, or code 1 and why", body = CompatReply),
+        (status = 401, description = "Missing or wrong bearer token (code 1)", body = CompatReply),
+    )
+)]
+pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<CompatReply> {
     let m = match fields(&raw) {
         Ok(m) => m,
         Err(e) => return fail(e),
@@ -217,7 +284,20 @@ pub(crate) async fn push(State(st): State<AppState>, CompatBody(raw): CompatBody
 }
 
 /// `POST /pop {topic}`: comma-separated topics, long-polls up to `compat_max_wait`.
-pub(crate) async fn pop(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
+#[utoipa::path(
+    post,
+    path = "/pop",
+    tag = "compat",
+    operation_id = "compat_pop",
+    summary = "Take one ready job, waiting up to compat_max_wait (ouqiang/delay-queue)",
+    description = COMPAT_METHODS,
+    request_body(content((CompatPopBody = "application/json"), (CompatPopBody = "application/x-www-form-urlencoded"))),
+    responses(
+        (status = 200, description = "data {id, body, topic}, or null when nothing came", body = CompatReply),
+        (status = 401, description = "Missing or wrong bearer token (code 1)", body = CompatReply),
+    )
+)]
+pub(crate) async fn pop(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<CompatReply> {
     let topics = match fields(&raw).and_then(|m| string_field(&m, "topic")) {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -260,7 +340,20 @@ fn already_gone(e: &Error) -> bool {
 }
 
 /// `POST /finish {id}`: the job is done; in the original API this removes it in any state.
-pub(crate) async fn finish(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
+#[utoipa::path(
+    post,
+    path = "/finish",
+    tag = "compat",
+    operation_id = "compat_finish",
+    summary = "Finish a job (ouqiang/delay-queue)",
+    description = COMPAT_METHODS,
+    request_body(content((CompatIdBody = "application/json"), (CompatIdBody = "application/x-www-form-urlencoded"))),
+    responses(
+        (status = 200, description = "code 0 and data null, or code 1 and why", body = CompatReply),
+        (status = 401, description = "Missing or wrong bearer token (code 1)", body = CompatReply),
+    )
+)]
+pub(crate) async fn finish(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<CompatReply> {
     let id = match id_of(&raw) {
         Ok(id) => id,
         Err(e) => return fail(e),
@@ -277,7 +370,20 @@ pub(crate) async fn finish(State(st): State<AppState>, CompatBody(raw): CompatBo
 }
 
 /// `POST /delete {id}`
-pub(crate) async fn delete(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
+#[utoipa::path(
+    post,
+    path = "/delete",
+    tag = "compat",
+    operation_id = "compat_delete",
+    summary = "Delete a job; an unknown id is not an error (ouqiang/delay-queue)",
+    description = COMPAT_METHODS,
+    request_body(content((CompatIdBody = "application/json"), (CompatIdBody = "application/x-www-form-urlencoded"))),
+    responses(
+        (status = 200, description = "code 0 and data null, or code 1 and why", body = CompatReply),
+        (status = 401, description = "Missing or wrong bearer token (code 1)", body = CompatReply),
+    )
+)]
+pub(crate) async fn delete(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<CompatReply> {
     let id = match id_of(&raw) {
         Ok(id) => id,
         Err(e) => return fail(e),
@@ -290,7 +396,20 @@ pub(crate) async fn delete(State(st): State<AppState>, CompatBody(raw): CompatBo
 }
 
 /// `POST /get {id}`: `data` is the job with `delay` as absolute unix seconds, or null once it is gone.
-pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<Value> {
+#[utoipa::path(
+    post,
+    path = "/get",
+    tag = "compat",
+    operation_id = "compat_get",
+    summary = "Look a job up (ouqiang/delay-queue)",
+    description = COMPAT_METHODS,
+    request_body(content((CompatIdBody = "application/json"), (CompatIdBody = "application/x-www-form-urlencoded"))),
+    responses(
+        (status = 200, description = "data {topic, id, delay (absolute unix s), ttr, body}, or null once finished or deleted", body = CompatReply),
+        (status = 401, description = "Missing or wrong bearer token (code 1)", body = CompatReply),
+    )
+)]
+pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody) -> Json<CompatReply> {
     let id = match id_of(&raw) {
         Ok(id) => id,
         Err(e) => return fail(e),

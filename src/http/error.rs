@@ -2,7 +2,8 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::error::Error;
 
@@ -63,9 +64,35 @@ impl ApiError {
     }
 
     /// The JSON document sent as the body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"code": self.code, "message": self.message}})
+    pub fn envelope(&self) -> ErrorBody {
+        ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message.clone() } }
     }
+
+    /// [`envelope`](Self::envelope) as a JSON value.
+    pub fn body(&self) -> serde_json::Value {
+        // Two strings always serialize; Null only keeps this free of a panic path.
+        serde_json::to_value(self.envelope()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Every error answer of the native API: `{"error": {"code", "message"}}`. The handlers send this
+/// struct, and the OpenAPI document's `Error` schema is derived from it, so the two cannot differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable snake_case code, e.g. `invalid_argument`, `not_found`, `unauthorized`.
+    #[schema(example = "invalid_argument")]
+    pub code: String,
+    /// A sentence for humans; a 400's names the field.
+    #[schema(example = "invalid delay_ms: must be 0 to 2592000000")]
+    pub message: String,
 }
 
 impl From<Error> for ApiError {
@@ -112,7 +139,7 @@ fn without_paths(text: &str) -> String {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        let mut resp = (self.status, axum::Json(self.envelope())).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

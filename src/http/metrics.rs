@@ -114,6 +114,14 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 /// `GET /metrics`
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    summary = "Prometheus text exposition (format 0.0.4)",
+    responses((status = 200, description = "The metrics", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String))
+)]
 pub(crate) async fn handler(State(st): State<AppState>) -> Result<Response, ApiError> {
     let stats = st.broker().stats().await?;
     // Reading /proc is file I/O (one entry per open file for the fd count): off the runtime.

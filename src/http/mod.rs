@@ -6,6 +6,7 @@ pub mod error;
 mod extract;
 pub mod metrics;
 mod native;
+mod openapi;
 pub mod process;
 mod push;
 pub mod server;
@@ -20,9 +21,13 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, on, post, MethodFilter, MethodRouter};
-use axum::{Json, Router};
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::{Extension, Json, Router};
+use serde::Serialize;
 use tokio::sync::watch;
+use utoipa::ToSchema;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 use crate::broker::Broker;
 use crate::config::Config;
@@ -121,50 +126,88 @@ impl AppState {
     }
 }
 
+/// Every route of the API: (open to anyone, behind the bearer token). Each `routes!` registers a
+/// handler under the path and method of its `#[utoipa::path]` and adds that operation to the
+/// router's OpenAPI document, so a route cannot be served without being documented. Add routes
+/// here with `routes!`, never `.route(...)`: `tests/openapi.rs` fails on an undocumented one.
+fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+    let open = OpenApiRouter::default().routes(routes!(healthz)).routes(routes!(openapi::serve));
+    let protected = OpenApiRouter::default()
+        .routes(routes!(native::produce, topics::browse))
+        .routes(routes!(native::produce_batch))
+        .routes(routes!(native::pop))
+        .routes(routes!(native::ack))
+        .routes(routes!(native::nack))
+        .routes(routes!(native::get_message, native::cancel))
+        .routes(routes!(native::history))
+        .routes(routes!(native::stats))
+        .routes(routes!(topics::list))
+        .routes(routes!(topics::pause))
+        .routes(routes!(topics::resume))
+        .routes(routes!(topics::redrive))
+        .routes(routes!(topics::purge))
+        .routes(routes!(push::put, push::get, push::delete))
+        .routes(routes!(metrics::handler))
+        // The original serves these paths for any method; so must a drop-in. The document
+        // describes POST, which its clients use, and says so.
+        .routes(routes!(compat::push).map(|_| any_but_head(compat::push)))
+        .routes(routes!(compat::pop).map(|_| any_but_head(compat::pop)))
+        .routes(routes!(compat::finish).map(|_| any_but_head(compat::finish)))
+        .routes(routes!(compat::delete).map(|_| any_but_head(compat::delete)))
+        .routes(routes!(compat::get).map(|_| any_but_head(compat::get)));
+    (open, protected)
+}
+
+/// The OpenAPI document `GET /openapi.json` serves, built from the same registration as the router.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    let (open, protected) = routes();
+    openapi::document(open.into_openapi(), protected.into_openapi())
+}
+
 /// Builds the whole HTTP API over `state`.
 pub fn router(state: AppState) -> Router {
     let limit = state.limits().max_body_bytes.saturating_add(ENVELOPE_BYTES);
-    let protected = Router::new()
-        .route("/v1/topics/{topic}/messages", post(native::produce).get(topics::browse))
-        .route("/v1/topics/{topic}/messages/batch", post(native::produce_batch))
-        .route("/v1/topics/{topic}/pop", post(native::pop))
-        .route("/v1/ack", post(native::ack))
-        .route("/v1/nack", post(native::nack))
-        .route("/v1/messages/{id}", get(native::get_message).delete(native::cancel))
-        .route("/v1/messages/{id}/history", get(native::history))
-        .route("/v1/stats", get(native::stats))
-        .route("/v1/topics", get(topics::list))
-        .route("/v1/topics/{topic}/pause", post(topics::pause))
-        .route("/v1/topics/{topic}/resume", post(topics::resume))
-        .route("/v1/topics/{topic}/redrive", post(topics::redrive))
-        .route("/v1/topics/{topic}/purge", post(topics::purge))
-        .route("/v1/topics/{topic}/push", axum::routing::put(push::put).get(push::get).delete(push::delete))
-        .route("/metrics", get(metrics::handler))
-        // The original serves these paths for any method; so must a drop-in.
-        .route("/push", any_but_head(compat::push))
-        .route("/pop", any_but_head(compat::pop))
-        .route("/finish", any_but_head(compat::finish))
-        .route("/delete", any_but_head(compat::delete))
-        .route("/get", any_but_head(compat::get))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
-        .route("/healthz", get(healthz))
-        // The page is static and holds no data, so it needs no token: its calls to /v1 carry it.
-        .route("/ui", get(ui::index))
-        .route("/ui/app.js", get(ui::script))
-        .route("/ui/app.css", get(ui::style))
+    let (open, protected) = routes();
+    let (open, open_doc) = open.split_for_parts();
+    let (protected, protected_doc) =
+        protected.route_layer(middleware::from_fn_with_state(state.clone(), require_token)).split_for_parts();
+    let doc = openapi::Served::new(&openapi::document(open_doc, protected_doc));
+    open
+        // The dashboard is a page, not an API operation: it is left out of the document. It is
+        // static and holds no data, so it needs no token: its calls to /v1 carry it.
+        .route("/ui", axum::routing::get(ui::index))
+        .route("/ui/app.js", axum::routing::get(ui::script))
+        .route("/ui/app.css", axum::routing::get(ui::style))
         .merge(protected)
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(Extension(doc))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         // Outermost, so every answer is counted with its final status, 401s and 404s included.
         .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+/// The answer of `/healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+struct HealthAnswer {
+    /// Always `ok`: the server answers.
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
+/// `GET /healthz`
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    operation_id = "healthz",
+    summary = "Liveness; never needs a token",
+    responses((status = 200, description = "The server answers", body = HealthAnswer))
+)]
+async fn healthz() -> Json<HealthAnswer> {
+    Json(HealthAnswer { status: "ok" })
 }
 
 async fn no_route(uri: Uri) -> ApiError {

@@ -5,25 +5,46 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{from_raw, JsonBody, PathParam};
+use super::openapi::{BackoffValue, LevelValue};
 use super::{now_ms, validate, AppState, Limits};
-use crate::message::{Delivery, MessageInfo, Nacked, PopRequest, ProduceRequest, Produced, When};
+use crate::message::{
+    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
+    When,
+};
+
+// The answers below are structs rather than `json!` so that the OpenAPI schemas are derived from
+// what is sent. Their fields are in alphabetical order, the order `json!` used to write them in,
+// so the bytes on the wire did not change.
 
 /// The body of a produce, one element of a batch.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ProduceBody {
+    /// 1–128 bytes of UTF-8 without whitespace or control characters; unique across the broker.
+    /// Made by the broker when absent.
     id: Option<String>,
+    /// The payload, at most `max_body_bytes`.
     body: String,
+    /// Delay from the server's receive time, 0..=`max_delay`. At most one of `delay_ms`,
+    /// `deliver_at_ms` and `level`; none means now.
     delay_ms: Option<u64>,
+    /// Absolute due time, unix ms, at most `max_delay` ahead; a past time means now.
     deliver_at_ms: Option<u64>,
+    #[schema(value_type = Option<LevelValue>)]
     level: Option<Value>,
+    /// Time-to-run of each delivery, ≥ 1.
+    #[schema(minimum = 1)]
     ttr_ms: Option<u64>,
+    /// Deliveries before the message is dead-lettered, ≥ 1.
+    #[schema(minimum = 1)]
     max_attempts: Option<u32>,
+    #[schema(value_type = Option<BackoffValue>)]
     backoff: Option<Value>,
 }
 
@@ -73,11 +94,43 @@ impl ProduceBody {
     }
 }
 
-fn produced_json(p: &Produced) -> Value {
-    json!({"id": p.id, "deliver_at_ms": p.deliver_at_ms})
+/// Where a produced message went.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ProduceAnswer {
+    /// When it is due, unix ms.
+    deliver_at_ms: u64,
+    /// Its id, given or made.
+    id: String,
 }
 
+impl From<&Produced> for ProduceAnswer {
+    fn from(p: &Produced) -> Self {
+        ProduceAnswer { deliver_at_ms: p.deliver_at_ms, id: p.id.clone() }
+    }
+}
+
+/// The path parameter `{topic}`, as every topic route documents it.
+pub(crate) const TOPIC_PARAM: &str = "1–128 characters of A-Z a-z 0-9 . _ -";
+
 /// `POST /v1/topics/{topic}/messages`
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/messages",
+    tag = "messages",
+    operation_id = "produce",
+    summary = "Produce one message",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    request_body = ProduceBody,
+    responses(
+        (status = 201, description = "Stored", body = ProduceAnswer),
+        (status = 200, description = "An identical earlier produce: its original result", body = ProduceAnswer),
+        (status = 400, description = "A field is invalid; the message names it", body = ErrorBody),
+        (status = 409, description = "The id is in use with other content or another topic", body = ErrorBody),
+        (status = 413, description = "The body is over max_body_bytes", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+        (status = 429, description = "It would create a topic past max_topics", body = ErrorBody),
+    )
+)]
 pub(crate) async fn produce(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
@@ -88,18 +141,51 @@ pub(crate) async fn produce(
     let produced = st.broker().produce(&topic, req).await?;
     // A repeat of an earlier identical produce is a safe retry: 200 with the original result.
     let status = if produced.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(produced_json(&produced))).into_response())
+    Ok((status, Json(ProduceAnswer::from(&produced))).into_response())
 }
 
 /// The body of a batch produce.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BatchBody {
     // Kept as text and parsed one by one, so a bad message gets its own error in its slot.
+    /// At most `max_batch` messages.
+    #[schema(value_type = Vec<ProduceBody>)]
     messages: Vec<Box<serde_json::value::RawValue>>,
 }
 
+/// The answer to a batch produce: one result per message, in order.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchAnswer {
+    results: Vec<BatchResult>,
+}
+
+/// One message's result in a batch.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub(crate) enum BatchResult {
+    /// Stored.
+    Stored(ProduceAnswer),
+    /// Refused; the other messages are stored all the same.
+    Failed(ErrorBody),
+}
+
 /// `POST /v1/topics/{topic}/messages/batch`
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/messages/batch",
+    tag = "messages",
+    operation_id = "produce_batch",
+    summary = "Produce several messages with one flush",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    request_body = BatchBody,
+    responses(
+        (status = 201, description = "One result per message, in order; valid ones are stored even when others fail", body = BatchAnswer),
+        (status = 400, description = "The envelope or topic is invalid", body = ErrorBody),
+        (status = 413, description = "More than max_batch messages", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
 pub(crate) async fn produce_batch(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
@@ -115,7 +201,7 @@ pub(crate) async fn produce_batch(
         )));
     }
     // Valid messages go to the broker together (one flush); invalid ones keep their slot with an error.
-    let mut results: Vec<Option<Value>> = Vec::with_capacity(batch.messages.len());
+    let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(batch.messages.len());
     let mut valid = Vec::new();
     for (i, raw) in batch.messages.into_iter().enumerate() {
         match from_raw::<ProduceBody>(&raw).and_then(|b| b.into_request(limits)) {
@@ -123,7 +209,7 @@ pub(crate) async fn produce_batch(
                 results.push(None);
                 valid.push((i, req));
             }
-            Err(e) => results.push(Some(e.body())),
+            Err(e) => results.push(Some(BatchResult::Failed(e.envelope()))),
         }
     }
     if !valid.is_empty() {
@@ -138,13 +224,17 @@ pub(crate) async fn produce_batch(
         }
         for (slot, outcome) in slots.into_iter().zip(outcomes) {
             results[slot] = Some(match outcome {
-                Ok(p) => produced_json(&p),
-                Err(e) => ApiError::from(e).body(),
+                Ok(p) => BatchResult::Stored(ProduceAnswer::from(&p)),
+                Err(e) => BatchResult::Failed(ApiError::from(e).envelope()),
             });
         }
     }
-    let results: Vec<Value> = results.into_iter().map(|r| r.unwrap_or(Value::Null)).collect();
-    Ok((StatusCode::CREATED, Json(json!({"results": results}))).into_response())
+    // Every slot was filled above (the count was checked); an empty one would be a bug, and
+    // shifting the others into it would misreport which message was stored.
+    let results = results.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "a batch slot was left without a result")
+    })?;
+    Ok((StatusCode::CREATED, Json(BatchAnswer { results })).into_response())
 }
 
 /// Pop query parameters, parsed by hand so that every mistake gets a JSON error naming the parameter.
@@ -182,14 +272,38 @@ fn parse_pop_query(raw: Option<&str>, limits: &Limits) -> Result<PopQuery, ApiEr
     Ok(q)
 }
 
-fn delivery_json(d: &Delivery) -> Value {
-    json!({
-        "id": d.id,
-        "body": String::from_utf8_lossy(&d.body),
-        "receipt": d.receipt,
-        "attempt": d.attempt,
-        "deliver_at_ms": d.deliver_at_ms,
-    })
+/// The answer to a pop.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PopAnswer {
+    /// Up to `max` messages, none when nothing was ready within `wait_ms`.
+    messages: Vec<DeliveryAnswer>,
+}
+
+/// One popped message.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DeliveryAnswer {
+    /// 1 for the first delivery.
+    attempt: u32,
+    /// The payload.
+    body: String,
+    /// When it became due, unix ms.
+    deliver_at_ms: u64,
+    /// Its id.
+    id: String,
+    /// Opaque token to ack or nack this delivery, and only this one.
+    receipt: String,
+}
+
+impl From<&Delivery> for DeliveryAnswer {
+    fn from(d: &Delivery) -> Self {
+        DeliveryAnswer {
+            attempt: d.attempt,
+            body: String::from_utf8_lossy(&d.body).into_owned(),
+            deliver_at_ms: d.deliver_at_ms,
+            id: d.id.clone(),
+            receipt: d.receipt.clone(),
+        }
+    }
 }
 
 /// Pops with the shutdown signal in the race, so a long-poll does not hold up a graceful stop.
@@ -201,16 +315,33 @@ pub(crate) async fn pop_or_shutdown(st: &AppState, req: PopRequest) -> Result<Ve
 }
 
 /// `POST /v1/topics/{topic}/pop?max=N&wait_ms=W&ttr_ms=T`
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/pop",
+    tag = "messages",
+    operation_id = "pop",
+    summary = "Reserve ready messages, waiting for them up to wait_ms",
+    params(
+        ("topic" = String, Path, description = TOPIC_PARAM),
+        ("max" = Option<u32>, Query, minimum = 1, description = "Most messages to return, 1..=max_batch (default 1)"),
+        ("wait_ms" = Option<u64>, Query, description = "Longest wait for a message (default 0), capped at max_wait"),
+        ("ttr_ms" = Option<u64>, Query, minimum = 1, description = "Reservation length; else the message's, else default_ttr"),
+    ),
+    responses(
+        (status = 200, description = "The reserved messages, possibly none", body = PopAnswer),
+        (status = 400, description = "A query parameter is invalid or unknown", body = ErrorBody),
+    )
+)]
 pub(crate) async fn pop(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
     RawQuery(query): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PopAnswer>, ApiError> {
     validate::topic(&topic)?;
     let q = parse_pop_query(query.as_deref(), st.limits())?;
     let req = PopRequest { topics: vec![topic], max: q.max, wait_ms: q.wait_ms, ttr_ms: q.ttr_ms };
     let deliveries = pop_or_shutdown(&st, req).await?;
-    Ok(Json(json!({"messages": deliveries.iter().map(delivery_json).collect::<Vec<_>>()})))
+    Ok(Json(PopAnswer { messages: deliveries.iter().map(DeliveryAnswer::from).collect() }))
 }
 
 fn receipt(r: &str) -> Result<(), ApiError> {
@@ -221,89 +352,253 @@ fn receipt(r: &str) -> Result<(), ApiError> {
 }
 
 /// The body of an ack.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AckBody {
+    /// The receipt the pop returned.
     receipt: String,
+}
+
+/// The answer to an ack.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AckAnswer {
+    /// Always true: a failed ack is an error.
+    acked: bool,
 }
 
 /// `POST /v1/ack`
+#[utoipa::path(
+    post,
+    path = "/v1/ack",
+    tag = "messages",
+    operation_id = "ack",
+    summary = "Finish a delivery: the message will not come back",
+    request_body = AckBody,
+    responses(
+        (status = 200, description = "Acked", body = AckAnswer),
+        (status = 400, description = "The receipt is malformed", body = ErrorBody),
+        (status = 404, description = "Unknown or expired receipt", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
 pub(crate) async fn ack(
     State(st): State<AppState>,
     JsonBody(b): JsonBody<AckBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AckAnswer>, ApiError> {
     receipt(&b.receipt)?;
     st.broker().ack(&b.receipt).await?;
-    Ok(Json(json!({"acked": true})))
+    Ok(Json(AckAnswer { acked: true }))
 }
 
 /// The body of a nack.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NackBody {
+    /// The receipt the pop returned.
     receipt: String,
+    /// Retry after this long; without it, after the next step of the message's backoff.
     delay_ms: Option<u64>,
 }
 
+/// What a nack did: `{"state":"retry","deliver_at_ms"}` or `{"state":"dead","topic"}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct NackAnswer {
+    /// With `retry`: when it comes back, unix ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deliver_at_ms: Option<u64>,
+    /// `retry`, or `dead` when its attempts are used up.
+    state: NackState,
+    /// With `dead`: the dead-letter topic it moved to (`{topic}.dlq`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    topic: Option<String>,
+}
+
+/// Where a nacked message went.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum NackState {
+    /// Scheduled again.
+    Retry,
+    /// Dead-lettered.
+    Dead,
+}
+
+impl From<Nacked> for NackAnswer {
+    fn from(n: Nacked) -> Self {
+        match n {
+            Nacked::Retry { deliver_at_ms } => {
+                NackAnswer { deliver_at_ms: Some(deliver_at_ms), state: NackState::Retry, topic: None }
+            }
+            Nacked::DeadLettered { topic } => {
+                NackAnswer { deliver_at_ms: None, state: NackState::Dead, topic: Some(topic) }
+            }
+        }
+    }
+}
+
 /// `POST /v1/nack`
+#[utoipa::path(
+    post,
+    path = "/v1/nack",
+    tag = "messages",
+    operation_id = "nack",
+    summary = "Give a delivery back: retry later, or dead-letter once attempts are used up",
+    request_body = NackBody,
+    responses(
+        (status = 200, description = "Scheduled again or dead-lettered", body = NackAnswer),
+        (status = 400, description = "A field is invalid", body = ErrorBody),
+        (status = 404, description = "Unknown or expired receipt", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
 pub(crate) async fn nack(
     State(st): State<AppState>,
     JsonBody(b): JsonBody<NackBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NackAnswer>, ApiError> {
     receipt(&b.receipt)?;
     let delay = b.delay_ms.map(|d| validate::delay(st.limits(), "delay_ms", d)).transpose()?;
-    Ok(Json(match st.broker().nack(&b.receipt, delay).await? {
-        Nacked::Retry { deliver_at_ms } => json!({"state": "retry", "deliver_at_ms": deliver_at_ms}),
-        Nacked::DeadLettered { topic } => json!({"state": "dead", "topic": topic}),
-    }))
+    Ok(Json(NackAnswer::from(st.broker().nack(&b.receipt, delay).await?)))
 }
 
-pub(crate) fn info_json(m: &MessageInfo) -> Value {
-    let mut v = json!({
-        "id": m.id,
-        "topic": m.topic,
-        "state": m.state,
-        "deliver_at_ms": m.deliver_at_ms,
-        "attempt": m.attempt,
-        "created_at_ms": m.created_at_ms,
-        "body": String::from_utf8_lossy(&m.body),
-    });
-    if let Some(dlq) = &m.dead_letter_topic {
-        v["dead_letter_topic"] = json!(dlq);
-    }
-    v
+/// A message as a look-up or a browse shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct MessageAnswer {
+    /// Deliveries so far.
+    attempt: u32,
+    /// The payload.
+    body: String,
+    /// The dead-letter topic holding it, once it was dead-lettered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dead_letter_topic: Option<String>,
+    /// When it was produced, unix ms.
+    created_at_ms: u64,
+    /// When it is (or was) due, unix ms; while reserved, the end of the reservation; after an
+    /// ack or cancel, the due time of the delivery it ended.
+    deliver_at_ms: u64,
+    /// Its id.
+    id: String,
+    /// Where it is in its life.
+    state: MessageState,
+    /// The topic it was produced to.
+    topic: String,
 }
+
+impl From<&MessageInfo> for MessageAnswer {
+    fn from(m: &MessageInfo) -> Self {
+        MessageAnswer {
+            attempt: m.attempt,
+            body: String::from_utf8_lossy(&m.body).into_owned(),
+            created_at_ms: m.created_at_ms,
+            dead_letter_topic: m.dead_letter_topic.clone(),
+            deliver_at_ms: m.deliver_at_ms,
+            id: m.id.clone(),
+            state: m.state,
+            topic: m.topic.clone(),
+        }
+    }
+}
+
+/// The path parameter `{id}`, as every message route documents it.
+const ID_PARAM: &str = "The message id, percent-encoded";
 
 /// `GET /v1/messages/{id}`
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{id}",
+    tag = "messages",
+    operation_id = "get_message",
+    summary = "Look a message up by id",
+    params(("id" = String, Path, description = ID_PARAM)),
+    responses(
+        (status = 200, description = "The message", body = MessageAnswer),
+        (status = 400, description = "The id is invalid", body = ErrorBody),
+        (status = 404, description = "Unknown id", body = ErrorBody),
+    )
+)]
 pub(crate) async fn get_message(
     State(st): State<AppState>,
     PathParam(id): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<MessageAnswer>, ApiError> {
     validate::id("id", &id)?;
-    Ok(Json(info_json(&st.broker().get(&id).await?)))
+    Ok(Json(MessageAnswer::from(&st.broker().get(&id).await?)))
+}
+
+/// The answer to a cancel.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CancelAnswer {
+    /// The cancelled message.
+    id: String,
+    /// Always `cancelled`.
+    state: MessageState,
+}
+
+/// A message's recorded changes.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct HistoryAnswer {
+    /// True when the list reaches back to the produce.
+    complete: bool,
+    /// Newest first, at most 100.
+    history: Vec<HistoryEntry>,
+    /// The message.
+    id: String,
 }
 
 /// `GET /v1/messages/{id}/history`
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{id}/history",
+    tag = "messages",
+    operation_id = "history",
+    summary = "A message's recorded changes, newest first",
+    params(("id" = String, Path, description = ID_PARAM)),
+    responses(
+        (status = 200, description = "Its history", body = HistoryAnswer),
+        (status = 400, description = "The id is invalid", body = ErrorBody),
+        (status = 404, description = "Unknown id", body = ErrorBody),
+    )
+)]
 pub(crate) async fn history(
     State(st): State<AppState>,
     PathParam(id): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<HistoryAnswer>, ApiError> {
     validate::id("id", &id)?;
     let (history, complete) = st.broker().history(&id).await?;
-    Ok(Json(json!({"id": id, "history": history, "complete": complete})))
+    Ok(Json(HistoryAnswer { complete, history, id }))
 }
 
 /// `DELETE /v1/messages/{id}`
+#[utoipa::path(
+    delete,
+    path = "/v1/messages/{id}",
+    tag = "messages",
+    operation_id = "cancel",
+    summary = "Cancel a message that has not been acked",
+    params(("id" = String, Path, description = ID_PARAM)),
+    responses(
+        (status = 200, description = "Cancelled", body = CancelAnswer),
+        (status = 400, description = "The id is invalid", body = ErrorBody),
+        (status = 404, description = "Unknown id", body = ErrorBody),
+        (status = 409, description = "Already acked", body = ErrorBody),
+    )
+)]
 pub(crate) async fn cancel(
     State(st): State<AppState>,
     PathParam(id): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CancelAnswer>, ApiError> {
     validate::id("id", &id)?;
     st.broker().cancel(&id).await?;
-    Ok(Json(json!({"id": id, "state": "cancelled"})))
+    Ok(Json(CancelAnswer { id, state: MessageState::Cancelled }))
 }
 
 /// `GET /v1/stats`
+#[utoipa::path(
+    get,
+    path = "/v1/stats",
+    tag = "operations",
+    operation_id = "stats",
+    summary = "Levels, topics, storage and reclaim counters",
+    responses((status = 200, description = "A snapshot", body = Stats))
+)]
 pub(crate) async fn stats(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
     let stats = st.broker().stats().await?;
     serde_json::to_value(&stats).map(Json).map_err(|e| {
@@ -314,6 +609,7 @@ pub(crate) async fn stats(State(st): State<AppState>) -> Result<Json<Value>, Api
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn limits() -> Limits {
         Limits {

@@ -2,11 +2,12 @@
 
 use axum::extract::State;
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, PathParam};
+use super::native::TOPIC_PARAM;
 use super::{validate, AppState};
 use crate::message::PushConfig;
 use crate::storage::format::{MAX_PUSH_SECRET_BYTES, MAX_PUSH_URL_BYTES};
@@ -20,31 +21,82 @@ const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 /// Most deliveries under way at once a subscription may ask for.
 const MAX_IN_FLIGHT: u32 = 1_024;
 
-/// The body of a subscribe.
-#[derive(Debug, Deserialize)]
+/// The body of a subscribe: `url` (a webhook) or `nats`, not both.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PushBody {
+    /// The webhook each due message is POSTed to (`http` or `https`).
     url: Option<String>,
+    /// Signs each POST (`Delayd-Signature`); webhooks only; never shown back.
     secret: Option<String>,
+    /// How long one delivery may take, ms (1 to 300000, default 10000).
     timeout_ms: Option<u32>,
+    /// Most deliveries under way at once (1 to 1024, default 16).
     max_in_flight: Option<u32>,
-    nats: Option<NatsBody>,
+    /// A NATS JetStream target instead of a webhook.
+    nats: Option<NatsTarget>,
 }
 
 /// A NATS JetStream target.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct NatsBody {
+pub(crate) struct NatsTarget {
+    /// The NATS server (`nats://` or `tls://`).
     url: String,
+    /// The subject each due message is published to.
     subject: String,
 }
 
+/// A push subscription as shown (never its secret).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PushAnswer {
+    /// When it was set, unix ms.
+    created_at_ms: u64,
+    /// Whether POSTs are signed.
+    has_secret: bool,
+    /// Most deliveries under way at once.
+    max_in_flight: u32,
+    /// The NATS JetStream target, for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nats: Option<NatsTarget>,
+    /// How long one delivery may take, ms.
+    timeout_ms: u32,
+    /// The topic consumed.
+    topic: String,
+    /// The webhook, for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+}
+
+/// The answer to removing a subscription.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RemovedAnswer {
+    /// Always true.
+    removed: bool,
+    /// The topic.
+    topic: String,
+}
+
 /// `PUT /v1/topics/{topic}/push`
+#[utoipa::path(
+    put,
+    path = "/v1/topics/{topic}/push",
+    tag = "push",
+    operation_id = "set_push",
+    summary = "Set or replace a topic's push subscription (a webhook or a NATS JetStream subject)",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    request_body = PushBody,
+    responses(
+        (status = 200, description = "The subscription", body = PushAnswer),
+        (status = 400, description = "A field is invalid, or the host is not allowed", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
 pub(crate) async fn put(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
     JsonBody(body): JsonBody<PushBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PushAnswer>, ApiError> {
     validate::topic(&topic)?;
     let allowed = st.limits().push_allowed_hosts.as_deref();
     let (url, nats_subject) = match (body.url, body.nats) {
@@ -95,37 +147,62 @@ pub(crate) async fn put(
 }
 
 /// `GET /v1/topics/{topic}/push`
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/push",
+    tag = "push",
+    operation_id = "get_push",
+    summary = "A topic's push subscription (never its secret)",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    responses(
+        (status = 200, description = "The subscription", body = PushAnswer),
+        (status = 404, description = "The topic has none", body = ErrorBody),
+    )
+)]
 pub(crate) async fn get(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PushAnswer>, ApiError> {
     validate::topic(&topic)?;
     let cfg = st.broker().push_of(&topic).await?.ok_or_else(|| {
         ApiError::from(crate::error::Error::NotFound(format!("topic {topic:?} has no push subscription")))
     })?;
     // Never the secret itself: only whether there is one.
-    let mut v = json!({
-        "topic": cfg.topic,
-        "has_secret": cfg.secret.is_some(),
-        "timeout_ms": cfg.timeout_ms,
-        "max_in_flight": cfg.max_in_flight,
-        "created_at_ms": cfg.created_at_ms,
-    });
-    match cfg.nats_subject {
-        Some(subject) => v["nats"] = json!({"url": cfg.url, "subject": subject}),
-        None => v["url"] = json!(cfg.url),
-    }
-    Ok(Json(v))
+    let (url, nats) = match cfg.nats_subject {
+        Some(subject) => (None, Some(NatsTarget { url: cfg.url, subject })),
+        None => (Some(cfg.url), None),
+    };
+    Ok(Json(PushAnswer {
+        created_at_ms: cfg.created_at_ms,
+        has_secret: cfg.secret.is_some(),
+        max_in_flight: cfg.max_in_flight,
+        nats,
+        timeout_ms: cfg.timeout_ms,
+        topic: cfg.topic,
+        url,
+    }))
 }
 
 /// `DELETE /v1/topics/{topic}/push`
+#[utoipa::path(
+    delete,
+    path = "/v1/topics/{topic}/push",
+    tag = "push",
+    operation_id = "delete_push",
+    summary = "Remove a topic's push subscription",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    responses(
+        (status = 200, description = "Removed", body = RemovedAnswer),
+        (status = 404, description = "The topic has none", body = ErrorBody),
+    )
+)]
 pub(crate) async fn delete(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RemovedAnswer>, ApiError> {
     validate::topic(&topic)?;
     st.broker().set_push(&topic, None).await?;
-    Ok(Json(json!({ "topic": topic, "removed": true })))
+    Ok(Json(RemovedAnswer { removed: true, topic }))
 }
 
 /// Only absolute URLs of one of `schemes` with a host (one of `allowed`, when set), without

@@ -3,30 +3,81 @@
 
 use axum::extract::{RawQuery, State};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{OptionalJsonBody, PathParam};
-use super::native::info_json;
+use super::native::{MessageAnswer, TOPIC_PARAM};
 use super::{validate, AppState};
 use crate::engine::WalkPos;
-use crate::message::MessageState;
+use crate::message::{MessageState, TopicInfo};
 use crate::storage::store::dead_letter_topic;
 
+// As in `native`: answers are structs so the OpenAPI schemas come from them, fields in the
+// alphabetical order `json!` wrote them in.
+
+/// The answer to `GET /v1/topics`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TopicsAnswer {
+    /// Every topic with a queue, a live message or a pause, by name.
+    topics: Vec<TopicInfo>,
+}
+
 /// `GET /v1/topics`
-pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/v1/topics",
+    tag = "topics",
+    operation_id = "list_topics",
+    summary = "Every topic with exact counts by state",
+    responses((status = 200, description = "The topics, by name", body = TopicsAnswer))
+)]
+pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<TopicsAnswer>, ApiError> {
     let topics = st.broker().topics().await?;
-    Ok(Json(json!({ "topics": topics })))
+    Ok(Json(TopicsAnswer { topics }))
+}
+
+/// The answer to a pause or resume.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PauseAnswer {
+    /// Whether pops on the topic now find nothing.
+    paused: bool,
+    /// The topic.
+    topic: String,
 }
 
 /// `POST /v1/topics/{topic}/pause`
-pub(crate) async fn pause(st: State<AppState>, topic: PathParam) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/pause",
+    tag = "topics",
+    operation_id = "pause_topic",
+    summary = "Stop pops on a topic (durable) until it is resumed",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    responses(
+        (status = 200, description = "Paused", body = PauseAnswer),
+        (status = 400, description = "The topic is invalid", body = ErrorBody),
+    )
+)]
+pub(crate) async fn pause(st: State<AppState>, topic: PathParam) -> Result<Json<PauseAnswer>, ApiError> {
     set_paused(st, topic, true).await
 }
 
 /// `POST /v1/topics/{topic}/resume`
-pub(crate) async fn resume(st: State<AppState>, topic: PathParam) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/resume",
+    tag = "topics",
+    operation_id = "resume_topic",
+    summary = "Let pops on a paused topic find messages again",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    responses(
+        (status = 200, description = "Resumed", body = PauseAnswer),
+        (status = 400, description = "The topic is invalid", body = ErrorBody),
+    )
+)]
+pub(crate) async fn resume(st: State<AppState>, topic: PathParam) -> Result<Json<PauseAnswer>, ApiError> {
     set_paused(st, topic, false).await
 }
 
@@ -34,21 +85,47 @@ async fn set_paused(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
     paused: bool,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PauseAnswer>, ApiError> {
     validate::topic(&topic)?;
     st.broker().set_paused(&topic, paused).await?;
-    Ok(Json(json!({ "topic": topic, "paused": paused })))
+    Ok(Json(PauseAnswer { paused, topic }))
 }
 
 /// Entries per page when `limit` is not given.
 const DEFAULT_LIMIT: usize = 50;
 
+/// A page of a browse.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BrowseAnswer {
+    /// At most `limit` messages; fewer does not mean the last page.
+    messages: Vec<MessageAnswer>,
+    /// Pass back as `cursor` for the next page; null on the last one.
+    next_cursor: Option<String>,
+}
+
 /// `GET /v1/topics/{topic}/messages?state=S&limit=N&cursor=C`
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/messages",
+    tag = "topics",
+    operation_id = "browse_topic",
+    summary = "A page of a topic's live messages in one state",
+    params(
+        ("topic" = String, Path, description = TOPIC_PARAM),
+        ("state" = Option<String>, Query, description = "ready (default), delayed, reserved or dead (those waiting in {topic}.dlq)"),
+        ("limit" = Option<u32>, Query, minimum = 1, description = "Messages per page, 1..=max_batch (default 50)"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+    ),
+    responses(
+        (status = 200, description = "A page", body = BrowseAnswer),
+        (status = 400, description = "A query parameter is invalid or unknown, or a bad cursor", body = ErrorBody),
+    )
+)]
 pub(crate) async fn browse(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
     RawQuery(query): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<BrowseAnswer>, ApiError> {
     validate::topic(&topic)?;
     let (mut state, mut limit, mut at) = (MessageState::Ready, DEFAULT_LIMIT, WalkPos::default());
     let max = st.limits().max_batch;
@@ -88,9 +165,9 @@ pub(crate) async fn browse(
         topic
     };
     let (messages, next) = st.broker().browse(&queue, state, at, limit).await?;
-    let messages: Vec<Value> = messages.iter().map(info_json).collect();
+    let messages = messages.iter().map(MessageAnswer::from).collect();
     let next_cursor = next.map(|p| format!("{}.{}", p.queue, p.entry));
-    Ok(Json(json!({ "messages": messages, "next_cursor": next_cursor })))
+    Ok(Json(BrowseAnswer { messages, next_cursor }))
 }
 
 /// A `next_cursor` as this server writes it: `<queue>.<entry>`.
@@ -103,18 +180,40 @@ fn parse_cursor(c: &str) -> Result<WalkPos, ApiError> {
 }
 
 /// The body of a redrive: every dead letter, or those with these ids.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RedriveBody {
+    /// Only these dead letters (at most `max_batch`); others are left alone.
     ids: Option<Vec<String>>,
 }
 
+/// The answer to a redrive.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RedriveAnswer {
+    /// Dead letters moved back to the topic.
+    moved: u64,
+}
+
 /// `POST /v1/topics/{topic}/redrive`
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/redrive",
+    tag = "topics",
+    operation_id = "redrive_topic",
+    summary = "Move dead letters from {topic}.dlq back to the topic, ready now",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    request_body(content = Option<RedriveBody>, description = "Optional: without a body, every dead letter"),
+    responses(
+        (status = 200, description = "Moved", body = RedriveAnswer),
+        (status = 400, description = "The topic or an id is invalid, or too many ids", body = ErrorBody),
+        (status = 415, description = "A body not sent as application/json", body = ErrorBody),
+    )
+)]
 pub(crate) async fn redrive(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
     OptionalJsonBody(body): OptionalJsonBody<RedriveBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RedriveAnswer>, ApiError> {
     validate::topic(&topic)?;
     let ids = body.ids;
     if let Some(ids) = &ids {
@@ -126,15 +225,34 @@ pub(crate) async fn redrive(
         }
     }
     let moved = st.broker().redrive(&topic, ids).await?;
-    Ok(Json(json!({ "moved": moved })))
+    Ok(Json(RedriveAnswer { moved }))
+}
+
+/// The answer to a purge.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PurgeAnswer {
+    /// Messages cancelled.
+    cancelled: u64,
 }
 
 /// `POST /v1/topics/{topic}/purge`
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/purge",
+    tag = "topics",
+    operation_id = "purge_topic",
+    summary = "Cancel every delayed, ready and reserved message of a topic",
+    params(("topic" = String, Path, description = TOPIC_PARAM)),
+    responses(
+        (status = 200, description = "Purged", body = PurgeAnswer),
+        (status = 400, description = "The topic is invalid", body = ErrorBody),
+    )
+)]
 pub(crate) async fn purge(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PurgeAnswer>, ApiError> {
     validate::topic(&topic)?;
     let cancelled = st.broker().purge(&topic).await?;
-    Ok(Json(json!({ "cancelled": cancelled })))
+    Ok(Json(PurgeAnswer { cancelled }))
 }

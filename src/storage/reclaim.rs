@@ -66,7 +66,7 @@ pub struct Reclaim {
 }
 
 /// Counters of what reclaim did since the broker started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct ReclaimStats {
     /// Messages copied forward.
     pub carried: u64,
