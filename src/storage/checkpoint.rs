@@ -390,19 +390,24 @@ mod tests {
         }
     }
 
-    /// A version 1 checkpoint (an older delayd's) is rebuilt from the log, not refused.
+    /// A version 1 or 2 checkpoint (an older delayd's) is rebuilt from the log, not refused; a newer
+    /// one is refused.
     #[test]
-    fn a_version_1_checkpoint_reads_as_rebuildable() {
-        let mut b = Checkpoint::default().encode();
-        b[4..6].copy_from_slice(&1u16.to_le_bytes());
-        let n = b.len() - 4;
-        let crc = crc32fast::hash(&b[..n]);
-        b[n..].copy_from_slice(&crc.to_le_bytes());
-        assert!(matches!(Checkpoint::decode_checked(&b), Err(CheckpointDamage::Damaged(_))));
-        b[4..6].copy_from_slice(&3u16.to_le_bytes());
-        let crc = crc32fast::hash(&b[..n]);
-        b[n..].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(Checkpoint::decode_checked(&b).err(), Some(CheckpointDamage::OtherVersion(3)));
+    fn older_checkpoints_read_as_rebuildable_and_newer_ones_as_another_version() {
+        let with_version = |v: u16| {
+            let mut b = Checkpoint::default().encode();
+            b[4..6].copy_from_slice(&v.to_le_bytes());
+            let n = b.len() - 4;
+            let crc = crc32fast::hash(&b[..n]);
+            b[n..].copy_from_slice(&crc.to_le_bytes());
+            Checkpoint::decode_checked(&b)
+        };
+        for v in [1, 2] {
+            assert!(matches!(with_version(v), Err(CheckpointDamage::Damaged(_))), "version {v}");
+        }
+        assert!(with_version(CHECKPOINT_VERSION).is_ok());
+        let newer = CHECKPOINT_VERSION + 1;
+        assert_eq!(with_version(newer).err(), Some(CheckpointDamage::OtherVersion(newer)));
     }
 
     #[test]
