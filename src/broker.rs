@@ -195,6 +195,33 @@ impl Shared {
         let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         w.entry(topic.to_string()).or_default().clone()
     }
+
+    /// Forgets the wake-up handles of `topics` that no pop holds any more, so the map follows the
+    /// pops waiting now, not every topic name ever polled (a client polling made-up names would
+    /// otherwise grow it without bound).
+    fn release(&self, topics: &[String]) {
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        for t in topics {
+            // Under the lock nobody can clone it: one reference is the map's own.
+            if w.get(t).is_some_and(|n| Arc::strong_count(n) == 1) {
+                w.remove(t);
+            }
+        }
+    }
+}
+
+/// Releases a pop's wake-up handles when the pop ends, however it ends (answered, timed out, or
+/// dropped because the client went away). Declared before the handles, so it runs after they
+/// are dropped.
+struct Interest<'a> {
+    shared: &'a Shared,
+    topics: &'a [String],
+}
+
+impl Drop for Interest<'_> {
+    fn drop(&mut self) {
+        self.shared.release(self.topics);
+    }
 }
 
 /// A cheap, cloneable handle to a running broker.
@@ -275,6 +302,7 @@ impl Broker {
         }
         let wait = Duration::from_millis(req.wait_ms.min(self.shared.config.max_wait_ms));
         let deadline = Instant::now() + wait;
+        let _interest = Interest { shared: &self.shared, topics: &req.topics };
         let notifies: Vec<Arc<Notify>> = req.topics.iter().map(|t| self.shared.notify_for(t)).collect();
         loop {
             // Register interest before asking, so a message that lands in between still wakes us.
@@ -414,6 +442,12 @@ impl Broker {
             (at, until) = (next, Some(end));
         }
         Ok(total)
+    }
+
+    /// Topics with a long poll's wake-up handle now (for tests: it follows the waiting pops).
+    #[doc(hidden)]
+    pub fn waiting_topics(&self) -> usize {
+        self.shared.waiters.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Process-wide counters and histograms.

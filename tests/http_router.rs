@@ -121,3 +121,36 @@ async fn shutdown_releases_waiting_long_polls() {
     assert_eq!((st, v), (StatusCode::OK, json!({"code": 0, "message": "ok", "data": null})));
     a.broker.shutdown().await.unwrap();
 }
+
+/// Pops on made-up topic names leave nothing behind once they end (timed out, answered, or
+/// dropped): the wake-up map follows the pops waiting now.
+#[tokio::test(flavor = "multi_thread")]
+async fn long_polls_on_many_topics_leave_no_wake_up_handles_behind() {
+    let a = app(None);
+    let mut polls = Vec::new();
+    for i in 0..200 {
+        let router = a.router.clone();
+        polls.push(tokio::spawn(async move {
+            send(
+                &router,
+                Request::post(format!("/v1/topics/made-up-{i}/pop?wait_ms=300")).body(Body::empty()).unwrap(),
+            )
+            .await
+        }));
+    }
+    // One waiting pop that the test drops (as a client going away would).
+    let router = a.router.clone();
+    let dropped = tokio::spawn(async move {
+        send(&router, Request::post("/v1/topics/abandoned/pop?wait_ms=60000").body(Body::empty()).unwrap())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(a.broker.waiting_topics() > 100, "the pops should be waiting: {}", a.broker.waiting_topics());
+    dropped.abort();
+    for p in polls {
+        assert_eq!(p.await.unwrap().0, StatusCode::OK);
+    }
+    let _ = dropped.await;
+    assert_eq!(a.broker.waiting_topics(), 0, "wake-up handles left behind");
+    a.broker.shutdown().await.unwrap();
+}
