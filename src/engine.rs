@@ -766,22 +766,25 @@ impl Engine {
     }
 
     fn finish(&mut self, slot: &Slot) -> Result<()> {
-        let now = self.now();
-        self.transition(
-            slot,
-            Change {
-                time_ms: now,
-                state: State::Done,
-                cause: Cause::Ack,
-                home: slot.home,
-                attempt: u32::from(slot.attempt),
-                deliver_at_ms: self.store.due_at(slot)?,
-                route: Route::None,
-                due_ms: None,
-            },
-        )?;
-        self.note_left_behind(slot);
+        self.end(slot, State::Done, Cause::Ack)?;
         inc(&self.metrics.acked);
+        Ok(())
+    }
+
+    /// Makes the message final (Done or Cancelled), keeping the due time it had.
+    fn end(&mut self, slot: &Slot, state: State, cause: Cause) -> Result<()> {
+        let change = Change {
+            time_ms: self.now(),
+            state,
+            cause,
+            home: slot.home,
+            attempt: u32::from(slot.attempt),
+            deliver_at_ms: self.store.due_at(slot)?,
+            route: Route::None,
+            due_ms: None,
+        };
+        self.transition(slot, change)?;
+        self.note_left_behind(slot);
         Ok(())
     }
 
@@ -904,21 +907,7 @@ impl Engine {
     }
 
     fn cancel_slot(&mut self, slot: &Slot) -> Result<()> {
-        let now = self.now();
-        self.transition(
-            slot,
-            Change {
-                time_ms: now,
-                state: State::Cancelled,
-                cause: Cause::Cancel,
-                home: slot.home,
-                attempt: u32::from(slot.attempt),
-                deliver_at_ms: self.store.due_at(slot)?,
-                route: Route::None,
-                due_ms: None,
-            },
-        )?;
-        self.note_left_behind(slot);
+        self.end(slot, State::Cancelled, Cause::Cancel)?;
         inc(&self.metrics.cancelled);
         Ok(())
     }
@@ -1250,12 +1239,7 @@ impl Engine {
         if slot.seq != seq || slot.state.is_final() {
             return Ok(None);
         }
-        let p = self.store.put_at(slot.msg_offset)?;
-        let queue = match slot.home {
-            Home::Main => String::from_utf8_lossy(p.topic).into_owned(),
-            Home::DeadLetter => dead_letter_topic(&String::from_utf8_lossy(p.topic)),
-        };
-        Ok((queue == topic).then_some(slot))
+        Ok((self.store.queue_of(&slot)? == topic).then_some(slot))
     }
 
     /// The queues a walk over `topic`'s messages in `states` visits, in order: the topic's own
@@ -1373,7 +1357,7 @@ impl Engine {
         if let Some(ids) = ids {
             for id in ids {
                 let Ok((_, slot)) = self.by_id(id) else { continue };
-                if slot.state == State::Dead && self.live_in(&slot, &dlq)? {
+                if slot.state == State::Dead && self.store.queue_of(&slot)? == dlq {
                     self.redrive_slot(&slot)?;
                     moved += 1;
                 }
@@ -1386,16 +1370,6 @@ impl Engine {
             Ok(true)
         })?;
         Ok((moved, next))
-    }
-
-    /// Whether the message in `slot` belongs to queue `queue`.
-    fn live_in(&self, slot: &Slot, queue: &str) -> Result<bool> {
-        let p = self.store.put_at(slot.msg_offset)?;
-        let topic = String::from_utf8_lossy(p.topic);
-        Ok(match slot.home {
-            Home::Main => topic == queue,
-            Home::DeadLetter => dead_letter_topic(&topic) == queue,
-        })
     }
 
     fn redrive_slot(&mut self, slot: &Slot) -> Result<()> {

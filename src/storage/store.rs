@@ -1256,19 +1256,14 @@ impl Store {
     /// The due time the slot's last state change set: when a delayed message becomes ready, when a
     /// reservation expires, or when a ready message became ready.
     pub fn deliver_at(&self, slot: &Slot) -> Result<u64> {
-        Ok(match self.log.read(slot.last_offset)?.0 {
-            Record::Put(p) => p.deliver_at_ms,
-            Record::Transition(t) => t.deliver_at_ms,
-            Record::Carry(c) => c.deliver_at_ms,
-            Record::Hop(h) => h.target_ms,
-            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => 0,
-        })
+        Ok(deliver_at_of(&self.log.read(slot.last_offset)?.0))
     }
 
     /// The due time a message had, for an ack or cancel to keep: when it was to become (or
     /// became) ready, or for a reserved message when the delivery it holds fell due.
     pub fn due_at(&self, slot: &Slot) -> Result<u64> {
-        Ok(match self.log.read(slot.last_offset)?.0 {
+        let rec = self.log.read(slot.last_offset)?.0;
+        Ok(match &rec {
             Record::Transition(t) => match (t.due_ms, t.state) {
                 (Some(due), _) => due,
                 // A version 1 Reserve (an older delayd) did not record its due time; the time of
@@ -1276,7 +1271,16 @@ impl Store {
                 (None, State::Reserved) => t.time_ms,
                 (None, _) => t.deliver_at_ms,
             },
-            _ => self.deliver_at(slot)?,
+            other => deliver_at_of(other),
+        })
+    }
+
+    /// The queue the message in `slot` belongs to now: its topic, or the topic's `.dlq`.
+    pub fn queue_of(&self, slot: &Slot) -> Result<String> {
+        let topic = self.topic_of(slot.msg_offset)?;
+        Ok(match slot.home {
+            Home::Main => topic,
+            Home::DeadLetter => dead_letter_topic(&topic),
         })
     }
 
@@ -1341,12 +1345,7 @@ impl Store {
         self.index.for_each(|s| slots.push(s));
         let mut out: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
         for s in slots {
-            let topic = self.topic_of(s.msg_offset)?;
-            let queue = match s.home {
-                Home::Main => topic,
-                Home::DeadLetter => dead_letter_topic(&topic),
-            };
-            let c = out.entry(queue).or_default();
+            let c = out.entry(self.queue_of(&s)?).or_default();
             match s.state {
                 State::Ready | State::Dead => c.0 += 1,
                 State::Reserved => c.1 += 1,
@@ -1513,5 +1512,17 @@ impl Store {
     /// Offset up to which records are dispatched.
     pub fn dispatched(&self) -> u64 {
         self.dispatched
+    }
+}
+
+/// The due time a record sets: when a delayed message becomes ready, when a reservation expires,
+/// when a ready message became ready (0 for records of no message).
+fn deliver_at_of(rec: &Record<'_>) -> u64 {
+    match rec {
+        Record::Put(p) => p.deliver_at_ms,
+        Record::Transition(t) => t.deliver_at_ms,
+        Record::Carry(c) => c.deliver_at_ms,
+        Record::Hop(h) => h.target_ms,
+        Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => 0,
     }
 }
