@@ -9,7 +9,8 @@
 //! - [`engine`] is the state machine: a due timer either hops to the next level (a small `Hop`
 //!   record; the body is never copied) or moves the message to its topic queue (a `Transition`).
 //!   Pop, ack, nack, cancel and reservation expiry are `Transition`s too.
-//! - [`broker`] runs the engine on its own thread with group commit and long-poll wake-ups.
+//! - [`broker`] runs the engine: a lone request on the thread that parsed it, a load on the
+//!   engine thread with group commit; timers, long-poll wake-ups and checkpoints on that thread.
 //! - [`message`] holds the requests and answers both `engine` and `broker` speak, and [`config`] the
 //!   settings (with [`config::BrokerConfig`], what the core needs of them), so neither of the two
 //!   imports the other's types.

@@ -116,6 +116,12 @@ pub struct Metrics {
     pub queue_repairs: AtomicU64,
     /// Pops parked now, waiting for a message to arrive (long-polls).
     pub pops_waiting: AtomicU64,
+    /// Requests applied on the thread that read them (the engine was free and idle).
+    pub requests_inline: AtomicU64,
+    /// Requests handed to the engine thread over its channel.
+    pub requests_queued: AtomicU64,
+    /// Inline requests that woke the sleeping engine thread for a deadline they moved earlier.
+    pub engine_wakeups: AtomicU64,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
@@ -141,6 +147,9 @@ impl Default for Metrics {
             corrupt_records: AtomicU64::new(0),
             queue_repairs: AtomicU64::new(0),
             pops_waiting: AtomicU64::new(0),
+            requests_inline: AtomicU64::new(0),
+            requests_queued: AtomicU64::new(0),
+            engine_wakeups: AtomicU64::new(0),
             lateness_ms: Histogram::new(
                 "delayd_lateness_seconds",
                 "Time from a message's due time until it became ready.",

@@ -229,6 +229,21 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
             "Consume-queue entries that disagreed with the log; each queue was repaired from the log.",
             &m.queue_repairs,
         ),
+        (
+            "delayd_requests_inline_total",
+            "Requests applied on the thread that read them, the engine being free and idle (no hand-off).",
+            &m.requests_inline,
+        ),
+        (
+            "delayd_requests_queued_total",
+            "Requests handed to the engine thread, to be applied in its next batch.",
+            &m.requests_queued,
+        ),
+        (
+            "delayd_engine_wakeups_total",
+            "Inline requests that woke the sleeping engine thread for a deadline they moved earlier.",
+            &m.engine_wakeups,
+        ),
     ];
     for (name, help, c) in counters {
         counter(&reg, name, help, c.load(Ordering::Relaxed))?;

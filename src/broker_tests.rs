@@ -1,0 +1,132 @@
+//! The broker's two ways in: a request applied on the caller's thread when the engine is free and
+//! idle, and the hand-off to the engine thread otherwise.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::*;
+
+fn req(delay_ms: u64) -> ProduceRequest {
+    ProduceRequest {
+        id: None,
+        body: Bytes::from_static(b"hello"),
+        when: if delay_ms == 0 { When::Now } else { When::DelayMs(delay_ms) },
+        ttr_ms: None,
+        max_attempts: None,
+        backoff_ms: None,
+    }
+}
+
+fn open(dir: &std::path::Path, flush: FlushMode) -> Broker {
+    let mut c = BrokerConfig::with_defaults(dir);
+    c.segment_bytes = 1 << 20;
+    c.flush = flush;
+    Broker::open(c).unwrap()
+}
+
+fn counter(b: &Broker, c: fn(&Metrics) -> &std::sync::atomic::AtomicU64) -> u64 {
+    c(b.metrics()).load(Ordering::Relaxed)
+}
+
+/// Waits (up to a minute: this is liveness, not speed) until the engine thread sleeps.
+fn until_engine_sleeps(b: &Broker) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let sleeping = b.shared.core.lock().unwrap().as_ref().is_some_and(|c| c.sleeping_until.is_some());
+        if sleeping {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the engine thread never went to sleep");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_at_a_time_is_applied_inline_in_both_flush_modes() {
+    for flush in [FlushMode::Sync, FlushMode::Async] {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), flush);
+        let topics = vec!["t".to_string()];
+        for _ in 0..100 {
+            b.produce("t", req(0)).await.unwrap();
+            let got =
+                b.pop(PopRequest { topics: topics.clone(), max: 1, wait_ms: 0, ttr_ms: None }).await.unwrap();
+            assert_eq!(got.len(), 1);
+            b.ack(&got[0].receipt).await.unwrap();
+        }
+        let (inline, queued) = (counter(&b, |m| &m.requests_inline), counter(&b, |m| &m.requests_queued));
+        assert_eq!(inline + queued, 300, "{flush:?}: every request counted once");
+        // The engine thread holds the lock during its own steps (a checkpoint, a reclaim tick),
+        // so a few requests may meet it busy; one at a time, nearly all must go inline.
+        assert!(inline >= 270, "{flush:?}: only {inline} of 300 requests applied inline");
+        let s = b.stats().await.unwrap();
+        assert_eq!(s.topics.iter().map(|t| t.ready + t.reserved).sum::<u64>(), 0, "{flush:?}: all acked");
+        b.shutdown().await.unwrap();
+    }
+}
+
+/// A request that meets the engine busy goes to the engine thread and is answered from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Holding the engine across awaits is the point: the produce must meet it busy.
+#[allow(clippy::await_holding_lock)]
+async fn a_request_meeting_a_busy_engine_is_handed_off_and_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Sync);
+    let held = b.shared.core.clone();
+    let guard = held.lock().unwrap();
+    let producer = tokio::spawn({
+        let b = b.clone();
+        async move { b.produce("t", req(0)).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter(&b, |m| &m.requests_queued) == 0 {
+        assert!(Instant::now() < deadline, "the produce was never handed off");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(!producer.is_finished(), "answered while the engine was held");
+    drop(guard);
+    producer.await.unwrap().unwrap();
+    assert_eq!(counter(&b, |m| &m.requests_inline), 0);
+    let got = b.pop(PopRequest { topics: vec!["t".into()], max: 1, wait_ms: 0, ttr_ms: None }).await.unwrap();
+    assert_eq!(got.len(), 1, "the handed-off produce was applied");
+    b.shutdown().await.unwrap();
+}
+
+/// An inline produce that makes something due before the sleeping engine thread would look again
+/// wakes it: a short timer here. The message then arrives, never early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_produce_of_an_earlier_timer_wakes_the_engine_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Sync);
+    until_engine_sleeps(&b);
+    let woken = counter(&b, |m| &m.engine_wakeups);
+    let p = b.produce("t", req(50)).await.unwrap();
+    assert_eq!(counter(&b, |m| &m.requests_inline), 1);
+    assert_eq!(counter(&b, |m| &m.engine_wakeups), woken + 1, "the sleeping engine was not woken");
+    let got =
+        b.pop(PopRequest { topics: vec!["t".into()], max: 1, wait_ms: 30_000, ttr_ms: None }).await.unwrap();
+    assert_eq!(got.len(), 1);
+    let now_ms = SystemClock.now_ms();
+    assert!(now_ms >= p.deliver_at_ms, "delivered early: at {now_ms}, due {}", p.deliver_at_ms);
+    b.shutdown().await.unwrap();
+}
+
+/// In async mode an inline produce leaves the log dirty: the sleeping engine thread is woken to
+/// flush it within `flush_interval_ms` rather than at its next reclaim tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_async_produce_wakes_the_engine_thread_to_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Async);
+    until_engine_sleeps(&b);
+    let woken = counter(&b, |m| &m.engine_wakeups);
+    b.produce("t", req(600_000)).await.unwrap();
+    assert_eq!(counter(&b, |m| &m.engine_wakeups), woken + 1, "the sleeping engine was not woken");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.shared.core.lock().unwrap().as_ref().is_some_and(|c| c.engine.dirty()) {
+        assert!(Instant::now() < deadline, "the produce was never flushed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    b.shutdown().await.unwrap();
+}
