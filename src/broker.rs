@@ -213,7 +213,10 @@ impl Shared {
     /// time. Under load the lock is taken or requests are queued, so they go to the engine
     /// thread, which takes them in batches and group-commits them as before.
     fn try_inline(&self, cmd: Command) -> Option<Command> {
-        if matches!(cmd, Command::Shutdown { .. } | Command::Wake) || !self.tx.is_empty() {
+        if matches!(cmd, Command::Shutdown { .. } | Command::Wake)
+            || !self.tx.is_empty()
+            || !self.config.inline_requests
+        {
             return Some(cmd);
         }
         let mut guard = match self.core.try_lock() {
