@@ -892,7 +892,9 @@ impl Core {
     /// True when nothing is taken and unapplied, no reply waits, and (in sync mode) no flush is
     /// in flight: a request applied now is answered by this step alone.
     fn idle(&self) -> bool {
-        self.batch.is_empty()
+        // After a shutdown request nothing more is applied: the engine thread is about to stop.
+        self.shutdown.is_none()
+            && self.batch.is_empty()
             && self.producing.is_none()
             && self.pending.is_empty()
             && (self.flush == FlushMode::Async || self.in_flight.load(Ordering::Acquire) == 0)

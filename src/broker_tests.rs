@@ -130,3 +130,20 @@ async fn an_inline_async_produce_wakes_the_engine_thread_to_flush() {
     }
     b.shutdown().await.unwrap();
 }
+
+/// Once shut down, the core is gone: a request is refused, not applied to a closed store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_shutdown_a_request_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Sync);
+    b.produce("t", req(0)).await.unwrap();
+    b.shutdown().await.unwrap();
+    assert!(b.shared.core.lock().unwrap().is_none(), "the core outlived the shutdown");
+    match b.produce("t", req(0)).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("a produce after shutdown answered {other:?}"),
+    }
+    let before = counter(&b, |m| &m.requests_inline);
+    assert!(b.get("x").await.is_err());
+    assert_eq!(counter(&b, |m| &m.requests_inline), before);
+}
