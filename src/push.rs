@@ -12,6 +12,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
+use http_body_util::Full;
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
+use hyper::{Method, Request, Uri};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use sha2::Sha256;
 use tokio::sync::Semaphore;
@@ -29,6 +36,18 @@ const TTR_MARGIN_MS: u64 = 5_000;
 const POP_WAIT_MS: u64 = 1_000;
 /// Pause after the broker refused a call (it is shutting down or cannot write).
 const BROKER_RETRY: Duration = Duration::from_secs(1);
+/// A pooled connection unused this long is closed.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+/// TCP keepalive probes on webhook connections, so a pooled connection to a peer that vanished is
+/// found dead rather than written to; reqwest's defaults, which push delivery had before.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
+const TCP_KEEPALIVE_RETRIES: u32 = 3;
+/// Unacknowledged data older than this drops the connection (Linux), as reqwest had it.
+#[cfg(target_os = "linux")]
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The pooled HTTP(S) client every webhook delivery goes through.
+type WebhookClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Upper bounds of the delivery-latency histogram, seconds: a fast local endpoint answers in well
 /// under a millisecond, a slow one may use its whole timeout.
@@ -125,22 +144,46 @@ pub async fn run(broker: Broker) {
     }
 }
 
-/// One pooled client for every webhook: keep-alive connections, no redirects (a webhook that
-/// redirects is answering with a non-2xx status), rustls for https.
-fn client() -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("delayd/", env!("CARGO_PKG_VERSION")))
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build()
+/// One pooled client for every webhook: keep-alive connections, rustls for https. It follows no
+/// redirects (hyper's client never does): a webhook that redirects is answering with a non-2xx
+/// status.
+fn client() -> Result<WebhookClient, rustls::Error> {
+    // The provider is named rather than taken from the process default, which rustls cannot pick
+    // on its own once a second provider is compiled in.
+    let mut tls =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_webpki_roots()
+            .with_no_client_auth();
+    // Offered as reqwest offered it: a server that insists on ALPN still takes the connection,
+    // and none can pick h2, which this client does not speak.
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let mut http = HttpConnector::new();
+    // The https connector wraps this one and handles both schemes itself.
+    http.enforce_http(false);
+    // A delivery is one small write each way: Nagle's delay would only add latency.
+    http.set_nodelay(true);
+    http.set_keepalive(Some(TCP_KEEPALIVE));
+    http.set_keepalive_interval(Some(TCP_KEEPALIVE));
+    http.set_keepalive_retries(Some(TCP_KEEPALIVE_RETRIES));
+    #[cfg(target_os = "linux")]
+    http.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT));
+    // Built from its parts: hyper-rustls' builder refuses a config with ALPN already set. This
+    // way takes both schemes and verifies the URL's host name, as the builder's would.
+    let https = HttpsConnector::from((http, tls));
+    // The pool timer is what closes idle connections after POOL_IDLE; without it they linger.
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(https))
 }
 
-/// Consumes `cfg.topic`, keeping at most `max_in_flight` deliveries under way.
 /// Where a worker's deliveries go.
 #[derive(Clone)]
 enum Sink {
     /// POST to the subscription's URL.
-    Webhook(reqwest::Client),
+    Webhook(WebhookClient),
     /// Publish to the subscription's JetStream subject (boxed: the context is large, and cloned
     /// once per delivery).
     Nats(Arc<async_nats::jetstream::Context>),
@@ -149,7 +192,8 @@ enum Sink {
 /// What became of one delivery: acked (`Ok`), or why not (the outcome label, and a reason).
 type Outcome = Result<(), (&'static str, String)>;
 
-async fn worker(broker: Broker, client: reqwest::Client, cfg: PushConfig) {
+/// Consumes `cfg.topic`, keeping at most `max_in_flight` deliveries under way.
+async fn worker(broker: Broker, client: WebhookClient, cfg: PushConfig) {
     let sink = match &cfg.nats_subject {
         None => Sink::Webhook(client),
         // With retry_on_initial_connect the client is made at once and (re)connects in the
@@ -233,23 +277,51 @@ async fn deliver(broker: &Broker, sink: &Sink, cfg: &PushConfig, d: Delivery) {
 }
 
 /// POSTs one message: a 2xx is delivered, any other status `refused`, no answer `failed`.
-async fn post(client: &reqwest::Client, cfg: &PushConfig, d: &Delivery, timeout: Duration) -> Outcome {
-    let mut req = client
-        .post(&cfg.url)
-        .timeout(timeout)
-        .header("Content-Type", "application/octet-stream")
-        .header("Delayd-Message-Id", &d.id)
-        .header("Delayd-Topic", &cfg.topic)
+async fn post(client: &WebhookClient, cfg: &PushConfig, d: &Delivery, timeout: Duration) -> Outcome {
+    let req = webhook_request(cfg, d).map_err(|why| ("failed", why))?;
+    // The timeout covers everything up to the status line: resolving, connecting, the TLS
+    // handshake, sending, and the endpoint's time to answer. The answer's body is not read.
+    match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(r)) if r.status().is_success() => Ok(()),
+        Ok(Ok(r)) => Err(("refused", format!("answered {}", r.status()))),
+        Ok(Err(e)) => Err(("failed", error_chain(&e))),
+        Err(_) => Err(("failed", format!("no answer within {timeout:?}"))),
+    }
+}
+
+/// The POST for one delivery. The URL goes through the WHATWG parser the subscription was
+/// checked with, so it is normalised (case, default port, percent-encoding) the way it was
+/// validated; the fragment is not sent.
+fn webhook_request(cfg: &PushConfig, d: &Delivery) -> Result<Request<Full<Bytes>>, String> {
+    let url = url::Url::parse(&cfg.url).map_err(|e| format!("not a URL: {e}"))?;
+    let uri: Uri = url.as_str().parse().map_err(|e| format!("{url} cannot be requested: {e}"))?;
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(ACCEPT, HeaderValue::from_static("*/*"))
+        .header(USER_AGENT, HeaderValue::from_static(concat!("delayd/", env!("CARGO_PKG_VERSION"))))
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"))
+        .header("Delayd-Message-Id", d.id.as_str())
+        .header("Delayd-Topic", cfg.topic.as_str())
         .header("Delayd-Attempt", d.attempt.to_string())
         .header("Delayd-Deliver-At", d.deliver_at_ms.to_string());
     if let Some(secret) = &cfg.secret {
         req = req.header("Delayd-Signature", signature(secret.as_bytes(), now_ms(), &d.body));
     }
-    match req.body(d.body.clone()).send().await {
-        Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(("refused", format!("answered {}", r.status()))),
-        Err(e) => Err(("failed", e.to_string())),
+    req.body(Full::new(d.body.clone())).map_err(|e| format!("cannot build the request: {e}"))
+}
+
+/// An error and its causes, outermost first: the client's own sentence ("client error
+/// (Connect)") says little without the cause under it.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
     }
+    out
 }
 
 /// Publishes one message to JetStream and waits for the stream's ack: only then is it delivered.
@@ -297,6 +369,202 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use http_body_util::BodyExt;
+    use hyper::body::Incoming;
+    use hyper::{Response, StatusCode};
+    use hyper_util::rt::TokioIo;
+
+    /// One request a test webhook got: its method, path, headers (lower-case names) and body.
+    type Seen = (Method, String, HashMap<String, String>, Vec<u8>);
+
+    /// A webhook on a free loopback port: answers every request with `status` (and a `Location`,
+    /// for a redirect) after `delay`, records each request, and counts TCP connections.
+    struct Hook {
+        url: String,
+        seen: Arc<Mutex<Vec<Seen>>>,
+        connections: Arc<AtomicUsize>,
+    }
+
+    async fn hook(status: StatusCode, delay: Duration) -> Hook {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook?x=1", listener.local_addr().unwrap());
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (seen2, conns2, location) = (seen.clone(), connections.clone(), url.replace("/hook", "/moved"));
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                conns2.fetch_add(1, Ordering::SeqCst);
+                let (seen, location) = (seen2.clone(), location.clone());
+                let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                    let (seen, location) = (seen.clone(), location.clone());
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await.unwrap().to_bytes().to_vec();
+                        let headers = parts
+                            .headers
+                            .iter()
+                            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().to_string()))
+                            .collect();
+                        let path = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
+                        seen.lock().unwrap().push((parts.method, path, headers, body));
+                        tokio::time::sleep(delay).await;
+                        Response::builder()
+                            .status(status)
+                            .header("Location", location)
+                            .body(Full::new(Bytes::from_static(b"answer body")))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc),
+                );
+            }
+        });
+        Hook { url, seen, connections }
+    }
+
+    fn cfg(url: &str, secret: Option<&str>) -> PushConfig {
+        PushConfig {
+            topic: "orders".into(),
+            url: url.into(),
+            nats_subject: None,
+            secret: secret.map(str::to_string),
+            timeout_ms: 1_000,
+            max_in_flight: 1,
+            created_at_ms: 0,
+        }
+    }
+
+    fn delivery(id: &str, body: &'static [u8]) -> Delivery {
+        Delivery {
+            id: id.into(),
+            topic: "orders".into(),
+            body: Bytes::from_static(body),
+            receipt: "r".into(),
+            attempt: 2,
+            deliver_at_ms: 1_700_000_000_123,
+            ttr_ms: 1_000,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_post_carries_the_headers_and_body_exactly_and_reuses_its_connection() {
+        let h = hook(StatusCode::NO_CONTENT, Duration::ZERO).await;
+        let client = client().unwrap();
+        let c = cfg(&h.url, Some("whsec_test"));
+        // Not UTF-8, with a NUL and CR LF: the body must arrive as these bytes, nothing else.
+        let body: &'static [u8] = b"\x00\xff\r\n{\"order\":42}";
+        let sent_at = now_ms();
+        assert_eq!(post(&client, &c, &delivery("m1", body), Duration::from_secs(5)).await, Ok(()));
+        assert_eq!(post(&client, &c, &delivery("m2", b""), Duration::from_secs(5)).await, Ok(()));
+        let seen = h.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        let (method, path, headers, got) = &seen[0];
+        assert_eq!((method, path.as_str()), (&Method::POST, "/hook?x=1"));
+        assert_eq!(got.as_slice(), body);
+        assert_eq!(headers["content-type"], "application/octet-stream");
+        assert_eq!(headers["content-length"], body.len().to_string());
+        assert_eq!(headers["delayd-message-id"], "m1");
+        assert_eq!(headers["delayd-topic"], "orders");
+        assert_eq!(headers["delayd-attempt"], "2");
+        assert_eq!(headers["delayd-deliver-at"], "1700000000123");
+        assert_eq!(headers["user-agent"], concat!("delayd/", env!("CARGO_PKG_VERSION")));
+        assert_eq!(headers["accept"], "*/*");
+        assert_eq!(headers["host"], h.url.split('/').nth(2).unwrap());
+        // The signature is the documented one over the time it names and the exact body.
+        let sig = &headers["delayd-signature"];
+        let t: u64 = sig.strip_prefix("t=").and_then(|r| r.split_once(',')).unwrap().0.parse().unwrap();
+        assert!(t >= sent_at && t <= now_ms(), "signature time {t}");
+        assert_eq!(sig, &signature(b"whsec_test", t, &Bytes::from_static(body)));
+        let (_, _, headers, got) = &seen[1];
+        assert!(got.is_empty());
+        assert_eq!(headers["delayd-message-id"], "m2");
+        // Pooled: the second delivery went over the first one's connection.
+        assert_eq!(h.connections.load(Ordering::SeqCst), 1);
+        // Without a secret there is no signature header at all.
+        assert_eq!(
+            post(&client, &cfg(&h.url, None), &delivery("m3", b"x"), Duration::from_secs(5)).await,
+            Ok(())
+        );
+        assert!(!h.seen.lock().unwrap()[2].2.contains_key("delayd-signature"));
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_refused_and_not_followed() {
+        let h = hook(StatusCode::FOUND, Duration::ZERO).await;
+        let got =
+            post(&client().unwrap(), &cfg(&h.url, None), &delivery("m", b"x"), Duration::from_secs(5)).await;
+        let (outcome, why) = got.unwrap_err();
+        assert_eq!(outcome, "refused");
+        assert!(why.contains("302"), "{why}");
+        // Only the webhook itself was asked; the Location (/moved) never was.
+        let paths: Vec<String> = h.seen.lock().unwrap().iter().map(|s| s.1.clone()).collect();
+        assert_eq!(paths, ["/hook?x=1"]);
+    }
+
+    #[tokio::test]
+    async fn a_non_2xx_is_refused_and_no_answer_in_time_or_no_connection_failed() {
+        let h = hook(StatusCode::INTERNAL_SERVER_ERROR, Duration::ZERO).await;
+        let client = client().unwrap();
+        let got = post(&client, &cfg(&h.url, None), &delivery("m", b"x"), Duration::from_secs(5)).await;
+        assert_eq!(got.unwrap_err().0, "refused");
+
+        let slow = hook(StatusCode::OK, Duration::from_secs(30)).await;
+        let started = std::time::Instant::now();
+        let got =
+            post(&client, &cfg(&slow.url, None), &delivery("m", b"x"), Duration::from_millis(200)).await;
+        assert_eq!(got.unwrap_err().0, "failed");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(5), "{took:?}");
+
+        // A port nobody listens on: bind one, note it, close it.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let got = post(
+            &client,
+            &cfg(&format!("http://{free}/"), None),
+            &delivery("m", b"x"),
+            Duration::from_secs(5),
+        )
+        .await;
+        let (outcome, why) = got.unwrap_err();
+        assert_eq!(outcome, "failed");
+        assert!(why.to_lowercase().contains("refused"), "the cause is kept: {why}");
+    }
+
+    #[tokio::test]
+    async fn https_urls_get_a_tls_handshake_naming_the_host_and_offering_http_1_1() {
+        // A server that reads the first flight and hangs up: nothing it is sent may be in the
+        // clear, and the delivery fails.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let first_flight = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = stream.read(&mut buf).await.unwrap();
+            buf.truncate(n);
+            buf
+        });
+        let url = format!("https://localhost:{port}/hook");
+        let got = post(
+            &client().unwrap(),
+            &cfg(&url, None),
+            &delivery("m", b"secret body"),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(got.unwrap_err().0, "failed");
+        let hello = first_flight.await.unwrap();
+        // A TLS handshake record, with the host as SNI and HTTP/1.1 as the only ALPN protocol.
+        assert_eq!(hello.first(), Some(&0x16), "{hello:?}");
+        let has = |needle: &[u8]| hello.windows(needle.len()).any(|w| w == needle);
+        assert!(has(b"localhost"), "no SNI in {hello:?}");
+        assert!(has(b"\x00\x09\x08http/1.1"), "no ALPN list of exactly http/1.1 in {hello:?}");
+        assert!(!has(b"secret body") && !has(b"POST"), "sent in the clear: {hello:?}");
+    }
 
     /// The documented example: anyone can check a receiver's implementation against it.
     #[test]

@@ -9,11 +9,17 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
+use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use delayd::config::units::{parse_duration, parse_duration_list, parse_u64};
-use reqwest::blocking::{Client, RequestBuilder};
-use reqwest::{Method, StatusCode, Url};
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
+use url::Url;
 
 /// Time allowed for any request beyond the long-poll wait it asks for.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -197,7 +203,7 @@ fn unix_ms(s: &str) -> Result<u64, String> {
 
 fn parse_base_url(s: &str) -> Result<Url, String> {
     let url = Url::parse(s).map_err(|e| format!("{s:?} is not a URL ({e})"))?;
-    // reqwest is built without TLS here, and delayd itself serves plain HTTP only.
+    // The client here speaks plain HTTP only, as delayd itself does.
     if url.scheme() != "http" {
         return Err(format!("{s:?}: only http:// URLs are supported"));
     }
@@ -250,16 +256,35 @@ struct Answer {
 struct Api {
     base: Url,
     token: Option<String>,
-    http: Client,
+    http: Client<HttpConnector, Full<Bytes>>,
+    /// One request at a time: a single-threaded runtime is all the client needs.
+    rt: tokio::runtime::Runtime,
 }
+
+/// Why a request got no answer: our own deadline ran out, or the transport failed.
+enum NoAnswer {
+    /// REQUEST_TIMEOUT (plus the long poll) ran out.
+    TimedOut,
+    /// Connecting, sending or reading failed; the error's chain says why.
+    Error(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The cause shown when one of our own deadlines ran out.
+const OWN_TIMEOUT: &str = "no answer in time (operation timed out)";
 
 impl Api {
     fn new(base: Url, token: Option<String>) -> Result<Api, Failure> {
-        let http = Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
             .build()
             .map_err(|e| Failure::Other(format!("cannot set up the HTTP client: {e}")))?;
-        Ok(Api { base, token, http })
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // A request is one small write: Nagle's delay would only add latency.
+        connector.set_nodelay(true);
+        let http = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Api { base, token, http, rt })
     }
 
     /// The base URL plus `segments`, each percent-encoded (ids may hold `/`, `?`, `#`, Unicode).
@@ -277,11 +302,23 @@ impl Api {
         Ok(url)
     }
 
-    /// Sends the request; a non-2xx answer becomes `Failure::Api` with the server's code and message.
-    fn send(&self, req: RequestBuilder) -> Result<Answer, Failure> {
-        let resp = req.send().map_err(|e| self.unreachable(e))?;
-        let status = resp.status();
-        let text = resp.text().map_err(|e| self.unreachable(e))?;
+    /// Sends the request and reads the whole answer within `timeout`; a non-2xx answer becomes
+    /// `Failure::Api` with the server's code and message.
+    fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Answer, Failure> {
+        let exchange = async {
+            let resp = self.http.request(req).await.map_err(|e| NoAnswer::Error(e.into()))?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await.map_err(|e| NoAnswer::Error(e.into()))?;
+            Ok((status, body.to_bytes()))
+        };
+        let (status, bytes) = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(NoAnswer::TimedOut))
+            })
+            .map_err(|e| self.unreachable(e))?;
+        // delayd answers in UTF-8 JSON; anything else is shown as best it can be.
+        let text = String::from_utf8_lossy(&bytes).into_owned();
         let parsed = serde_json::from_str::<Value>(&text);
         if !status.is_success() {
             let err = parsed.as_ref().ok().and_then(|v| v.get("error"));
@@ -303,17 +340,33 @@ impl Api {
         Ok(Answer { status, text, value })
     }
 
-    fn unreachable(&self, e: reqwest::Error) -> Failure {
-        let mut cause = e.to_string();
-        // reqwest's own sentence is generic ("error sending request"); the root cause says why.
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            cause = s.to_string();
-            source = s.source();
-        }
-        if e.is_timeout() {
-            cause = format!("no answer in time ({cause})");
-        }
+    fn unreachable(&self, e: NoAnswer) -> Failure {
+        let cause = match e {
+            NoAnswer::TimedOut => OWN_TIMEOUT.to_string(),
+            NoAnswer::Error(e) => {
+                // The client's own sentence is generic ("client error (Connect)"); the root
+                // cause says why.
+                let mut root: &(dyn std::error::Error + 'static) = &*e;
+                let (mut timed_out, mut own_deadline) = (false, false);
+                loop {
+                    let io = root.downcast_ref::<std::io::Error>();
+                    timed_out |= io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+                    // CONNECT_TIMEOUT running out is a tokio deadline inside an io::Error.
+                    own_deadline |= io
+                        .and_then(|io| io.get_ref())
+                        .is_some_and(|inner| inner.is::<tokio::time::error::Elapsed>());
+                    match root.source() {
+                        Some(s) => root = s,
+                        None => break,
+                    }
+                }
+                match (own_deadline, timed_out) {
+                    (true, _) => OWN_TIMEOUT.to_string(),
+                    (false, true) => format!("no answer in time ({root})"),
+                    (false, false) => root.to_string(),
+                }
+            }
+        };
         Failure::Unreachable { url: self.base.as_str().trim_end_matches('/').to_string(), cause }
     }
 
@@ -331,14 +384,33 @@ impl Api {
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
-        let mut req = self.http.request(method, url).timeout(REQUEST_TIMEOUT.saturating_add(long_poll));
+        let mut req = Request::builder().method(method).header(ACCEPT, HeaderValue::from_static("*/*"));
         if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
+            // A token that cannot be a header value fails here, as an unsendable request.
+            let mut value = HeaderValue::try_from(format!("Bearer {t}"))
+                .map_err(|e| self.unreachable(NoAnswer::Error(Box::new(e))))?;
+            value.set_sensitive(true);
+            req = req.header(AUTHORIZATION, value);
         }
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        self.send(req)
+        let payload = match body {
+            Some(b) => {
+                req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                let bytes = serde_json::to_vec(b)
+                    .map_err(|e| Failure::Other(format!("cannot encode the request: {e}")))?;
+                Bytes::from(bytes)
+            }
+            None => Bytes::new(),
+        };
+        // Like a token that cannot be a header, a URL that hyper cannot send fails as unsendable.
+        let uri: Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e: hyper::http::uri::InvalidUri| self.unreachable(NoAnswer::Error(Box::new(e))))?;
+        let req = req
+            .uri(uri)
+            .body(Full::new(payload))
+            .map_err(|e| Failure::Other(format!("cannot build the request: {e}")))?;
+        self.send(req, REQUEST_TIMEOUT.saturating_add(long_poll))
     }
 
     fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Answer, Failure> {

@@ -3,6 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use url::Url;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
@@ -211,7 +212,7 @@ fn check_url(url: &str, schemes: &[&str], field: &str, allowed: Option<&[String]
     if url.len() > MAX_PUSH_URL_BYTES {
         return Err(ApiError::invalid(field, format!("must be at most {MAX_PUSH_URL_BYTES} bytes")));
     }
-    let parsed = reqwest::Url::parse(url).map_err(|e| ApiError::invalid(field, format!("not a URL: {e}")))?;
+    let parsed = Url::parse(url).map_err(|e| ApiError::invalid(field, format!("not a URL: {e}")))?;
     if !schemes.contains(&parsed.scheme()) {
         return Err(ApiError::invalid(field, format!("only {} URLs", schemes.join(" and "))));
     }
