@@ -1,7 +1,7 @@
 //! Smoke test of `delayd-bench --quick`: the tool starts the real servers, runs every workload and
 //! writes its tables and chart. It checks that the tool works, never how fast anything is.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const DELAYD: [&str; 2] = ["delayd-sync", "delayd-async"];
@@ -36,6 +36,19 @@ fn rows_for<'a>(rows: &[&'a str], system: &str) -> Vec<&'a str> {
     rows.iter().copied().filter(|r| cells(r)[0] == system).collect()
 }
 
+/// The delayd server built next to delayd-bench: `cargo test` at the workspace root builds both into
+/// the same target directory, but this crate cannot ask Cargo for another package's binary.
+fn delayd_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_delayd-bench")).with_file_name("delayd");
+    assert!(
+        bin.is_file(),
+        "no delayd server binary at {}: run `cargo test` at the workspace root (it builds both), or \
+         `cargo build -p delayd` in the same profile before `cargo test -p delayd-bench`",
+        bin.display()
+    );
+    bin
+}
+
 /// Runs `delayd-bench --quick` with `args` into a fresh output dir; panics unless it succeeds.
 fn run_quick(args: &[&str]) -> (tempfile::TempDir, String) {
     let out = tempfile::tempdir().expect("temp dir");
@@ -46,7 +59,7 @@ fn run_quick(args: &[&str]) -> (tempfile::TempDir, String) {
         .arg("--out")
         .arg(out.path())
         .arg("--delayd-bin")
-        .arg(env!("CARGO_BIN_EXE_delayd"))
+        .arg(delayd_bin())
         .arg("--tmp-dir")
         .arg(scratch.path())
         .output()
