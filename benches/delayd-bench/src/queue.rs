@@ -818,4 +818,72 @@ mod tests {
         assert_eq!(parse_body(&b), Some((42, 1_700_000_000_123)));
         assert_eq!(parse_body("nonsense"), None);
     }
+
+    /// Against a real redis-server (skipped without one): a Lua pop reserves up to `max` jobs in one
+    /// call and, in that call, puts each in its bucket at its TTR deadline; the mover re-queues a job
+    /// whose TTR ran out; an ack removes the job for good.
+    #[tokio::test]
+    async fn lua_reserve_records_the_deadline_and_the_mover_requeues_on_ttr() {
+        use crate::servers::{which, Programs, Server};
+        let Some(redis) = which("redis-server") else {
+            eprintln!("skipped: redis-server is not installed");
+            return;
+        };
+        let sys = System { engine: Engine::RedisLua, strict: false };
+        let progs = Programs {
+            delayd: std::path::PathBuf::new(),
+            redis: Some(redis),
+            tmp_base: None,
+            delayd_env: Vec::new(),
+            server_cpus: None,
+        };
+        let server = Server::start(sys, &progs).await.expect("redis-server starts");
+        let stop = Arc::new(AtomicBool::new(false));
+        let movers = spawn_mover(sys, server.port, Duration::from_millis(10), stop.clone());
+        let mut q = Queue::connect(sys, server.port, 32).expect("client");
+        let jobs: Vec<Job> = (0..5).map(|seq| Job { seq, delay_ms: 0, ttr_ms: 60_000 }).collect();
+        assert_eq!(q.produce("t", &jobs).await.expect("produce"), vec![true; 5]);
+        let ready = |mut q: Queue| async move { q.ready_count("t").await.expect("LLEN") };
+        let t0 = std::time::Instant::now();
+        while ready(q.clone()).await < 5 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the mover never promoted the jobs");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let got = q.pop("t", 3, 100, 60_000).await.expect("pop");
+        assert_eq!(got.len(), 3);
+        assert_eq!(ready(q.clone()).await, 2, "the reserved jobs left the ready list");
+        let mut con = redis_connect(server.port).await.expect("connect");
+        for d in &got {
+            let deadline: Option<i64> = redis::cmd("ZSCORE")
+                .arg(lua_bucket(&d.token))
+                .arg(&d.token)
+                .query_async(&mut con)
+                .await
+                .expect("ZSCORE");
+            assert_eq!(
+                deadline,
+                Some(d.at_ms + 60_000),
+                "job {} is in its bucket at its TTR deadline",
+                d.token
+            );
+        }
+
+        // A 1 ms TTR: the mover puts the two jobs back on the ready list, not the 60 s ones.
+        assert_eq!(q.pop("t", 16, 100, 1).await.expect("pop").len(), 2);
+        let t0 = std::time::Instant::now();
+        while ready(q.clone()).await < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "expired reservations were not re-queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ready(q.clone()).await, 2);
+
+        assert!(q.ack(&got[0]).await.expect("ack"));
+        assert!(!q.ack(&got[0]).await.expect("second ack"), "a finished job is gone");
+        stop.store(true, Ordering::Relaxed);
+        for m in movers {
+            m.abort();
+        }
+        server.finish().expect("server stops and its data dir is removed");
+    }
 }
