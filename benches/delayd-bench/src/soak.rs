@@ -154,8 +154,8 @@ pub async fn run(
     let p = Params { body_bytes: sp.body_bytes, ..p.clone() };
     let running = Running::start(system, &progs, &p).await?;
     let out = load(&running, &p, sp, reclaim).await;
-    running.shutdown().await;
-    out
+    let stopped = running.shutdown().await;
+    out.and_then(|o| stopped.map(|_| o))
 }
 
 /// Sample times: every period up to the end of the load, and at least one at its end.
@@ -181,6 +181,7 @@ async fn load(running: &Running, p: &Params, sp: &SoakParams, reclaim: bool) -> 
     let producer = tokio::spawn(paced_produce(
         running.queue(p)?,
         topic.clone(),
+        0,
         sp.rate,
         total,
         sp.delay_ms,

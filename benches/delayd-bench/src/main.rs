@@ -1,10 +1,11 @@
 //! delayd-bench: runs delayd and two Redis-backed delay queues side by side on this machine, one after
 //! another on fresh servers, and writes Markdown tables and a PNG chart of what it measured.
 //!
-//! `cargo build --release && target/release/delayd-bench` runs the default comparison (a few minutes);
-//! `--quick` is a seconds-long smoke run. See docs in README.md, section "Benchmarks".
+//! `cargo build --release -p delayd -p delayd-bench && target/release/delayd-bench` runs the default
+//! comparison (a few minutes); `--quick` is a seconds-long smoke run. See README.md, "Benchmarks".
 
 mod chart;
+mod pin;
 mod push;
 mod queue;
 mod report;
@@ -23,7 +24,7 @@ use report::Results;
 use servers::Programs;
 use soak::SoakParams;
 use systems::System;
-use workloads::{Mode, Params, Running};
+use workloads::{Case, Params, Running};
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -51,14 +52,29 @@ struct Cli {
     /// Seed for every random delay.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Repeats of each throughput measurement.
+    /// Repeats of each throughput case; each repeat runs every system, in a rotating order.
     #[arg(long)]
     repeats: Option<usize>,
+    /// Seconds each throughput case is measured (after its warm-up).
+    #[arg(long)]
+    measure_secs: Option<f64>,
+    /// Seconds of unmeasured warm-up before each throughput case and each end-to-end rate.
+    #[arg(long)]
+    warmup_secs: Option<f64>,
+    /// Messages a consumer reserves per pop in the batched consumer cases, on every system.
+    #[arg(long)]
+    pop_batch: Option<usize>,
+    /// Messages made ready before each pop + ack case.
+    #[arg(long)]
+    preload: Option<usize>,
+    /// Do not pin the servers and the benchmark's clients to different CPUs.
+    #[arg(long)]
+    no_pin: bool,
     /// Repeats of each end-to-end, capacity and crash run (default 1, to keep the run short); capacity
     /// and crash repeats each get a fresh server.
     #[arg(long, alias = "e2e-repeats")]
     slow_repeats: Option<usize>,
-    /// Concurrent clients (N) for the concurrent produce case, capacity fill and consumers.
+    /// Concurrent clients of the batched produce case and the capacity fill.
     #[arg(long)]
     clients: Option<usize>,
     /// Consumers in the end-to-end and crash workloads.
@@ -112,12 +128,12 @@ fn params(cli: &Cli) -> Params {
             seed: cli.seed,
             body_bytes: cli.body_bytes.unwrap_or(100),
             repeats: 2,
-            single_count: 50,
+            measure: Duration::from_millis(200),
+            warmup: Duration::from_millis(50),
             batch_size: 50,
-            batch1_count: 500,
             clients: 2,
-            batchn_count: 1_000,
-            time_cap: Duration::from_secs(5),
+            pop_batch: 16,
+            preload: 300,
             rates: vec![100, 500],
             e2e_secs: 0.3,
             delay_min_ms: 50,
@@ -138,16 +154,16 @@ fn params(cli: &Cli) -> Params {
             seed: cli.seed,
             body_bytes: cli.body_bytes.unwrap_or(100),
             repeats: 3,
-            single_count: 1_000,
+            measure: Duration::from_millis(1_000),
+            warmup: Duration::from_millis(200),
             batch_size: 100,
-            batch1_count: 20_000,
             clients: 8,
-            batchn_count: 80_000,
-            time_cap: Duration::from_secs(5),
+            pop_batch: 16,
+            preload: 20_000,
             rates: vec![1_000, 10_000],
-            e2e_secs: 4.0,
+            e2e_secs: 3.0,
             delay_min_ms: 1_000,
-            delay_max_ms: 5_000,
+            delay_max_ms: 3_000,
             e2e_repeats: 1,
             pending: 200_000,
             settle_ms: 1_500,
@@ -160,6 +176,19 @@ fn params(cli: &Cli) -> Params {
             lua_tick: Duration::from_millis(cli.lua_tick_ms),
         }
     };
+    let secs = |v: f64| Duration::from_secs_f64(if v.is_finite() { v.max(0.0) } else { 0.0 });
+    if let Some(v) = cli.measure_secs {
+        p.measure = secs(v).max(Duration::from_millis(50));
+    }
+    if let Some(v) = cli.warmup_secs {
+        p.warmup = secs(v);
+    }
+    if let Some(v) = cli.pop_batch {
+        p.pop_batch = v.clamp(1, 1000);
+    }
+    if let Some(v) = cli.preload {
+        p.preload = v.max(1);
+    }
     if let Some(v) = cli.repeats {
         p.repeats = v.max(1);
     }
@@ -278,7 +307,8 @@ fn machine() -> String {
         .and_then(|k| k.parse::<u64>().ok())
         .map(|k| format!("{:.1} GiB RAM", k as f64 / 1048576.0))
         .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    // Every online CPU, not available_parallelism: this process is pinned to some of them.
+    let cores = read("/proc/cpuinfo").lines().filter(|l| l.starts_with("processor")).count();
     format!(
         "{} ({cores} cores, {cpu}, {mem}, Linux {})",
         read("/proc/sys/kernel/hostname").trim(),
@@ -303,10 +333,19 @@ fn selected<T: Clone>(names: &[String], all: &[(String, T)]) -> Result<Vec<T>, S
         .collect()
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    let outcome = run(cli).await;
+    // Before the runtime starts its threads, so they all inherit the client CPUs.
+    let pinning = pin::pin(cli.no_pin);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("delayd-bench: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!("delayd-bench: {}", pinning.note);
+    let outcome = runtime.block_on(run(cli, pinning));
     servers::finish_cleanup();
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -318,7 +357,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<bool, String> {
+async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let run_started = std::time::Instant::now();
     let p = params(&cli);
     let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
@@ -382,6 +421,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
         redis: redis.clone(),
         tmp_base: cli.tmp_dir.clone(),
         delayd_env: delayd_env.clone(),
+        server_cpus: pinning.server.clone(),
     };
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("cannot create {}: {e}", cli.out.display()))?;
     let results_path = cli.out.join("results.md");
@@ -410,18 +450,29 @@ async fn run(cli: Cli) -> Result<bool, String> {
             delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
         ),
         format!("redis-server: {}", redis.as_deref().map(servers::redis_version).unwrap_or_else(|| "not installed".into())),
+        format!("CPU pinning: {}", pinning.note),
         format!(
-            "Sizes: seed {}, body {} B, throughput {} single / {} in batches of {} / {} by {} clients, {} repeats; \
-             {} repeat(s) of end-to-end, capacity and crash; end-to-end {} s at {:?} msgs/s with delays {}–{} ms, {} consumers; {} pending; crash after {} s \
-             load at {} msgs/s with delays {}–{} ms and TTR {} ms; Lua mover tick {} ms{}",
+            "Order: each repeat runs every system on a fresh server, in an order rotated by one system per \
+             repeat; a server starts only once the previous one has exited, its data dir is removed and its \
+             port is free. Each throughput case and each end-to-end rate is preceded by {} s of the same \
+             load, unmeasured.",
+            p.warmup.as_secs_f64()
+        ),
+        format!(
+            "Sizes: seed {}, body {} B; throughput: each case measured for {} s, {} repeats, batches of {}, {} \
+             clients in the batched case, {} messages made ready before each pop + ack case, consumers \
+             reserve up to {} per pop in the batched cases on every system; {} repeat(s) of end-to-end, \
+             capacity and crash; end-to-end {} s at {:?} msgs/s with delays {}–{} ms, {} consumers; {} \
+             pending; crash after {} s load at {} msgs/s with delays {}–{} ms and TTR {} ms; Lua mover \
+             tick {} ms{}",
             p.seed,
             p.body_bytes,
-            p.single_count,
-            p.batch1_count,
-            p.batch_size,
-            p.batchn_count,
-            p.clients,
+            p.measure.as_secs_f64(),
             p.repeats,
+            p.batch_size,
+            p.clients,
+            p.preload,
+            p.pop_batch,
             p.e2e_repeats,
             p.e2e_secs,
             p.rates,
@@ -473,8 +524,8 @@ async fn run(cli: Cli) -> Result<bool, String> {
                     Ok(run) => {
                         let (burst, secs) = if cli.quick { (2_000, 2.0) } else { (20_000, 10.0) };
                         let o = push::run(&run.server, burst, &[1_000, 10_000], secs, p.body_bytes).await;
-                        run.shutdown().await;
-                        o
+                        let stopped = run.shutdown().await;
+                        o.and_then(|o| stopped.map(|_| o))
                     }
                     Err(e) => Err(e),
                 };
@@ -513,150 +564,49 @@ async fn run(cli: Cli) -> Result<bool, String> {
                     r.soak.push((label, o));
                 }
                 // Written after each system: a soak takes long, and an interrupted one keeps its data.
-                std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+                std::fs::write(&results_path, report::markdown(&r, &p))
                     .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
             }
             continue;
         }
-        for &sys in &systems {
-            eprintln!("delayd-bench: {w} on {} ...", sys.name());
-            let started = std::time::Instant::now();
-            let mut run = match Running::start(sys, &progs, &p).await {
-                Ok(run) => {
-                    eprintln!("  (server up after {:.1} s)", started.elapsed().as_secs_f64());
-                    run
-                }
-                Err(e) => {
-                    failure(&mut r, w, sys, &e);
-                    match *w {
-                        "produce" => r.throughput.push((sys, Err(e))),
-                        "e2e" => r.e2e.push((sys, Err(e))),
-                        "capacity" => r.capacity.push((sys, Err(e))),
-                        _ => r.crash.push((sys, Err(e))),
+        let repeats = if *w == "produce" { p.repeats } else { p.e2e_repeats };
+        for rep in 0..repeats {
+            // Rotating the order spreads drifts of the machine (other load, disk state) over every
+            // system instead of always hitting the same one.
+            let mut order = systems.clone();
+            let n = order.len().max(1);
+            order.rotate_left(rep % n);
+            for &sys in &order {
+                eprintln!("delayd-bench: {w} on {} (repeat {}/{repeats}) ...", sys.name(), rep + 1);
+                let started = std::time::Instant::now();
+                let run = match Running::start(sys, &progs, &p).await {
+                    Ok(run) => run,
+                    Err(e) => {
+                        failure(&mut r, w, sys, &e);
+                        r.record(w, sys, Err(e));
+                        continue;
                     }
-                    continue;
+                };
+                let mut run = Some(run);
+                let outcome = workload(w, run.as_mut(), &p, rep).await;
+                if let Err(e) = &outcome {
+                    failure(&mut r, w, sys, e);
                 }
-            };
-            match *w {
-                "produce" => {
-                    let mut v = Vec::new();
-                    let mut error = None;
-                    'reps: for rep in 0..p.repeats {
-                        for mode in [Mode::Single, Mode::Batch1, Mode::BatchN] {
-                            match workloads::produce(&run, &p, mode, rep).await {
-                                Ok(t) => {
-                                    eprintln!(
-                                        "  {:?} rep {rep}: {:.0} msgs/s ({} failed)",
-                                        mode,
-                                        t.rate(),
-                                        t.failed
-                                    );
-                                    v.push(t);
-                                }
-                                Err(e) => {
-                                    error = Some(e);
-                                    break 'reps;
-                                }
-                            }
-                        }
+                r.record(w, sys, outcome);
+                if let Some(run) = run {
+                    match run.shutdown().await {
+                        Ok(stop) => eprintln!(
+                            "  ({:.1} s in all, {:.1} s to stop)",
+                            started.elapsed().as_secs_f64(),
+                            stop.as_secs_f64()
+                        ),
+                        Err(e) => failure(&mut r, &format!("{w} (cleanup)"), sys, &e),
                     }
-                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
-                    r.throughput.push((sys, o));
-                }
-                "e2e" => {
-                    let mut v = Vec::new();
-                    let mut error = None;
-                    'reps2: for rep in 0..p.e2e_repeats {
-                        for &rate in &p.rates {
-                            match workloads::end_to_end(&run, &p, rate, rep).await {
-                                Ok(e) => {
-                                    eprintln!(
-                                        "  {rate} msgs/s: {} produced, {} delivered, {} missing, {} early, p99 {:?} ms",
-                                        e.produced,
-                                        e.delivered,
-                                        e.missing,
-                                        e.early,
-                                        report::percentile(&e.lateness, 99.0)
-                                    );
-                                    v.push(e);
-                                }
-                                Err(e) => {
-                                    error = Some(e);
-                                    break 'reps2;
-                                }
-                            }
-                        }
-                    }
-                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
-                    r.e2e.push((sys, o));
-                }
-                "capacity" => {
-                    let mut v = Vec::new();
-                    let mut error = None;
-                    for rep in 0..p.e2e_repeats {
-                        // Each repeat fills a fresh server, so the baseline is an empty one.
-                        if rep > 0 {
-                            if let Err(e) = run.replace_fresh(&progs, &p).await {
-                                error = Some(e);
-                                break;
-                            }
-                        }
-                        match workloads::capacity(&run, &p).await {
-                            Ok(c) => {
-                                eprintln!(
-                                    "  {} pending: RssAnon +{} B, disk {} B",
-                                    c.pending,
-                                    c.rss_after.saturating_sub(c.rss_before),
-                                    c.disk_alloc
-                                );
-                                v.push(c);
-                            }
-                            Err(e) => {
-                                error = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
-                    r.capacity.push((sys, o));
-                }
-                _ => {
-                    let mut v = Vec::new();
-                    let mut error = None;
-                    for rep in 0..p.e2e_repeats {
-                        if rep > 0 {
-                            if let Err(e) = run.replace_fresh(&progs, &p).await {
-                                error = Some(e);
-                                break;
-                            }
-                        }
-                        match workloads::crash(&mut run, &p).await {
-                            Ok(c) => {
-                                eprintln!(
-                                    "  {} acked, {} lost, {} twice, {} after ack, first pop after {:?} ms",
-                                    c.acked, c.lost, c.twice, c.after_ack, c.first_pop_ms
-                                );
-                                v.push(c);
-                            }
-                            Err(e) => {
-                                error = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                    let o = settle(error, v, |e| failure(&mut r, w, sys, e));
-                    r.crash.push((sys, o));
                 }
             }
-            let stop = run.shutdown().await;
-            eprintln!(
-                "  ({:.1} s in all, {:.1} s to stop)",
-                started.elapsed().as_secs_f64(),
-                stop.as_secs_f64()
-            );
         }
         // Written after every workload so an interrupted run keeps what it measured.
-        std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+        std::fs::write(&results_path, report::markdown(&r, &p))
             .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
     }
     r.header.push(format!(
@@ -664,7 +614,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
         loadavg(),
         run_started.elapsed().as_secs_f64()
     ));
-    std::fs::write(&results_path, report::markdown(&r, p.batch_size, p.clients, &p.rates))
+    std::fs::write(&results_path, report::markdown(&r, &p))
         .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
     match chart::draw(&chart_path, &r, &p.rates, &systems) {
         Ok(true) => {}
@@ -693,13 +643,54 @@ async fn run(cli: Cli) -> Result<bool, String> {
     Ok(all_ok)
 }
 
-/// A workload's results, or its first error after recording it in the report.
-fn settle<T>(error: Option<String>, v: Vec<T>, on_error: impl FnOnce(&str)) -> Result<Vec<T>, String> {
-    match error {
-        Some(e) => {
-            on_error(&e);
-            Err(e)
+/// One repeat of a comparison workload on a fresh server: every throughput case, every end-to-end
+/// rate, one capacity fill or one crash.
+async fn workload(w: &str, run: Option<&mut Running>, p: &Params, rep: usize) -> Result<report::Rep, String> {
+    let Some(run) = run else { return Err("no server".to_string()) };
+    match w {
+        "produce" => {
+            let mut v = Vec::new();
+            for case in Case::ALL {
+                let t = workloads::throughput(run, p, case, rep).await?;
+                eprintln!("  {}: {:.0} msgs/s ({} failed)", case.label(p), t.rate(), t.failed);
+                v.push(t);
+            }
+            Ok(report::Rep::Throughput(v))
         }
-        None => Ok(v),
+        "e2e" => {
+            let mut v = Vec::new();
+            for &rate in &p.rates {
+                workloads::warm_up_e2e(run, p, rate).await?;
+                let e = workloads::end_to_end(run, p, rate, rep).await?;
+                eprintln!(
+                    "  {rate} msgs/s: {} produced, {} delivered, {} missing, {} early, p99 {:?} ms",
+                    e.produced,
+                    e.delivered,
+                    e.missing,
+                    e.early,
+                    report::percentile(&e.lateness, 99.0)
+                );
+                v.push(e);
+            }
+            Ok(report::Rep::E2e(v))
+        }
+        "capacity" => {
+            let c = workloads::capacity(run, p).await?;
+            eprintln!(
+                "  {} pending: RssAnon +{} B, disk {} B",
+                c.pending,
+                c.rss_after.saturating_sub(c.rss_before),
+                c.disk_alloc
+            );
+            Ok(report::Rep::Capacity(c))
+        }
+        _ => {
+            let c = workloads::crash(run, p).await?;
+            eprintln!(
+                "  {} acked, {} lost, {} twice, {} after ack, first pop after {:?} ms",
+                c.acked, c.lost, c.twice, c.after_ack, c.first_pop_ms
+            );
+            Ok(report::Rep::Crash(c))
+        }
     }
 }

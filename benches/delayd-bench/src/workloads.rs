@@ -1,5 +1,5 @@
-//! The four comparison workloads: produce throughput, end-to-end lateness, pending capacity, crash
-//! recovery; and the consumer and paced-producer pieces the soak workload shares with them.
+//! The four comparison workloads: throughput (produce, and pop + ack), end-to-end lateness, pending
+//! capacity, crash recovery; and the consumer and paced-producer pieces the soak workload shares with them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -41,20 +41,21 @@ pub struct Params {
     pub seed: u64,
     /// Bytes per message body.
     pub body_bytes: usize,
-    /// Repeats of each throughput measurement.
+    /// Repeats of each throughput case (each repeat runs every system, in a rotating order).
     pub repeats: usize,
-    /// Messages sent one at a time by one client.
-    pub single_count: usize,
-    /// Messages per batch call.
+    /// How long each throughput case is measured.
+    pub measure: Duration,
+    /// The unmeasured run of the same case just before it.
+    pub warmup: Duration,
+    /// Messages per produce batch call.
     pub batch_size: usize,
-    /// Messages sent in batches by one client.
-    pub batch1_count: usize,
-    /// Concurrent clients for the concurrent case, the capacity fill and e2e consumers.
+    /// Concurrent clients of the batched produce case and the capacity fill.
     pub clients: usize,
-    /// Messages sent in batches by all concurrent clients together.
-    pub batchn_count: usize,
-    /// Longest one throughput measurement may run before it is cut short.
-    pub time_cap: Duration,
+    /// Messages a consumer reserves per pop in the batched cases (pop + ack, end-to-end, crash,
+    /// soak): the same on every system.
+    pub pop_batch: usize,
+    /// Messages made ready before a pop + ack case; the case ends early if its consumers ack them all.
+    pub preload: usize,
     /// End-to-end producer rates in messages per second.
     pub rates: Vec<u64>,
     /// How long the paced producer runs.
@@ -86,23 +87,80 @@ pub struct Params {
     pub lua_tick: Duration,
 }
 
-/// Produce-throughput modes.
+/// Throughput cases: produces (messages acknowledged per second) and pops with acks (acknowledged
+/// messages per second).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub enum Case {
     /// One client, one message per call.
     Single,
+    /// 16 clients, one message per call each (the shape of a fleet of application servers).
+    Conc16,
+    /// 64 clients, one message per call each.
+    Conc64,
     /// One client, batches.
     Batch1,
-    /// Many clients, batches.
+    /// `clients` clients, batches.
     BatchN,
+    /// One consumer: pop 1, ack it, repeat.
+    PopAck1,
+    /// 16 consumers, each popping 1 and acking it.
+    PopAck16,
+    /// 16 consumers, each reserving up to `pop_batch` per pop and acking each.
+    PopAckBatch,
+}
+
+impl Case {
+    /// Every case, in report order.
+    pub const ALL: [Case; 8] = [
+        Case::Single,
+        Case::Conc16,
+        Case::Conc64,
+        Case::Batch1,
+        Case::BatchN,
+        Case::PopAck1,
+        Case::PopAck16,
+        Case::PopAckBatch,
+    ];
+
+    /// The produce cases.
+    pub const PRODUCE: [Case; 5] = [Case::Single, Case::Conc16, Case::Conc64, Case::Batch1, Case::BatchN];
+
+    /// The pop + ack cases.
+    pub const POP_ACK: [Case; 3] = [Case::PopAck1, Case::PopAck16, Case::PopAckBatch];
+
+    /// (clients, messages per call) of this case.
+    pub fn shape(self, p: &Params) -> (usize, usize) {
+        match self {
+            Case::Single => (1, 1),
+            Case::Conc16 => (16, 1),
+            Case::Conc64 => (64, 1),
+            Case::Batch1 => (1, p.batch_size),
+            Case::BatchN => (p.clients, p.batch_size),
+            Case::PopAck1 => (1, 1),
+            Case::PopAck16 => (16, 1),
+            Case::PopAckBatch => (16, p.pop_batch),
+        }
+    }
+
+    /// Column heading.
+    pub fn label(self, p: &Params) -> String {
+        let (n, per) = self.shape(p);
+        let who = |what: &str| if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") };
+        match self {
+            Case::Single | Case::Conc16 | Case::Conc64 => format!("{}, one at a time", who("client")),
+            Case::Batch1 | Case::BatchN => format!("{}, batches of {per}", who("client")),
+            Case::PopAck1 | Case::PopAck16 => format!("{}, pop 1 + ack 1", who("consumer")),
+            Case::PopAckBatch => format!("{}, pop ≤ {per} + ack each", who("consumer")),
+        }
+    }
 }
 
 /// One throughput measurement.
 #[derive(Debug, Clone)]
 pub struct Throughput {
-    /// Which mode.
-    pub mode: Mode,
-    /// Messages acknowledged by the system.
+    /// Which case.
+    pub case: Case,
+    /// Messages acknowledged by the system (produces, or acks in the pop + ack cases).
     pub ok: usize,
     /// Messages refused or lost to errors.
     pub failed: usize,
@@ -193,28 +251,17 @@ impl Running {
         Ok(Running { server, stop, movers })
     }
 
-    /// Replaces this server (and mover) by a fresh one on a new data dir.
-    pub async fn replace_fresh(&mut self, progs: &Programs, p: &Params) -> Result<(), String> {
+    /// Stops mover and server and waits until the server is gone: process exited and reaped, data
+    /// dir removed, port free, so the next server starts on a quiet machine. Returns how long the
+    /// server took to exit, or what was left behind.
+    pub async fn shutdown(mut self) -> Result<Duration, String> {
         self.stop.store(true, Ordering::Relaxed);
         for m in self.movers.drain(..) {
             m.abort();
             let _ = m.await;
         }
-        self.server.stop();
-        *self = Running::start(self.server.system, progs, p).await?;
-        Ok(())
-    }
-
-    /// Stops mover and server; returns how long the server took to exit.
-    pub async fn shutdown(mut self) -> Duration {
-        self.stop.store(true, Ordering::Relaxed);
-        for m in self.movers.drain(..) {
-            m.abort();
-            let _ = m.await;
-        }
-        let t = Instant::now();
-        self.server.stop();
-        t.elapsed()
+        let server = self.server;
+        tokio::task::spawn_blocking(move || server.finish()).await.map_err(|e| e.to_string())?
     }
 
     /// A client for this server with `p`'s body size.
@@ -230,47 +277,84 @@ pub fn topic(label: &str) -> String {
     format!("bench-{label}-{}", TOPIC_N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Produce throughput in one mode.
-pub async fn produce(run: &Running, p: &Params, mode: Mode, rep: usize) -> Result<Throughput, String> {
-    let (clients, total, batch) = match mode {
-        Mode::Single => (1, p.single_count, 1),
-        Mode::Batch1 => (1, p.batch1_count, p.batch_size),
-        Mode::BatchN => (p.clients, p.batchn_count, p.batch_size),
-    };
-    let topic = topic("produce");
-    let per = total.div_ceil(clients);
-    let cap = p.time_cap;
+/// Runs one throughput case: an unmeasured warm-up of the same case on its own topic, then the
+/// measured run.
+pub async fn throughput(run: &Running, p: &Params, case: Case, rep: usize) -> Result<Throughput, String> {
+    let warm = (p.warmup, (p.preload / 10).max(1));
+    if !warm.0.is_zero() {
+        run_case(run, p, case, rep, true, warm).await?;
+    }
+    run_case(run, p, case, rep, false, (p.measure, p.preload)).await
+}
+
+async fn run_case(
+    run: &Running,
+    p: &Params,
+    case: Case,
+    rep: usize,
+    warm: bool,
+    (length, preload): (Duration, usize),
+) -> Result<Throughput, String> {
+    let topic = topic(if warm { "warmup" } else { "throughput" });
+    let base = (rep as u64) << 44 | (case as u64) << 40 | u64::from(warm) << 39;
+    if Case::POP_ACK.contains(&case) {
+        pop_ack(run, p, case, &topic, base, length, preload).await
+    } else {
+        produce(run, p, case, &topic, base, length).await
+    }
+}
+
+/// Produces for `length`: every client sends its next call as soon as the last one is answered.
+async fn produce(
+    run: &Running,
+    p: &Params,
+    case: Case,
+    topic: &str,
+    base: u64,
+    length: Duration,
+) -> Result<Throughput, String> {
+    let (clients, batch) = case.shape(p);
+    let mut queues = Vec::new();
+    for _ in 0..clients {
+        queues.push(run.queue(p)?);
+    }
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..clients {
-        let mut q = run.queue(p)?;
-        let topic = topic.clone();
-        let base = (rep as u64) << 44 | (mode as u64) << 40 | (w as u64) << 32;
+    for (w, mut q) in queues.into_iter().enumerate() {
+        let topic = topic.to_string();
+        let base = base | (w as u64) << 32;
         tasks.push(tokio::spawn(async move {
             let (mut ok, mut failed, mut err) = (0usize, 0usize, None);
             let mut sent = 0usize;
-            while sent < per && t0.elapsed() < cap {
-                let n = batch.min(per - sent);
-                let jobs: Vec<Job> = (0..n)
+            while t0.elapsed() < length {
+                let jobs: Vec<Job> = (0..batch)
                     .map(|i| Job { seq: base + (sent + i) as u64, delay_ms: 3_600_000, ttr_ms: 30_000 })
                     .collect();
                 match q.produce(&topic, &jobs).await {
                     Ok(v) => {
                         let good = v.iter().filter(|b| **b).count();
                         ok += good;
-                        failed += n - good;
+                        failed += batch - good;
                     }
                     Err(e) => {
-                        failed += n;
+                        failed += batch;
                         err.get_or_insert(e);
                     }
                 }
-                sent += n;
+                sent += batch;
             }
             (ok, failed, err)
         }));
     }
-    let mut r = Throughput { mode, ok: 0, failed: 0, secs: 0.0, error: None };
+    collect(case, t0, tasks).await
+}
+
+async fn collect(
+    case: Case,
+    t0: Instant,
+    tasks: Vec<tokio::task::JoinHandle<(usize, usize, Option<String>)>>,
+) -> Result<Throughput, String> {
+    let mut r = Throughput { case, ok: 0, failed: 0, secs: 0.0, error: None };
     for t in tasks {
         let (ok, failed, err) = t.await.map_err(|e| e.to_string())?;
         r.ok += ok;
@@ -284,6 +368,81 @@ pub async fn produce(run: &Running, p: &Params, mode: Mode, rep: usize) -> Resul
         return Err(r.error.unwrap_or_else(|| "nothing was acknowledged".to_string()));
     }
     Ok(r)
+}
+
+/// Makes `preload` messages ready (not measured), then consumers pop and ack them for `length` or
+/// until all are acked, each acking its whole pop before the next one.
+async fn pop_ack(
+    run: &Running,
+    p: &Params,
+    case: Case,
+    topic: &str,
+    base: u64,
+    length: Duration,
+    preload: usize,
+) -> Result<Throughput, String> {
+    let (consumers, max) = case.shape(p);
+    let mut q = run.queue(p)?;
+    let mut accepted = 0;
+    let mut seq = base;
+    while accepted < preload {
+        let jobs: Vec<Job> = (0..1000.min(preload - accepted))
+            .map(|i| Job { seq: seq + i as u64, delay_ms: 0, ttr_ms: 30_000 })
+            .collect();
+        seq += jobs.len() as u64;
+        let n = q.preload_ready(topic, &jobs).await?;
+        if n == 0 {
+            return Err("the preload was refused".to_string());
+        }
+        accepted += n;
+    }
+    // The Lua queue's mover promotes them on its next ticks; delayd makes them ready at once.
+    let wait_until = Instant::now() + Duration::from_secs(30);
+    while q.ready_count(topic).await? < accepted {
+        if Instant::now() > wait_until {
+            return Err(format!("{accepted} preloaded messages were not all ready after 30 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut queues = Vec::new();
+    for _ in 0..consumers {
+        queues.push(run.queue(p)?);
+    }
+    let acked_total = Arc::new(AtomicU64::new(0));
+    let target = accepted as u64;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for mut q in queues {
+        let (topic, acked_total) = (topic.to_string(), acked_total.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed, mut err) = (0usize, 0usize, None);
+            while t0.elapsed() < length && acked_total.load(Ordering::Relaxed) < target {
+                let got = match q.pop(&topic, max, 100, 30_000).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        err.get_or_insert(e);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                for d in got {
+                    match q.ack(&d).await {
+                        Ok(true) => {
+                            ok += 1;
+                            acked_total.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(false) => failed += 1,
+                        Err(e) => {
+                            failed += 1;
+                            err.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+            (ok, failed, err)
+        }));
+    }
+    collect(case, t0, tasks).await
 }
 
 /// Every delivery the consumers saw.
@@ -342,13 +501,14 @@ pub fn spawn_consumers(
     shared: &Shared,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
     let mut v = Vec::new();
+    let pop_batch = p.pop_batch;
     for _ in 0..p.consumers {
         let mut q = run.queue(p)?;
         let topic = topic.to_string();
         let Shared { seen, stop, restart_at } = shared.clone();
         v.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let got = match q.pop(&topic, 16, 200, ttr_ms).await {
+                let got = match q.pop(&topic, pop_batch, 200, ttr_ms).await {
                     Ok(g) => g,
                     Err(_) => {
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -400,9 +560,11 @@ impl ProduceLog {
 
 /// Sends `total` messages to `topic` at `rate` msgs/s with delays drawn uniformly from `delay_ms`,
 /// recording the outcome in `log`; returns once every call has been answered.
+#[allow(clippy::too_many_arguments)]
 pub async fn paced_produce(
     q: Queue,
     topic: String,
+    seq_base: u64,
     rate: u64,
     total: u64,
     delay_ms: (u64, u64),
@@ -424,7 +586,7 @@ pub async fn paced_produce(
             continue;
         }
         let jobs: Vec<Job> = (sent..due_by_now)
-            .map(|seq| Job { seq, delay_ms: rng.range(delay_ms.0, delay_ms.1), ttr_ms: 30_000 })
+            .map(|i| Job { seq: seq_base + i, delay_ms: rng.range(delay_ms.0, delay_ms.1), ttr_ms: 30_000 })
             .collect();
         sent = due_by_now;
         let Ok(permit) = inflight.clone().acquire_owned().await else { break };
@@ -458,19 +620,39 @@ pub async fn paced_produce(
     }
 }
 
+/// The unmeasured warm-up before an end-to-end rate: the same producer rate and consumers for the
+/// warm-up time, with short delays so it drains quickly.
+pub async fn warm_up_e2e(run: &Running, p: &Params, rate: u64) -> Result<(), String> {
+    if p.warmup.is_zero() {
+        return Ok(());
+    }
+    let warm = Params {
+        e2e_secs: p.warmup.as_secs_f64(),
+        delay_min_ms: 10,
+        delay_max_ms: 100,
+        grace_ms: p.grace_ms.min(2_000),
+        ..p.clone()
+    };
+    end_to_end(run, &warm, rate, usize::MAX).await.map(|_| ())
+}
+
 /// A paced producer at `rate` msgs/s with random delays, consumers popping and acking.
 pub async fn end_to_end(run: &Running, p: &Params, rate: u64, rep: usize) -> Result<E2e, String> {
     let topic = topic(&format!("e2e{rate}"));
     let shared = Shared::default();
     let (seen, stop) = (shared.seen.clone(), shared.stop.clone());
     let consumers = spawn_consumers(run, p, &topic, 30_000, &shared)?;
-    let rng = Rng::new(p.seed, 1000 + rate * 10 + rep as u64);
+    let rng = Rng::new(p.seed, (1000 + rate * 10).wrapping_add(rep as u64));
     let log = ProduceLog::default();
     let total = (rate as f64 * p.e2e_secs).round() as u64;
     let t0 = Instant::now();
+    // The Redis designs key jobs by this number, so each run on a server gets its own range.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let seq_base = RUNS.fetch_add(1, Ordering::Relaxed) << 40;
     paced_produce(
         run.queue(p)?,
         topic.clone(),
+        seq_base,
         rate,
         total,
         (p.delay_min_ms, p.delay_max_ms),

@@ -34,8 +34,19 @@ impl ScratchDir {
 /// Removals still running in the background; `finish_cleanup` waits for them.
 static CLEANUP: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
+impl ScratchDir {
+    /// Removes the directory now, waiting for the removal.
+    pub fn remove_now(mut self) -> std::io::Result<()> {
+        let path = std::mem::take(&mut self.path);
+        std::fs::remove_dir_all(&path)
+    }
+}
+
 impl Drop for ScratchDir {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         // Deleting a data dir just written through a mapping can take seconds on ext4 while its
         // pages are written back; do it off the benchmark's path.
         let path = std::mem::take(&mut self.path);
@@ -65,6 +76,8 @@ pub struct Programs {
     pub tmp_base: Option<PathBuf>,
     /// Extra `DELAYD_*` settings for every delayd started.
     pub delayd_env: Vec<(String, String)>,
+    /// CPU list (`taskset -c` syntax) the servers run on; None when not pinned.
+    pub server_cpus: Option<String>,
 }
 
 /// Asks the kernel for a free loopback port. Another process could take it before we bind it again,
@@ -92,6 +105,7 @@ pub struct Server {
     envs: Vec<(String, String)>,
     data: ScratchDir,
     log_path: PathBuf,
+    cpus: Option<String>,
 }
 
 impl Server {
@@ -149,7 +163,17 @@ impl Server {
                 (redis, args, Vec::new())
             }
         };
-        let mut server = Server { system, port, child: None, program, args, envs, data, log_path };
+        let mut server = Server {
+            system,
+            port,
+            child: None,
+            program,
+            args,
+            envs,
+            data,
+            log_path,
+            cpus: progs.server_cpus.clone(),
+        };
         server.spawn_and_wait().await?;
         Ok(server)
     }
@@ -161,7 +185,15 @@ impl Server {
             .open(&self.log_path)
             .map_err(|e| format!("cannot open {}: {e}", self.log_path.display()))?;
         let log2 = log.try_clone().map_err(|e| format!("cannot clone log handle: {e}"))?;
-        let mut cmd = Command::new(&self.program);
+        // taskset execs the server in its own process, so the pid we keep is the server's.
+        let mut cmd = match &self.cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(cpus).arg(&self.program);
+                c
+            }
+            None => Command::new(&self.program),
+        };
         cmd.args(&self.args).stdin(Stdio::null()).stdout(log).stderr(log2);
         if self.system.engine == Engine::Delayd {
             // delayd refuses to start on a DELAYD_* variable that is not one of its keys, and the
@@ -273,6 +305,28 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Stops the server and waits until nothing of it is left: the process exited and reaped, its
+    /// data dir removed (which on ext4 can take seconds of writeback), its port free. Returns how
+    /// long the process took to exit.
+    pub fn finish(mut self) -> Result<Duration, String> {
+        let t = Instant::now();
+        self.stop();
+        let exited = t.elapsed();
+        let port = self.port;
+        let data = std::mem::replace(&mut self.data, ScratchDir { path: PathBuf::new() });
+        let path = data.path().to_path_buf();
+        data.remove_now().map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // std binds with SO_REUSEADDR, so connections in TIME_WAIT do not count as "in use".
+        while TcpListener::bind(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("port {port} still in use 10 s after the server exited"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(exited)
     }
 
     /// Anonymous resident memory of the server process in bytes (RssAnon in /proc/PID/status).

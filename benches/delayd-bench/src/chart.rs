@@ -6,7 +6,7 @@ use plotters::prelude::*;
 
 use crate::report::{percentile, spread, Results};
 use crate::systems::{Engine, System};
-use crate::workloads::{Mode, Throughput};
+use crate::workloads::{Case, Throughput};
 
 /// Percentiles drawn on the lateness curves; the x axis is evenly spaced in this list so the tail
 /// gets as much room as the body.
@@ -270,9 +270,19 @@ fn throughput_panel<DB: DrawingBackend>(
     systems: &[System],
     labels: bool,
 ) -> Result<(), String> {
-    let modes = [Mode::Single, Mode::Batch1, Mode::BatchN];
-    let groups: Vec<String> =
-        ["one at a time", "1 client, batched", "N clients, batched"].map(String::from).to_vec();
+    let modes = Case::ALL;
+    let groups: Vec<String> = [
+        "1 client",
+        "16 clients",
+        "64 clients",
+        "1 client, batched",
+        "N clients, batched",
+        "pop+ack, 1",
+        "pop+ack, 16",
+        "pop+ack, batched",
+    ]
+    .map(String::from)
+    .to_vec();
     let values: Vec<(System, Vec<Option<f64>>)> = systems
         .iter()
         .map(|s| {
@@ -281,13 +291,20 @@ fn throughput_panel<DB: DrawingBackend>(
                 .map(|m| {
                     let (_, o) = r.throughput.iter().find(|(x, _)| x == s)?;
                     let v = o.as_ref().ok()?;
-                    spread(v.iter().filter(|t| t.mode == *m).map(Throughput::rate).collect()).map(|x| x.0)
+                    spread(v.iter().filter(|t| t.case == *m).map(Throughput::rate).collect()).map(|x| x.0)
                 })
                 .collect();
             (*s, vals)
         })
         .collect();
-    bars(area, "Produce throughput (msgs/s, log)", SeriesLabelPosition::UpperLeft, &groups, &values, labels)
+    bars(
+        area,
+        "Throughput (produced or acked msgs/s, log)",
+        SeriesLabelPosition::UpperLeft,
+        &groups,
+        &values,
+        labels,
+    )
 }
 
 fn memory_panel<DB: DrawingBackend>(
@@ -331,9 +348,9 @@ mod tests {
             let k = i as f64 + 1.0;
             r.throughput.push((
                 *s,
-                Ok([Mode::Single, Mode::Batch1, Mode::BatchN]
+                Ok(Case::ALL
                     .iter()
-                    .map(|m| Throughput { mode: *m, ok: 1000 * (i + 1), failed: 0, secs: 1.0, error: None })
+                    .map(|m| Throughput { case: *m, ok: 1000 * (i + 1), failed: 0, secs: 1.0, error: None })
                     .collect()),
             ));
             let lateness: Vec<i64> = (-5..200).map(|x| x * (i as i64 + 1)).collect();

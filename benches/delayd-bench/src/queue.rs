@@ -114,7 +114,26 @@ impl Queue {
     ) -> Result<Vec<Delivery>, String> {
         match self {
             Queue::Delayd(q) => q.pop(topic, max, wait_ms, ttr_ms).await,
-            Queue::Redis(q) => q.pop(topic, wait_ms, ttr_ms).await,
+            Queue::Redis(q) => q.pop(topic, max.max(1), wait_ms, ttr_ms).await,
+        }
+    }
+
+    /// Puts `jobs` on `topic` ready now (setup for the pop + ack cases, not measured); returns how
+    /// many were accepted. The delayd and Lua queues take them as produces due now (the Lua mover
+    /// promotes them); the plain design gets them written straight in the ready state its 1-second
+    /// ticker would leave them in, so the setup does not wait for that ticker.
+    pub async fn preload_ready(&mut self, topic: &str, jobs: &[Job]) -> Result<usize, String> {
+        match self {
+            Queue::Redis(q) if !q.lua => q.plain_ready(topic, jobs).await,
+            _ => Ok(self.produce(topic, jobs).await?.into_iter().filter(|ok| *ok).count()),
+        }
+    }
+
+    /// Messages of `topic` ready to pop now.
+    pub async fn ready_count(&mut self, topic: &str) -> Result<usize, String> {
+        match self {
+            Queue::Delayd(q) => q.ready_count(topic).await,
+            Queue::Redis(q) => q.ready_count(topic).await,
         }
     }
 
@@ -148,6 +167,17 @@ struct BatchResult {
 #[derive(Deserialize)]
 struct PopResult {
     messages: Vec<PoppedMsg>,
+}
+
+#[derive(Deserialize)]
+struct TopicList {
+    topics: Vec<TopicCounts>,
+}
+
+#[derive(Deserialize)]
+struct TopicCounts {
+    topic: String,
+    ready: usize,
 }
 
 #[derive(Deserialize)]
@@ -220,6 +250,16 @@ impl DelaydQ {
             .collect()
     }
 
+    async fn ready_count(&self, topic: &str) -> Result<usize, String> {
+        let resp =
+            self.http.get(format!("{}/v1/topics", self.base)).send().await.map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(http_error(resp).await);
+        }
+        let list: TopicList = resp.json().await.map_err(|e| e.to_string())?;
+        Ok(list.topics.iter().find(|t| t.topic == topic).map_or(0, |t| t.ready))
+    }
+
     async fn ack(&self, d: &Delivery) -> Result<bool, String> {
         let url = format!("{}/v1/ack", self.base);
         let resp = self
@@ -265,15 +305,29 @@ end
 return #ids
 ";
 
+// The reserve takes up to ARGV[3] ids off the ready list and records each one's TTR deadline in its
+// bucket in the same script, so a job is always either on the ready list or in a bucket: a consumer
+// that dies at any point loses nothing, and the mover re-queues the job when its TTR runs out.
+// KEYS[1] = ready list; ARGV = now ms, TTR ms (0: the job's own), max. Returns id, body, id, body...
 const LUA_RESERVE: &str = r"
-if redis.call('HGET', KEYS[1], 'state') ~= 'ready' then return false end
-local f = redis.call('HMGET', KEYS[1], 'body', 'ttr', 'bucket')
-local ttr = tonumber(ARGV[2])
-if ttr == 0 then ttr = tonumber(f[2]) end
-redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HSET', KEYS[1], 'state', 'reserved')
-redis.call('ZADD', f[3], tonumber(ARGV[1]) + ttr, ARGV[3])
-return f[1]
+local out = {}
+local max = tonumber(ARGV[3])
+while #out < 2 * max do
+  local id = redis.call('LPOP', KEYS[1])
+  if not id then break end
+  local jk = 'job:' .. id
+  if redis.call('HGET', jk, 'state') == 'ready' then
+    local f = redis.call('HMGET', jk, 'body', 'ttr', 'bucket')
+    local ttr = tonumber(ARGV[2])
+    if ttr == 0 then ttr = tonumber(f[2]) end
+    redis.call('HINCRBY', jk, 'attempt', 1)
+    redis.call('HSET', jk, 'state', 'reserved')
+    redis.call('ZADD', f[3], tonumber(ARGV[1]) + ttr, id)
+    out[#out + 1] = id
+    out[#out + 1] = f[1]
+  end
+end
+return out
 ";
 
 const LUA_FINISH: &str = r"
@@ -439,62 +493,190 @@ impl RedisQ {
         }
     }
 
-    async fn pop(&mut self, topic: &str, wait_ms: u64, ttr_ms: u64) -> Result<Vec<Delivery>, String> {
+    async fn block_conn(&mut self) -> Result<MultiplexedConnection, String> {
+        if let Some(b) = &self.block {
+            return Ok(b.clone());
+        }
+        let b = redis_connect(self.port).await?;
+        self.block = Some(b.clone());
+        Ok(b)
+    }
+
+    async fn pop(
+        &mut self,
+        topic: &str,
+        max: usize,
+        wait_ms: u64,
+        ttr_ms: u64,
+    ) -> Result<Vec<Delivery>, String> {
+        if self.lua {
+            self.lua_pop(topic, max, wait_ms, ttr_ms).await
+        } else {
+            self.plain_pop(topic, max, wait_ms, ttr_ms).await
+        }
+    }
+
+    /// Lua design: the reserve script first (one round trip when jobs are ready); only when it finds
+    /// none, a blocking wait that takes nothing, then the script again.
+    async fn lua_pop(
+        &mut self,
+        topic: &str,
+        max: usize,
+        wait_ms: u64,
+        ttr_ms: u64,
+    ) -> Result<Vec<Delivery>, String> {
         let mut con = self.conn().await?;
-        let mut block = match &self.block {
-            Some(b) => b.clone(),
-            None => {
-                let b = redis_connect(self.port).await?;
-                self.block = Some(b.clone());
-                b
-            }
-        };
-        let key = if self.lua { format!("dq:ready:{topic}") } else { topic.to_string() };
-        let timeout = (wait_ms.max(10) as f64) / 1000.0;
-        let popped: Option<(String, String)> =
-            match redis::cmd("BLPOP").arg(&key).arg(timeout).query_async(&mut block).await {
+        let ready = format!("dq:ready:{topic}");
+        let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
+        loop {
+            let at_ms = now_ms();
+            let r: Result<Vec<String>, _> = evalsha(LUA_RESERVE)
+                .arg(1)
+                .arg(&ready)
+                .arg(at_ms)
+                .arg(ttr_ms)
+                .arg(max)
+                .query_async(&mut con)
+                .await;
+            let flat = match r {
                 Ok(v) => v,
                 Err(e) => return self.fail(e),
             };
-        let Some((_, id)) = popped else { return Ok(Vec::new()) };
-        let at_ms = now_ms();
-        let body: Option<String> = if self.lua {
-            let r = evalsha(LUA_RESERVE)
-                .arg(1)
-                .arg(format!("job:{id}"))
-                .arg(at_ms)
-                .arg(ttr_ms)
-                .arg(&id)
-                .query_async(&mut con)
+            if !flat.is_empty() {
+                return flat
+                    .chunks(2)
+                    .map(|pair| {
+                        let (id, body) = (&pair[0], pair.get(1).map(String::as_str).unwrap_or(""));
+                        let (seq, due_ms) =
+                            parse_body(body).ok_or_else(|| format!("foreign body {body:?}"))?;
+                        Ok(Delivery { seq, due_ms, at_ms, token: id.clone() })
+                    })
+                    .collect();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(Vec::new());
+            }
+            // BLMOVE from the tail back onto the tail leaves the list as it was: a wait for "not
+            // empty" that holds no job, so there is nothing a crash here could lose.
+            let mut block = self.block_conn().await?;
+            let woke: Result<Option<String>, _> = redis::cmd("BLMOVE")
+                .arg(&ready)
+                .arg(&ready)
+                .arg("RIGHT")
+                .arg("RIGHT")
+                .arg(left.as_secs_f64().max(0.01))
+                .query_async(&mut block)
                 .await;
-            match r {
-                Ok(b) => b,
+            match woke {
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(Vec::new()),
                 Err(e) => return self.fail(e),
             }
-        } else {
-            let raw: Option<String> =
-                match redis::cmd("GET").arg(format!("dq_job_{id}")).query_async(&mut con).await {
+        }
+    }
+
+    /// ouqiang design: BLPOP the topic list, then GET the job and ZADD it at now + TTR, as separate
+    /// commands. Kept as that design has it: a consumer that dies between the BLPOP and the ZADD
+    /// loses the job. A batch takes up to `max` ids with `LPOP count` (BLPOP only when the list is
+    /// empty), then one pipeline of GETs and one of ZADDs.
+    async fn plain_pop(
+        &mut self,
+        topic: &str,
+        max: usize,
+        wait_ms: u64,
+        ttr_ms: u64,
+    ) -> Result<Vec<Delivery>, String> {
+        let mut con = self.conn().await?;
+        let mut ids: Vec<String> = Vec::new();
+        if max > 1 {
+            let r: Result<Option<Vec<String>>, _> =
+                redis::cmd("LPOP").arg(topic).arg(max).query_async(&mut con).await;
+            match r {
+                Ok(v) => ids = v.unwrap_or_default(),
+                Err(e) => return self.fail(e),
+            }
+        }
+        if ids.is_empty() {
+            let mut block = self.block_conn().await?;
+            let timeout = (wait_ms.max(10) as f64) / 1000.0;
+            let popped: Option<(String, String)> =
+                match redis::cmd("BLPOP").arg(topic).arg(timeout).query_async(&mut block).await {
                     Ok(v) => v,
                     Err(e) => return self.fail(e),
                 };
-            let Some(raw) = raw else { return Ok(Vec::new()) };
+            let Some((_, id)) = popped else { return Ok(Vec::new()) };
+            ids.push(id);
+            if max > 1 {
+                let r: Result<Option<Vec<String>>, _> =
+                    redis::cmd("LPOP").arg(topic).arg(max - 1).query_async(&mut con).await;
+                match r {
+                    Ok(v) => ids.extend(v.unwrap_or_default()),
+                    Err(e) => return self.fail(e),
+                }
+            }
+        }
+        let at_ms = now_ms();
+        let mut gets = redis::pipe();
+        for id in &ids {
+            gets.cmd("GET").arg(format!("dq_job_{id}"));
+        }
+        let raws: Vec<Option<String>> = match gets.query_async(&mut con).await {
+            Ok(v) => v,
+            Err(e) => return self.fail(e),
+        };
+        let mut zadds = redis::pipe();
+        let mut out = Vec::new();
+        for (id, raw) in ids.iter().zip(raws) {
+            // Acked (deleted) jobs can still sit in a list; the design skips them.
+            let Some(raw) = raw else { continue };
             let job: PlainJob = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
             let ttr_s = if ttr_ms > 0 { (ttr_ms as i64 / 1000).max(1) } else { job.ttr };
-            let r = redis::cmd("ZADD")
-                .arg(plain_bucket(self.rr))
-                .arg(at_ms / 1000 + ttr_s)
-                .arg(&id)
-                .query_async::<redis::Value>(&mut con)
-                .await;
+            zadds.cmd("ZADD").arg(plain_bucket(self.rr)).arg(at_ms / 1000 + ttr_s).arg(id).ignore();
             self.rr += 1;
-            if let Err(e) = r {
+            let (seq, due_ms) =
+                parse_body(&job.body).ok_or_else(|| format!("foreign body {:?}", job.body))?;
+            out.push(Delivery { seq, due_ms, at_ms, token: id.clone() });
+        }
+        if !out.is_empty() {
+            if let Err(e) = zadds.query_async::<()>(&mut con).await {
                 return self.fail(e);
             }
-            Some(job.body)
-        };
-        let Some(body) = body else { return Ok(Vec::new()) };
-        let (seq, due_ms) = parse_body(&body).ok_or_else(|| format!("foreign body {body:?}"))?;
-        Ok(vec![Delivery { seq, due_ms, at_ms, token: id }])
+        }
+        Ok(out)
+    }
+
+    /// The plain design's ready state, written directly: the job value and its id on the topic list.
+    async fn plain_ready(&mut self, topic: &str, jobs: &[Job]) -> Result<usize, String> {
+        let mut con = self.conn().await?;
+        let now = now_ms();
+        let mut pipe = redis::pipe();
+        for j in jobs {
+            let id = j.seq.to_string();
+            let job = PlainJob {
+                topic: topic.to_string(),
+                id: id.clone(),
+                delay: now / 1000,
+                ttr: (j.ttr_ms as i64 / 1000).max(1),
+                body: body_for(j.seq, now, self.body_bytes),
+            };
+            let json = serde_json::to_string(&job).map_err(|e| e.to_string())?;
+            pipe.cmd("SET").arg(format!("dq_job_{id}")).arg(json).ignore();
+            pipe.cmd("RPUSH").arg(topic).arg(&id).ignore();
+        }
+        match pipe.query_async::<()>(&mut con).await {
+            Ok(()) => Ok(jobs.len()),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    async fn ready_count(&mut self, topic: &str) -> Result<usize, String> {
+        let mut con = self.conn().await?;
+        let key = if self.lua { format!("dq:ready:{topic}") } else { topic.to_string() };
+        match redis::cmd("LLEN").arg(key).query_async::<usize>(&mut con).await {
+            Ok(n) => Ok(n),
+            Err(e) => self.fail(e),
+        }
     }
 
     async fn ack(&mut self, d: &Delivery) -> Result<bool, String> {
@@ -635,5 +817,73 @@ mod tests {
         assert_eq!(b.len(), 64);
         assert_eq!(parse_body(&b), Some((42, 1_700_000_000_123)));
         assert_eq!(parse_body("nonsense"), None);
+    }
+
+    /// Against a real redis-server (skipped without one): a Lua pop reserves up to `max` jobs in one
+    /// call and, in that call, puts each in its bucket at its TTR deadline; the mover re-queues a job
+    /// whose TTR ran out; an ack removes the job for good.
+    #[tokio::test]
+    async fn lua_reserve_records_the_deadline_and_the_mover_requeues_on_ttr() {
+        use crate::servers::{which, Programs, Server};
+        let Some(redis) = which("redis-server") else {
+            eprintln!("skipped: redis-server is not installed");
+            return;
+        };
+        let sys = System { engine: Engine::RedisLua, strict: false };
+        let progs = Programs {
+            delayd: std::path::PathBuf::new(),
+            redis: Some(redis),
+            tmp_base: None,
+            delayd_env: Vec::new(),
+            server_cpus: None,
+        };
+        let server = Server::start(sys, &progs).await.expect("redis-server starts");
+        let stop = Arc::new(AtomicBool::new(false));
+        let movers = spawn_mover(sys, server.port, Duration::from_millis(10), stop.clone());
+        let mut q = Queue::connect(sys, server.port, 32).expect("client");
+        let jobs: Vec<Job> = (0..5).map(|seq| Job { seq, delay_ms: 0, ttr_ms: 60_000 }).collect();
+        assert_eq!(q.produce("t", &jobs).await.expect("produce"), vec![true; 5]);
+        let ready = |mut q: Queue| async move { q.ready_count("t").await.expect("LLEN") };
+        let t0 = std::time::Instant::now();
+        while ready(q.clone()).await < 5 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the mover never promoted the jobs");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let got = q.pop("t", 3, 100, 60_000).await.expect("pop");
+        assert_eq!(got.len(), 3);
+        assert_eq!(ready(q.clone()).await, 2, "the reserved jobs left the ready list");
+        let mut con = redis_connect(server.port).await.expect("connect");
+        for d in &got {
+            let deadline: Option<i64> = redis::cmd("ZSCORE")
+                .arg(lua_bucket(&d.token))
+                .arg(&d.token)
+                .query_async(&mut con)
+                .await
+                .expect("ZSCORE");
+            assert_eq!(
+                deadline,
+                Some(d.at_ms + 60_000),
+                "job {} is in its bucket at its TTR deadline",
+                d.token
+            );
+        }
+
+        // A 1 ms TTR: the mover puts the two jobs back on the ready list, not the 60 s ones.
+        assert_eq!(q.pop("t", 16, 100, 1).await.expect("pop").len(), 2);
+        let t0 = std::time::Instant::now();
+        while ready(q.clone()).await < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "expired reservations were not re-queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ready(q.clone()).await, 2);
+
+        assert!(q.ack(&got[0]).await.expect("ack"));
+        assert!(!q.ack(&got[0]).await.expect("second ack"), "a finished job is gone");
+        stop.store(true, Ordering::Relaxed);
+        for m in movers {
+            m.abort();
+        }
+        server.finish().expect("server stops and its data dir is removed");
     }
 }
