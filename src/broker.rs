@@ -226,7 +226,11 @@ impl Shared {
         };
         let Some(core) = guard.as_mut().filter(|c| c.idle()) else { return Some(cmd) };
         core.batch.push_back(cmd);
-        let wake = core.step_inline();
+        // An inline fdatasync stalls this thread: only where another worker goes on serving
+        // connections meanwhile (they queue up for the engine thread and its group commit). With
+        // a single worker it would serialise every request behind one fdatasync each.
+        let may_block = tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() > 1);
+        let wake = core.step_inline(may_block);
         core.metrics.requests_inline.fetch_add(1, Ordering::Relaxed);
         if wake {
             core.metrics.engine_wakeups.fetch_add(1, Ordering::Relaxed);
@@ -876,7 +880,7 @@ impl Core {
     fn step(&mut self) -> bool {
         let mut step = StepTimer::start();
         self.apply(&mut step);
-        self.commit(false);
+        self.commit(false, true);
         step.mark("commit");
         self.notify();
         step.mark("notify");
@@ -903,11 +907,11 @@ impl Core {
     /// Applies the request just put in `batch` on the caller's thread and answers it (a lone
     /// small sync batch is flushed here too). Timers, maintenance, checkpoints and async flushes
     /// stay with the engine thread; true when it sleeps past something that is now due earlier.
-    fn step_inline(&mut self) -> bool {
+    fn step_inline(&mut self, may_block: bool) -> bool {
         let mut step = StepTimer::start();
         self.apply_requests(step.started + REQUESTS_UNTIL);
         step.mark("requests");
-        self.commit(true);
+        self.commit(true, may_block);
         step.mark("commit");
         self.notify();
         step.mark("notify");
@@ -1100,15 +1104,18 @@ impl Core {
     }
 
     /// Makes the batch durable and answers it: hands it to the flusher, or flushes inline. An
-    /// `inline` step (on a request's thread) leaves the periodic async flush to the engine thread.
-    fn commit(&mut self, inline: bool) {
+    /// `inline` step (on a request's thread) leaves the periodic async flush to the engine thread,
+    /// and flushes a lone batch itself only when it `may_block` its thread.
+    fn commit(&mut self, inline: bool, may_block: bool) {
         let end = self.engine.log_end();
         match (self.flush, self.sync_tx.as_ref()) {
             // Syncs go to the flusher, so the engine never stops for an fdatasync (5-70 ms now
             // and then on a busy disk, however little it writes); only a lone small batch with
             // nothing else queued or in flight is flushed right here (next arm), where a thread
             // wake-up would cost a lone writer a third of its throughput.
-            (FlushMode::Sync, Some(tx)) if end > self.handed_off && !self.lone_small_batch(end) => {
+            (FlushMode::Sync, Some(tx))
+                if end > self.handed_off && !(may_block && self.lone_small_batch(end)) =>
+            {
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 // Replies wait for the flusher; the engine goes on with the next batch.
                 let paths = self.engine.log_paths(self.handed_off, end);

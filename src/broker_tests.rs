@@ -147,3 +147,29 @@ async fn after_shutdown_a_request_is_refused() {
     assert!(b.get("x").await.is_err());
     assert_eq!(counter(&b, |m| &m.requests_inline), before);
 }
+
+/// On a single-threaded runtime an inline fdatasync would stall every connection: a lone sync
+/// request is still applied inline but synced by the flusher, so concurrent requests queue up
+/// and share fdatasyncs (with the stall, each of them paid one).
+#[tokio::test(flavor = "current_thread")]
+async fn one_worker_never_fdatasyncs_inline_so_concurrent_requests_share_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Sync);
+    let before = b.metrics().flush_us.prometheus().get_sample_count();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    b.produce("t", req(600_000)).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let flushes = b.metrics().flush_us.prometheus().get_sample_count() - before;
+    assert!(flushes * 2 <= 320, "{flushes} flushes for 320 produces: no group commit");
+    b.shutdown().await.unwrap();
+}

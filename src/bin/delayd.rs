@@ -23,7 +23,12 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&cfg);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // At least two workers, even on one CPU (or pinned to one): a lone sync request fdatasyncs on
+    // the worker that parsed it, and another worker must go on reading requests meanwhile, so
+    // they queue for the engine thread's group commit instead of waiting one fdatasync each.
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let built = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build();
+    let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("delayd: cannot start the async runtime: {e}");
