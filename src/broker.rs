@@ -213,10 +213,7 @@ impl Shared {
     /// time. Under load the lock is taken or requests are queued, so they go to the engine
     /// thread, which takes them in batches and group-commits them as before.
     fn try_inline(&self, cmd: Command) -> Option<Command> {
-        if matches!(cmd, Command::Shutdown { .. } | Command::Wake)
-            || !self.tx.is_empty()
-            || !self.config.inline_requests
-        {
+        if matches!(cmd, Command::Shutdown { .. }) || !self.tx.is_empty() || !self.config.inline_requests {
             return Some(cmd);
         }
         let mut guard = match self.core.try_lock() {
@@ -909,6 +906,7 @@ impl Core {
     /// stay with the engine thread; true when it sleeps past something that is now due earlier.
     fn step_inline(&mut self, may_block: bool) -> bool {
         let mut step = StepTimer::start();
+        let log_end = self.engine.log_end();
         self.apply_requests(step.started + REQUESTS_UNTIL);
         step.mark("requests");
         self.commit(true, may_block);
@@ -916,12 +914,15 @@ impl Core {
         self.notify();
         step.mark("notify");
         step.record(&self.metrics);
-        // Deadlines are recomputed from `now`, so the same one comes out a little earlier each
-        // time: only one earlier by more than the slack is worth a wake-up (a new deadline within
-        // it fires at most that late, never early).
+        // Only an append (a timer, a dirty log) or work left over can move the engine thread's
+        // deadline: reads and empty pops skip the recomputation. Deadlines are recomputed from
+        // `now`, so the same one comes out a little earlier each time: only one earlier by more
+        // than the slack is worth a wake-up (a new one within it fires at most that late, never
+        // early).
+        let changed = self.engine.log_end() != log_end || self.producing.is_some();
         match self.sleeping_until {
-            Some(until) => Instant::now() + self.wait_time() + WAKE_SLACK < until,
-            None => false,
+            Some(until) if changed => Instant::now() + self.wait_time() + WAKE_SLACK < until,
+            _ => false,
         }
     }
 
