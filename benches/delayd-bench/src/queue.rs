@@ -387,6 +387,19 @@ struct PlainJob {
     body: String,
 }
 
+impl PlainJob {
+    /// Job `j` of `topic`, due at `due_ms`, with a body of `body_bytes`; its id is its sequence number.
+    fn new(topic: &str, j: &Job, due_ms: i64, body_bytes: usize) -> PlainJob {
+        PlainJob {
+            topic: topic.to_string(),
+            id: j.seq.to_string(),
+            delay: due_ms / 1000,
+            ttr: (j.ttr_ms as i64 / 1000).max(1),
+            body: body_for(j.seq, due_ms, body_bytes),
+        }
+    }
+}
+
 /// Client for both Redis designs.
 pub struct RedisQ {
     lua: bool,
@@ -461,20 +474,13 @@ impl RedisQ {
             // each for a single job; a batch pipelines them, one job after another.
             let mut pipe = redis::pipe();
             for j in jobs {
-                let id = j.seq.to_string();
-                let due_ms = now + j.delay_ms as i64;
-                let job = PlainJob {
-                    topic: topic.to_string(),
-                    id: id.clone(),
-                    delay: due_ms / 1000,
-                    ttr: (j.ttr_ms as i64 / 1000).max(1),
-                    body: body_for(j.seq, due_ms, self.body_bytes),
-                };
+                let job = PlainJob::new(topic, j, now + j.delay_ms as i64, self.body_bytes);
+                let id = &job.id;
                 let json = serde_json::to_string(&job).map_err(|e| e.to_string())?;
                 let mut set = redis::cmd("SET");
                 set.arg(format!("dq_job_{id}")).arg(json);
                 let mut zadd = redis::cmd("ZADD");
-                zadd.arg(plain_bucket(self.rr)).arg(job.delay).arg(&id);
+                zadd.arg(plain_bucket(self.rr)).arg(job.delay).arg(id);
                 self.rr += 1;
                 if jobs.len() == 1 {
                     for c in [set, zadd] {
@@ -652,17 +658,11 @@ impl RedisQ {
         let now = now_ms();
         let mut pipe = redis::pipe();
         for j in jobs {
-            let id = j.seq.to_string();
-            let job = PlainJob {
-                topic: topic.to_string(),
-                id: id.clone(),
-                delay: now / 1000,
-                ttr: (j.ttr_ms as i64 / 1000).max(1),
-                body: body_for(j.seq, now, self.body_bytes),
-            };
+            let job = PlainJob::new(topic, j, now, self.body_bytes);
+            let id = &job.id;
             let json = serde_json::to_string(&job).map_err(|e| e.to_string())?;
             pipe.cmd("SET").arg(format!("dq_job_{id}")).arg(json).ignore();
-            pipe.cmd("RPUSH").arg(topic).arg(&id).ignore();
+            pipe.cmd("RPUSH").arg(topic).arg(id).ignore();
         }
         match pipe.query_async::<()>(&mut con).await {
             Ok(()) => Ok(jobs.len()),
