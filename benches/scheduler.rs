@@ -3,7 +3,8 @@
 //! and its id index grow, and bytes written per delivered message.
 //!
 //! Run: `cargo bench --bench scheduler` (env `PENDING=N` changes the 10,000,000 pending messages of
-//! the memory and step figures, `PENDING_ONLY=1` runs only those; `QUICK=1` shrinks everything).
+//! the memory and step figures, `PENDING_ONLY=1` runs only those, `STEPS_ONLY=1` only the steps;
+//! `QUICK=1` shrinks everything).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -348,7 +349,7 @@ fn main() {
     // `cargo bench` passes "--bench"; nothing else is expected.
     let q = quick();
     println!("# delayd scheduler benchmark\n");
-    let all = std::env::var("PENDING_ONLY").is_err();
+    let all = std::env::var("PENDING_ONLY").is_err() && std::env::var("STEPS_ONLY").is_err();
     println!("| workload | messages | p50 ms | p99 ms | p99.9 ms | max ms | early |");
     println!("|---|---|---|---|---|---|---|");
     for rate in [1_000u64, 10_000].into_iter().filter(|_| all) {
@@ -366,18 +367,21 @@ fn main() {
     } else {
         10_000_000
     });
-    let p = pending_memory(pending);
-    println!(
-        "pending capacity: {pending} messages on the 1h level: RssAnon {} KiB -> {} KiB = {:.2} bytes/message anonymous; {:.1} bytes/message on disk",
-        p.rss_before_kib,
-        p.rss_after_kib,
-        p.anon_per_msg,
-        p.disk as f64 / pending as f64
-    );
-    println!(
-        "while the id index grew to {} slots: longest produce call {:.2?}, p99.9 {:?}",
-        p.index_slots, p.longest_call, p.p999_call
-    );
+    // `STEPS_ONLY=1`: only the broker's engine steps, for repeated A/B runs of that figure.
+    if std::env::var("STEPS_ONLY").is_err() {
+        let p = pending_memory(pending);
+        println!(
+            "pending capacity: {pending} messages on the 1h level: RssAnon {} KiB -> {} KiB = {:.2} bytes/message anonymous; {:.1} bytes/message on disk",
+            p.rss_before_kib,
+            p.rss_after_kib,
+            p.anon_per_msg,
+            p.disk as f64 / pending as f64
+        );
+        println!(
+            "while the id index grew to {} slots: longest produce call {:.2?}, p99.9 {:?}",
+            p.index_slots, p.longest_call, p.p999_call
+        );
+    }
     let producers = 4;
     let st = broker_steps(pending, producers, 1000);
     println!(

@@ -110,9 +110,10 @@ fn open_queue_files_stay_within_open_queues_while_every_topic_works() {
     let check = |e: &Engine| {
         let open = e.store_for_tests().open_topic_queues();
         assert!(open <= k, "{open} topic queues open");
-        // Each open queue holds at most its two newest files here (4 entries per file).
+        // Each open queue holds at most its two newest files here (4 entries per file), and a
+        // helper creating its next file two more handles and a mapping for a moment.
         let (fds, maps) = held_under(&topic_root);
-        assert!(fds <= 2 * k && maps <= 2 * k, "{fds} handles and {maps} mappings under cq/topic");
+        assert!(fds <= 4 * k && maps <= 3 * k, "{fds} handles and {maps} mappings under cq/topic");
     };
     // Six messages per topic, produced round-robin so every append evicts some queue.
     for round in 0..6 {

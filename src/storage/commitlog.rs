@@ -80,6 +80,14 @@ pub struct CommitLog {
     /// it last time: on a full disk every produce would otherwise preallocate (and give back) a
     /// whole segment.
     roll_refused: Option<(Instant, String, i32)>,
+    /// The next segment, being created durably on a helper thread.
+    next: Option<NextSegment>,
+}
+
+/// A segment created ahead of the roll: the one starting at `base`, by the thread `job`.
+struct NextSegment {
+    base: u64,
+    job: std::thread::JoinHandle<Result<()>>,
 }
 
 /// How long a next segment refused for want of space or file handles is not tried again.
@@ -179,6 +187,7 @@ impl CommitLog {
             warmer: None,
             warm_guard: 0,
             roll_refused: None,
+            next: None,
         };
         // Scan from the start of the segment holding the checkpoint rather than the checkpoint
         // itself: it costs at most one segment and also re-checks what the checkpoint covers there,
@@ -408,8 +417,11 @@ impl CommitLog {
             matches!(record.get(7).copied(), Some(k) if k == Kind::Put as u8 || k == Kind::Carry as u8);
         let keep = if grows { self.tail_reserve() } else { 0 };
         let last = self.segments.len() - 1;
-        if self.write_pos + need + keep > self.segments[last].end() {
+        let seg_end = self.segments[last].end();
+        if self.write_pos + need + keep > seg_end {
             self.roll(grows)?;
+        } else if self.next.is_none() && seg_end - self.write_pos < self.segment_bytes / 8 {
+            self.start_next_segment(seg_end);
         }
         let at = self.write_pos;
         self.write_last(record);
@@ -471,7 +483,17 @@ impl CommitLog {
             }
             self.roll_refused = None;
         }
-        let file = match MappedFile::open(&self.dir.join(segment_name(next)), self.segment_bytes) {
+        let file = match self.take_next_segment(next) {
+            Some(file) => Ok(file),
+            None => {
+                MappedFile::open(&self.dir.join(segment_name(next)), self.segment_bytes).and_then(|file| {
+                    file.sync_all()?;
+                    sync_dir(&self.dir)?;
+                    Ok(file)
+                })
+            }
+        };
+        let file = match file {
             Ok(file) => file,
             Err(e) => {
                 if let Error::Io { context, source } = &e {
@@ -484,8 +506,6 @@ impl CommitLog {
                 return Err(e);
             }
         };
-        file.sync_all()?;
-        sync_dir(&self.dir)?;
         // The old segment's tail, marker included, must be durable before anything in the new one.
         self.write_last(&eos);
         self.flush()?;
@@ -495,6 +515,38 @@ impl CommitLog {
         self.durability.log_synced(next);
         self.warm_active();
         Ok(())
+    }
+
+    /// Starts creating the segment at `base` on a helper thread, with the roll's own steps
+    /// (preallocate, fsync the file, fsync the directory), so the engine thread that rolls only
+    /// opens it: those syncs took 5–10 ms of a roll on a busy disk. Not while a roll is refused
+    /// for want of space: that retry is paced by [`roll`](Self::roll) alone.
+    fn start_next_segment(&mut self, base: u64) {
+        if self.roll_refused.is_some() {
+            return;
+        }
+        let (path, dir, bytes) = (self.dir.join(segment_name(base)), self.dir.clone(), self.segment_bytes);
+        let job = move || -> Result<()> {
+            MappedFile::open(&path, bytes)?.sync_all()?;
+            sync_dir(&dir)
+        };
+        // Without a thread the roll makes the segment itself, as it would anyway.
+        match std::thread::Builder::new().name("delayd-log-next".into()).spawn(job) {
+            Ok(job) => self.next = Some(NextSegment { base, job }),
+            Err(e) => warn!(error = %e, "cannot start a thread to prepare the next segment"),
+        }
+    }
+
+    /// The segment at `base` if a helper made it durably; `None` leaves the roll to make it (and
+    /// meet whatever the helper met: a failed sync has poisoned the store).
+    fn take_next_segment(&mut self, base: u64) -> Option<MappedFile> {
+        let next = self.next.take()?;
+        let made = next.job.join();
+        if next.base != base || !matches!(made, Ok(Ok(()))) {
+            return None;
+        }
+        let file = MappedFile::open_existing(&self.dir.join(segment_name(base))).ok()?;
+        (file.len() == self.segment_bytes).then_some(file)
     }
 
     /// Makes every appended byte durable; one msync per touched segment.
@@ -615,9 +667,19 @@ impl CommitLog {
         }
     }
 
-    /// Bytes of disk the segment files occupy.
+    /// Bytes of disk the segment files in use occupy (not a next segment still being prepared).
     pub fn disk_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.file.len()).sum()
+    }
+}
+
+impl Drop for CommitLog {
+    fn drop(&mut self) {
+        // A helper still creating a segment must not outlive the log: a log reopened on the same
+        // directory would meet the file half made.
+        if let Some(next) = self.next.take() {
+            let _ = next.job.join();
+        }
     }
 }
 
@@ -802,6 +864,42 @@ mod tests {
         let (log, report) = open(dir.path(), seg, RecoveryMode::Strict).unwrap();
         assert_eq!(report.bytes_dropped, 0);
         assert_eq!(offsets(&log), vec![0]);
+    }
+
+    #[test]
+    fn the_next_segment_is_made_durable_off_the_appending_thread_and_dropped_unused_at_reopen() {
+        use crate::storage::io::{Fault, Op};
+        let dir = tempfile::tempdir().unwrap();
+        let seg = 64 << 10;
+        let path = dir.path().to_path_buf();
+        // The appending thread may not fsync the second segment: a helper must have.
+        let second = path.join(segment_name(seg));
+        let _fault = Fault::new(Op::Sync, &second, libc::EIO).on_thread("log-appender").inject();
+        let (log, offs) = std::thread::Builder::new()
+            .name("log-appender".into())
+            .spawn(move || {
+                let (mut log, _) = open(&path, seg, RecoveryMode::Strict).unwrap();
+                let mut offs = vec![];
+                let mut i = 0;
+                // Into the second segment, and past 7/8 of it, so that the third is prepared too.
+                while log.end() < seg + seg - seg / 16 {
+                    offs.push(log.append(&rec(i, 0)).unwrap());
+                    i += 1;
+                }
+                (log, offs)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let mut log = log;
+        log.flush().unwrap();
+        assert_eq!(log.segments.len(), 2);
+        drop(log);
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![0, seg, 2 * seg], "the third was made ahead");
+        let (log, report) = open(dir.path(), seg, RecoveryMode::Strict).unwrap();
+        assert_eq!(report.bytes_dropped, 0);
+        assert_eq!(offsets(&log), offs);
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![0, seg], "an unused segment is not kept");
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! a fixed range of entry indexes and are named by the first index of their range.
 //!
 //! A file starts small and doubles as entries arrive, up to its full range, so a queue holding a
-//! few entries costs a few pages of disk, not the full file.
+//! few entries costs a few pages of disk, not the full file. Once a file has its full size, its
+//! successor is created on a helper thread, so the three fsyncs that make a new file durable are
+//! not paid by the engine thread that appends (5–7 ms on a busy disk).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::commitlog::{list_numbered, segment_name};
-use super::mmap::{sync_dir, sync_path, MappedFile};
+use super::mmap::{sync_dir, sync_path, MappedFile, SyncFile};
 use crate::error::{Error, Result};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
@@ -71,6 +73,14 @@ pub struct ConsumeQueue {
     len: u64,
     /// Entries below this are durable or handed to a checkpoint to make durable.
     flushed_len: u64,
+    /// The next file, being created durably on a helper thread.
+    next: Option<NextFile>,
+}
+
+/// A file created ahead of need: number `file`, by the thread `job`.
+struct NextFile {
+    file: u64,
+    job: std::thread::JoinHandle<Result<()>>,
 }
 
 impl ConsumeQueue {
@@ -123,6 +133,7 @@ impl ConsumeQueue {
             mapped: true,
             len: 0,
             flushed_len: 0,
+            next: None,
         };
         let capacity =
             first_file * per_file + q.files.iter().map(|f| f.len() / ENTRY_BYTES as u64).sum::<u64>();
@@ -146,6 +157,7 @@ impl ConsumeQueue {
             mapped: false,
             len: 0,
             flushed_len: 0,
+            next: None,
         }
     }
 
@@ -157,6 +169,8 @@ impl ConsumeQueue {
     /// Drops the maps and file handles. Unsynced entries stay in the page cache and are synced by
     /// path at the next [`flush`](Self::flush) or [`take_dirty`](Self::take_dirty).
     pub fn close(&mut self) {
+        // A helper's handles count as the queue's: only open queues hold any.
+        self.settle_next_file();
         self.files.clear();
         self.mapped = false;
     }
@@ -274,7 +288,7 @@ impl ConsumeQueue {
         let i = self.len;
         let file = (i / self.per_file - self.first_file) as usize;
         if file == self.files.len() {
-            self.create_file(i / self.per_file)?;
+            self.add_file(i / self.per_file)?;
         }
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
         let last = file + 1 == self.files.len();
@@ -288,7 +302,62 @@ impl ConsumeQueue {
                 }
             }
         }
+        self.start_next_file();
         Ok(())
+    }
+
+    /// Once the last file has its full size, starts creating its successor on a helper thread,
+    /// with the same protocol as [`create_file`](Self::create_file). A file prepared but never
+    /// used is harmless: an empty last file is a valid queue state on disk.
+    fn start_next_file(&mut self) {
+        let full = self.per_file * ENTRY_BYTES as u64;
+        let k = self.first_file + self.file_count;
+        // Only while appends go into a full last file: an empty one (made ahead, or small per_file)
+        // may never be reached.
+        let appending_into_last = self.len >= (k.saturating_sub(1)) * self.per_file;
+        if self.next.is_some()
+            || !self.mapped
+            || self.file_count == 0
+            || self.last_bytes != full
+            || !appending_into_last
+        {
+            return;
+        }
+        // Opened here, where the file surely exists; reclaim may delete it before the helper runs.
+        let Ok(prev) = SyncFile::open(&self.file_path(k - 1)) else { return };
+        let (path, dir) = (self.file_path(k), self.dir.clone());
+        let bytes = INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64;
+        let job = move || -> Result<()> {
+            prev.sync_all()?;
+            MappedFile::open(&path, bytes)?.sync_all()?;
+            sync_dir(&dir)
+        };
+        // Without a thread the file is created where it is needed, as before.
+        if let Ok(job) = std::thread::Builder::new().name("delayd-cq-next".into()).spawn(job) {
+            self.next = Some(NextFile { file: k, job });
+        }
+    }
+
+    /// Makes file number `k` the last: the one prepared ahead if it was made durable, else created
+    /// here (which also reports what went wrong ahead, as a failed sync has poisoned the store).
+    fn add_file(&mut self, k: u64) -> Result<()> {
+        if let Some(next) = self.next.take() {
+            if next.file == k && matches!(next.job.join(), Ok(Ok(()))) {
+                let f = MappedFile::open_existing(&self.file_path(k))?;
+                self.last_bytes = f.len();
+                self.files.push(f);
+                self.file_count += 1;
+                return Ok(());
+            }
+        }
+        self.create_file(k)
+    }
+
+    /// Waits for a file being prepared, so that nothing creates files in the directory after this.
+    fn settle_next_file(&mut self) {
+        if let Some(next) = self.next.take() {
+            let _ = next.job.join();
+        }
     }
 
     /// Creates file number `k`, small; the full previous file's new size is made durable first, so
@@ -423,6 +492,7 @@ impl ConsumeQueue {
     /// there were. The removal need not be durable: recovery deletes the directory of a topic that
     /// its checkpoint shows emptied or does not list.
     pub fn remove(mut self) -> Result<usize> {
+        self.settle_next_file();
         self.close();
         match super::io::remove_dir_all(&self.dir) {
             Ok(()) => Ok(self.file_count as usize),
@@ -437,6 +507,14 @@ impl ConsumeQueue {
             0 => 0,
             n => (n - 1) * self.per_file * ENTRY_BYTES as u64 + self.last_bytes,
         }
+    }
+}
+
+impl Drop for ConsumeQueue {
+    fn drop(&mut self) {
+        // A helper still creating a file must not outlive the store: a store reopened on the same
+        // directory would meet the file half made.
+        self.settle_next_file();
     }
 }
 
@@ -465,6 +543,52 @@ fn grown_entries(cur: u64, need: u64, full: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::io::{Fault, Op};
+
+    #[test]
+    fn the_next_file_is_made_durable_off_the_appending_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        // Every sync the appending thread itself tries fails; only the first file (and the
+        // directory) may be synced there, before the fault is in place.
+        let mut q = ConsumeQueue::open(&path, 4, None).unwrap();
+        q.append(entry(0)).unwrap();
+        let _fault = Fault::new(Op::Sync, &path, libc::EIO).on_thread("cq-appender").inject();
+        let q = std::thread::Builder::new()
+            .name("cq-appender".into())
+            .spawn(move || {
+                for i in 1..13u64 {
+                    assert_eq!(q.append(entry(i)).unwrap(), i);
+                }
+                q
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(q.get(9), Some(entry(9)));
+        assert_eq!(q.disk_bytes(), 4 * 4 * ENTRY_BYTES as u64);
+        drop(q);
+        // The file prepared for entries 12.. may stand empty after the last one: a valid queue.
+        // Entry 12 filled nothing, but its file was created full (4 entries), so 16 is prepared.
+        assert_eq!(list_numbered(&path).unwrap(), vec![0, 4, 8, 12, 16]);
+        let q = ConsumeQueue::open(&path, 4, None).unwrap();
+        assert_eq!(q.len(), 13);
+        assert_eq!(q.get(12), Some(entry(12)));
+    }
+
+    #[test]
+    fn a_failed_preparation_is_redone_and_reported_where_the_file_is_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let fault = Fault::new(Op::Sync, dir.path(), libc::EIO).on_thread("delayd-cq-next").inject();
+        let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
+        for i in 0..6u64 {
+            assert_eq!(q.append(entry(i)).unwrap(), i);
+        }
+        assert_eq!(q.get(5), Some(entry(5)));
+        drop(q);
+        assert!(fault.failed() >= 1, "the helper's sync failed");
+        assert_eq!(ConsumeQueue::open(dir.path(), 4, None).unwrap().len(), 6);
+    }
 
     #[test]
     fn append_get_reopen_truncate() {
@@ -507,7 +631,8 @@ mod tests {
         assert_eq!(q.get(4), Some(Entry { offset: 400, size: 10, tag: 4 }));
         q.flush().unwrap();
         drop(q);
-        assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8]);
+        // File 8 is full, so the one after it was prepared.
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8, 12]);
         let mut q = ConsumeQueue::open(dir.path(), 4, Some(10)).unwrap();
         assert_eq!((q.first(), q.len()), (4, 10));
         assert_eq!(q.get(9), Some(Entry { offset: 900, size: 10, tag: 9 }));
@@ -520,9 +645,12 @@ mod tests {
             q.append(Entry { offset: i * 100, size: 10, tag: i }).unwrap();
         }
         assert_eq!(q.drop_before(12).unwrap(), 1);
-        assert!(list_numbered(dir.path()).unwrap().is_empty());
+        // Only the empty file prepared for the next append is left.
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![12]);
         drop(q);
-        // With every file gone the checkpointed length alone says where appends resume.
+        // As if a crash came before its helper created it: with every file gone the checkpointed
+        // length alone says where appends resume.
+        std::fs::remove_file(dir.path().join(segment_name(12))).unwrap();
         let mut q = ConsumeQueue::open(dir.path(), 4, Some(12)).unwrap();
         assert_eq!((q.first(), q.len(), q.get(11)), (12, 12, None));
         assert_eq!(q.append(Entry { offset: 1200, size: 10, tag: 12 }).unwrap(), 12);
@@ -678,7 +806,9 @@ mod tests {
         assert_eq!(dirty.len(), 2, "flushed while closed: nothing left to hand over");
         // Files behind the reader go while closed, too.
         assert_eq!(q.drop_before(5).unwrap(), 1);
-        assert_eq!(list_numbered(dir.path()).unwrap(), vec![4]);
+        // With file 4 full, file 8 was prepared: a closed queue keeps what a helper made.
+        q.settle_next_file();
+        assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8]);
         q.reopen().unwrap();
         assert_eq!((q.first(), q.get(4), q.get(6), q.get(7)), (4, Some(entry(4)), Some(entry(6)), None));
         q.close();

@@ -344,6 +344,12 @@ impl SyncFile {
             .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
     }
 
+    /// fsync (data and metadata: a size grown by preallocation), under the store's durability owner.
+    pub fn sync_all(&self) -> Result<()> {
+        io::sync_all(&self.file, &self.path)
+            .map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))
+    }
+
     /// The path.
     pub fn path(&self) -> &Path {
         &self.path
