@@ -110,8 +110,9 @@ fn open_queue_files_stay_within_open_queues_while_every_topic_works() {
     let check = |e: &Engine| {
         let open = e.store_for_tests().open_topic_queues();
         assert!(open <= k, "{open} topic queues open");
-        // Each open queue holds at most its two newest files here (4 entries per file), and a
-        // helper creating its next file two more handles and a mapping for a moment.
+        // Each open queue holds at most three files here (4 entries per file): its two newest and,
+        // once reopened from disk, the empty one made ahead for its next append; or, while a
+        // helper is making that one, two files and the helper's two handles (it maps nothing).
         let (fds, maps) = held_under(&topic_root);
         assert!(fds <= 4 * k && maps <= 3 * k, "{fds} handles and {maps} mappings under cq/topic");
     };

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::durability::Durability;
 use super::format::{self, DecodeError, Kind, Record, HEADER_BYTES};
-use super::mmap::{sync_dir, MappedFile};
+use super::mmap::{create_durably, sync_dir, MappedFile};
 use super::warmer::Warmer;
 use crate::error::{Error, Result};
 
@@ -525,11 +525,8 @@ impl CommitLog {
         if self.roll_refused.is_some() {
             return;
         }
-        let (path, dir, bytes) = (self.dir.join(segment_name(base)), self.dir.clone(), self.segment_bytes);
-        let job = move || -> Result<()> {
-            MappedFile::open(&path, bytes)?.sync_all()?;
-            sync_dir(&dir)
-        };
+        let (path, bytes) = (self.dir.join(segment_name(base)), self.segment_bytes);
+        let job = move || create_durably(&path, bytes);
         // Without a thread the roll makes the segment itself, as it would anyway.
         match std::thread::Builder::new().name("delayd-log-next".into()).spawn(job) {
             Ok(job) => self.next = Some(NextSegment { base, job }),

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::commitlog::{list_numbered, segment_name};
-use super::mmap::{sync_dir, sync_path, MappedFile, SyncFile};
+use super::mmap::{create_durably, sync_dir, sync_path, MappedFile, SyncFile};
 use crate::error::{Error, Result};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
@@ -325,12 +325,11 @@ impl ConsumeQueue {
         }
         // Opened here, where the file surely exists; reclaim may delete it before the helper runs.
         let Ok(prev) = SyncFile::open(&self.file_path(k - 1)) else { return };
-        let (path, dir) = (self.file_path(k), self.dir.clone());
+        let path = self.file_path(k);
         let bytes = INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64;
         let job = move || -> Result<()> {
             prev.sync_all()?;
-            MappedFile::open(&path, bytes)?.sync_all()?;
-            sync_dir(&dir)
+            create_durably(&path, bytes)
         };
         // Without a thread the file is created where it is needed, as before.
         if let Ok(job) = std::thread::Builder::new().name("delayd-cq-next".into()).spawn(job) {

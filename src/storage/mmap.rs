@@ -27,19 +27,7 @@ impl MappedFile {
     /// A file this call created is removed again when it cannot be preallocated, so a full disk
     /// leaves no partial file behind.
     pub fn open(path: &Path, len: u64) -> Result<MappedFile> {
-        let existed = path.exists();
-        let file = open_rw(path, true)?;
-        let cur = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
-        if cur < len {
-            if let Err(e) = io::preallocate(&file, path, len) {
-                if !existed {
-                    drop(file);
-                    let _ = io::remove_file(path);
-                }
-                return Err(Error::io(format!("preallocate {}", path.display()), e));
-            }
-        }
-        Self::map(path, file)
+        Self::map(path, open_preallocated(path, len)?)
     }
 
     /// Drops this mapping's page-table entries a megabyte at a time (the file and its page cache
@@ -303,6 +291,36 @@ pub(super) fn sync_file_range(file: &File, offset: u64, len: u64) -> std::io::Re
 }
 
 /// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
+/// Opens `path`, creating and preallocating it to `len` bytes when new or shorter; a file this
+/// call created is removed again when it cannot be preallocated.
+fn open_preallocated(path: &Path, len: u64) -> Result<File> {
+    let existed = path.exists();
+    let file = open_rw(path, true)?;
+    let cur = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
+    if cur < len {
+        if let Err(e) = io::preallocate(&file, path, len) {
+            if !existed {
+                drop(file);
+                let _ = io::remove_file(path);
+            }
+            return Err(Error::io(format!("preallocate {}", path.display()), e));
+        }
+    }
+    Ok(file)
+}
+
+/// Creates the file `path` preallocated to `len` bytes (as [`MappedFile::open`] does) and makes it
+/// and its directory entry durable, without mapping it: for a helper thread making a file ahead
+/// of need, whose map and unmap would only cost the process's other threads.
+pub fn create_durably(path: &Path, len: u64) -> Result<()> {
+    let file = open_preallocated(path, len)?;
+    io::sync_all(&file, path).map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
+    match path.parent() {
+        Some(dir) => sync_dir(dir),
+        None => Ok(()),
+    }
+}
+
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false), path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
