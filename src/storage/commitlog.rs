@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::durability::Durability;
 use super::format::{self, DecodeError, Kind, Record, HEADER_BYTES};
-use super::mmap::{create_durably, sync_dir, MappedFile};
+use super::mmap::{create_durably, sync_dir, MadeAhead, MappedFile};
 use super::warmer::Warmer;
 use crate::error::{Error, Result};
 
@@ -80,14 +80,8 @@ pub struct CommitLog {
     /// it last time: on a full disk every produce would otherwise preallocate (and give back) a
     /// whole segment.
     roll_refused: Option<(Instant, String, i32)>,
-    /// The next segment, being created durably on a helper thread.
-    next: Option<NextSegment>,
-}
-
-/// A segment created ahead of the roll: the one starting at `base`, by the thread `job`.
-struct NextSegment {
-    base: u64,
-    job: std::thread::JoinHandle<Result<()>>,
+    /// The next segment (by base), being made on a helper thread.
+    next: Option<MadeAhead>,
 }
 
 /// How long a next segment refused for want of space or file handles is not tried again.
@@ -483,17 +477,11 @@ impl CommitLog {
             }
             self.roll_refused = None;
         }
-        let file = match self.take_next_segment(next) {
-            Some(file) => Ok(file),
-            None => {
-                MappedFile::open(&self.dir.join(segment_name(next)), self.segment_bytes).and_then(|file| {
-                    file.sync_all()?;
-                    sync_dir(&self.dir)?;
-                    Ok(file)
-                })
-            }
-        };
-        let file = match file {
+        let path = self.dir.join(segment_name(next));
+        let made = self.next.take().is_some_and(|ahead| ahead.made(next));
+        let file = match if made { Ok(()) } else { create_durably(&path, self.segment_bytes) }
+            .and_then(|()| MappedFile::open_existing(&path))
+        {
             Ok(file) => file,
             Err(e) => {
                 if let Error::Io { context, source } = &e {
@@ -517,7 +505,7 @@ impl CommitLog {
         Ok(())
     }
 
-    /// Starts creating the segment at `base` on a helper thread, with the roll's own steps
+    /// Starts making the segment at `base` on a helper thread, with the roll's own steps
     /// (preallocate, fsync the file, fsync the directory), so the engine thread that rolls only
     /// opens it: those syncs took 5–10 ms of a roll on a busy disk. Not while a roll is refused
     /// for want of space: that retry is paced by [`roll`](Self::roll) alone.
@@ -526,24 +514,7 @@ impl CommitLog {
             return;
         }
         let (path, bytes) = (self.dir.join(segment_name(base)), self.segment_bytes);
-        let job = move || create_durably(&path, bytes);
-        // Without a thread the roll makes the segment itself, as it would anyway.
-        match std::thread::Builder::new().name("delayd-log-next".into()).spawn(job) {
-            Ok(job) => self.next = Some(NextSegment { base, job }),
-            Err(e) => warn!(error = %e, "cannot start a thread to prepare the next segment"),
-        }
-    }
-
-    /// The segment at `base` if a helper made it durably; `None` leaves the roll to make it (and
-    /// meet whatever the helper met: a failed sync has poisoned the store).
-    fn take_next_segment(&mut self, base: u64) -> Option<MappedFile> {
-        let next = self.next.take()?;
-        let made = next.job.join();
-        if next.base != base || !matches!(made, Ok(Ok(()))) {
-            return None;
-        }
-        let file = MappedFile::open_existing(&self.dir.join(segment_name(base))).ok()?;
-        (file.len() == self.segment_bytes).then_some(file)
+        self.next = MadeAhead::start("delayd-log-next", base, move || create_durably(&path, bytes));
     }
 
     /// Makes every appended byte durable; one msync per touched segment.
@@ -667,16 +638,6 @@ impl CommitLog {
     /// Bytes of disk the segment files in use occupy (not a next segment still being prepared).
     pub fn disk_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.file.len()).sum()
-    }
-}
-
-impl Drop for CommitLog {
-    fn drop(&mut self) {
-        // A helper still creating a segment must not outlive the log: a log reopened on the same
-        // directory would meet the file half made.
-        if let Some(next) = self.next.take() {
-            let _ = next.job.join();
-        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::commitlog::{list_numbered, segment_name};
-use super::mmap::{create_durably, sync_dir, sync_path, MappedFile, SyncFile};
+use super::mmap::{create_durably, sync_dir, sync_path, MadeAhead, MappedFile, SyncFile};
 use crate::error::{Error, Result};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
@@ -73,14 +73,8 @@ pub struct ConsumeQueue {
     len: u64,
     /// Entries below this are durable or handed to a checkpoint to make durable.
     flushed_len: u64,
-    /// The next file, being created durably on a helper thread.
-    next: Option<NextFile>,
-}
-
-/// A file created ahead of need: number `file`, by the thread `job`.
-struct NextFile {
-    file: u64,
-    job: std::thread::JoinHandle<Result<()>>,
+    /// The next file (by number), being made on a helper thread.
+    next: Option<MadeAhead>,
 }
 
 impl ConsumeQueue {
@@ -170,7 +164,7 @@ impl ConsumeQueue {
     /// path at the next [`flush`](Self::flush) or [`take_dirty`](Self::take_dirty).
     pub fn close(&mut self) {
         // A helper's handles count as the queue's: only open queues hold any.
-        self.settle_next_file();
+        self.next = None;
         self.files.clear();
         self.mapped = false;
     }
@@ -306,9 +300,9 @@ impl ConsumeQueue {
         Ok(())
     }
 
-    /// Once the last file has its full size, starts creating its successor on a helper thread,
-    /// with the same protocol as [`create_file`](Self::create_file). A file prepared but never
-    /// used is harmless: an empty last file is a valid queue state on disk.
+    /// Once the last file has its full size, starts making its successor on a helper thread, as
+    /// [`add_file`](Self::add_file) would. A file made but never used is harmless: an empty last
+    /// file is a valid queue state on disk.
     fn start_next_file(&mut self) {
         let full = self.per_file * ENTRY_BYTES as u64;
         let k = self.first_file + self.file_count;
@@ -325,56 +319,36 @@ impl ConsumeQueue {
         }
         // Opened here, where the file surely exists; reclaim may delete it before the helper runs.
         let Ok(prev) = SyncFile::open(&self.file_path(k - 1)) else { return };
-        let path = self.file_path(k);
-        let bytes = INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64;
-        let job = move || -> Result<()> {
+        let (path, bytes) = (self.file_path(k), self.new_file_bytes());
+        self.next = MadeAhead::start("delayd-cq-next", k, move || {
             prev.sync_all()?;
             create_durably(&path, bytes)
-        };
-        // Without a thread the file is created where it is needed, as before.
-        if let Ok(job) = std::thread::Builder::new().name("delayd-cq-next".into()).spawn(job) {
-            self.next = Some(NextFile { file: k, job });
-        }
+        });
     }
 
-    /// Makes file number `k` the last: the one prepared ahead if it was made durable, else created
-    /// here (which also reports what went wrong ahead, as a failed sync has poisoned the store).
+    /// Makes file number `k` the last: the one made ahead if its helper succeeded, else made here,
+    /// small; the full previous file's size is made durable first, so a power loss never leaves a
+    /// short file before a later one.
     fn add_file(&mut self, k: u64) -> Result<()> {
-        if let Some(next) = self.next.take() {
-            if next.file == k && matches!(next.job.join(), Ok(Ok(()))) {
-                let f = MappedFile::open_existing(&self.file_path(k))?;
-                self.last_bytes = f.len();
-                self.files.push(f);
-                self.file_count += 1;
-                return Ok(());
-            }
-        }
-        self.create_file(k)
-    }
-
-    /// Waits for a file being prepared, so that nothing creates files in the directory after this.
-    fn settle_next_file(&mut self) {
-        if let Some(next) = self.next.take() {
-            let _ = next.job.join();
-        }
-    }
-
-    /// Creates file number `k`, small; the full previous file's new size is made durable first, so
-    /// a power loss never leaves a short file before a later one.
-    fn create_file(&mut self, k: u64) -> Result<()> {
-        match self.files.last() {
-            Some(prev) => prev.sync_all()?,
-            // The first file of a queue may also be the first thing in its directory.
-            None => create_dir_durably(&self.dir)?,
-        }
         let path = self.file_path(k);
-        let f = MappedFile::open(&path, INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64)?;
-        f.sync_all()?;
-        sync_dir(&self.dir)?;
+        if !self.next.take().is_some_and(|next| next.made(k)) {
+            match self.files.last() {
+                Some(prev) => prev.sync_all()?,
+                // The first file of a queue may also be the first thing in its directory.
+                None => create_dir_durably(&self.dir)?,
+            }
+            create_durably(&path, self.new_file_bytes())?;
+        }
+        let f = MappedFile::open_existing(&path)?;
         self.last_bytes = f.len();
         self.files.push(f);
         self.file_count += 1;
         Ok(())
+    }
+
+    /// Size a new file is made with.
+    fn new_file_bytes(&self) -> u64 {
+        INITIAL_FILE_ENTRIES.min(self.per_file) * ENTRY_BYTES as u64
     }
 
     /// Drops entries whose log offset is at or past `log_offset`; returns how many were dropped.
@@ -491,7 +465,6 @@ impl ConsumeQueue {
     /// there were. The removal need not be durable: recovery deletes the directory of a topic that
     /// its checkpoint shows emptied or does not list.
     pub fn remove(mut self) -> Result<usize> {
-        self.settle_next_file();
         self.close();
         match super::io::remove_dir_all(&self.dir) {
             Ok(()) => Ok(self.file_count as usize),
@@ -506,14 +479,6 @@ impl ConsumeQueue {
             0 => 0,
             n => (n - 1) * self.per_file * ENTRY_BYTES as u64 + self.last_bytes,
         }
-    }
-}
-
-impl Drop for ConsumeQueue {
-    fn drop(&mut self) {
-        // A helper still creating a file must not outlive the store: a store reopened on the same
-        // directory would meet the file half made.
-        self.settle_next_file();
     }
 }
 
@@ -806,7 +771,7 @@ mod tests {
         // Files behind the reader go while closed, too.
         assert_eq!(q.drop_before(5).unwrap(), 1);
         // With file 4 full, file 8 was prepared: a closed queue keeps what a helper made.
-        q.settle_next_file();
+        q.next = None;
         assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8]);
         q.reopen().unwrap();
         assert_eq!((q.first(), q.get(4), q.get(6), q.get(7)), (4, Some(entry(4)), Some(entry(6)), None));

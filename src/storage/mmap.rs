@@ -321,6 +321,47 @@ pub fn create_durably(path: &Path, len: u64) -> Result<()> {
     }
 }
 
+/// A file being made durably on a helper thread ahead of need (by [`create_durably`] and whatever
+/// must precede it), so that the thread that needs it only opens it. Dropping it waits for the
+/// helper: none outlives its owner, nor creates a file in a directory its owner removes.
+pub struct MadeAhead {
+    at: u64,
+    job: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl MadeAhead {
+    /// Runs `job` on a thread named `name` for the file its owner calls `at`; `None` when no thread
+    /// could start, and the owner makes the file itself when it needs it.
+    pub fn start(
+        name: &str,
+        at: u64,
+        job: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Option<MadeAhead> {
+        match std::thread::Builder::new().name(name.into()).spawn(job) {
+            Ok(job) => Some(MadeAhead { at, job: Some(job) }),
+            Err(e) => {
+                tracing::warn!(error = %e, thread = name, "cannot start a thread to make a file ahead");
+                None
+            }
+        }
+    }
+
+    /// Waits for the helper; true if it made the file `at` durably. Otherwise the caller makes it
+    /// and meets what the helper met (a failed sync has already poisoned the store).
+    pub fn made(mut self, at: u64) -> bool {
+        let done = self.job.take().map(std::thread::JoinHandle::join);
+        self.at == at && matches!(done, Some(Ok(Ok(()))))
+    }
+}
+
+impl Drop for MadeAhead {
+    fn drop(&mut self) {
+        if let Some(job) = self.job.take() {
+            let _ = job.join();
+        }
+    }
+}
+
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false), path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
