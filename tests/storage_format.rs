@@ -473,17 +473,27 @@ mod reader {
         // Reclaim deletes segments from the front, so the first one may start anywhere; from there
         // on each starts where the previous one ends.
         let mut expect_base = log.start;
+        let mut ended = false;
         for (i, (base, path)) in segs.iter().enumerate() {
             let bytes = fs::read(path).unwrap();
             assert_eq!(*base, expect_base, "segment {} does not follow the previous one", path.display());
             expect_base = base + bytes.len() as u64;
             let last = i + 1 == segs.len();
+            if ended {
+                // "The next segment is made ahead": only zeroes, past the end of the log.
+                assert!(last && all_zero(&bytes), "segment {} after the end of data", path.display());
+                break;
+            }
             let mut pos = 0usize;
             loop {
                 let at = base + pos as u64;
                 match parse_record(&bytes[pos..]) {
                     Ok(None) => {
-                        assert!(last, "end of data at {at} in a segment that is not the last");
+                        assert!(
+                            last || i + 2 == segs.len(),
+                            "end of data at {at} before the last two segments"
+                        );
+                        ended = true;
                         assert!(all_zero(&bytes[pos..]), "non-zero bytes after the end of data at {at}");
                         log.end = at;
                         break;
