@@ -69,9 +69,11 @@ fn fill(e: &mut Engine, n: usize, acked: usize, reserved: usize) -> (Vec<String>
     (a, r)
 }
 
+/// The newest segment holding data (a segment made ahead for the next roll may follow it, empty).
 fn last_segment(dir: &Path) -> PathBuf {
-    let base = *list_numbered(&dir.join("commitlog")).unwrap().last().unwrap();
-    dir.join("commitlog").join(format!("{base:020}"))
+    let bases = list_numbered(&dir.join("commitlog")).unwrap();
+    let path = |base: &u64| dir.join("commitlog").join(format!("{base:020}"));
+    bases.iter().rev().map(path).find(|p| written_len(p) > 0).unwrap_or_else(|| path(&bases[0]))
 }
 
 fn written_len(path: &Path) -> usize {
