@@ -2066,3 +2066,53 @@ fn must_fail(dir: &Path, writer: &Writer, file: &str, at: usize, expect: &str) {
         "flipping byte {at} of {file}: expected a failure mentioning {expect:?}, got {msg:?}"
     );
 }
+
+/// Segment files in `data`'s commit log, oldest first, with whether each holds any non-zero byte.
+fn segments_with_data(data: &Path) -> Vec<(u64, bool)> {
+    let mut v: Vec<(u64, bool)> = std::fs::read_dir(data.join("commitlog"))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let base = e.file_name().to_str()?.parse().ok()?;
+            Some((base, std::fs::read(e.path()).ok()?.iter().any(|b| *b != 0)))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_made_ahead_parses_as_past_the_end_of_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let b = Broker::open(config(&dir)).unwrap();
+    // Near the end of a segment the next one is made on a helper thread: produce until it exists
+    // while the log still ends in the segment before it. A roll may overtake the helper; then the
+    // next segment's end is tried, so this ends within a few segments.
+    let mut made_ahead = false;
+    for i in 0..20_000 {
+        b.produce("t", req(Some(format!("m-{i}")), vec![b'x'; 200], When::DelayMs(3_600_000))).await.unwrap();
+        let segs = segments_with_data(&dir);
+        if segs.len() >= 2 && segs[segs.len() - 2].1 && !segs[segs.len() - 1].1 {
+            made_ahead = true;
+            break;
+        }
+        // Give the helper a moment once it may have started (the last 1/8 of a 64 KiB segment).
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(made_ahead, "no segment was made ahead of the roll");
+    b.shutdown().await.unwrap();
+    let segs = segments_with_data(&dir);
+    assert!(!segs[segs.len() - 1].1, "the segment made ahead is still empty after shutdown: {segs:?}");
+
+    let r = check_data_dir(&dir, &in_process());
+    assert_eq!(r.log.segments, segs.len(), "the reader walked the empty segment too");
+    let (active, ahead) = (segs[segs.len() - 2].0, segs[segs.len() - 1].0);
+    assert!((active..ahead).contains(&r.log.end), "the log ends in the segment before: {}", r.log.end);
+
+    // Reopened (recovery drops the unused segment, step 5), the log goes on where it ended.
+    let b = Broker::open(config(&dir)).unwrap();
+    b.produce("t", req(Some("after".into()), vec![b'y'; 10], When::Now)).await.unwrap();
+    b.shutdown().await.unwrap();
+    check_data_dir(&dir, &in_process());
+}
