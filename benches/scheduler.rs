@@ -1,6 +1,7 @@
 //! Scheduler benchmark (harness = false): lateness percentiles at paced rates, catch-up rate after
 //! downtime, anonymous memory per pending message, the engine steps of a real broker while the backlog
-//! and its id index grow, and bytes written per delivered message.
+//! and its id index grow, how long the machine itself pauses a thread that only spins, and bytes
+//! written per delivered message.
 //!
 //! Run: `cargo bench --bench scheduler` (env `PENDING=N` changes the 10,000,000 pending messages of
 //! the memory and step figures, `PENDING_ONLY=1` runs only those, `STEPS_ONLY=1` only the steps;
@@ -338,6 +339,44 @@ fn bytes_per_message(n: usize) -> (f64, f64, usize) {
     (log_bytes, cq_bytes, e.hops_for_bench() / n)
 }
 
+/// What the machine itself does to a thread that only spins: for `secs` on each CPU in turn (one
+/// pinned thread, nothing else of ours running), the gaps of 10 ms or more between two consecutive
+/// clock reads, as (cpu, that count, longest gap, CPU-clock time of the longest). An engine step cannot
+/// be shorter than such a gap when one lands in it; a gap whose CPU-clock time is as long as its
+/// wall time is time the host or an interrupt took while the thread was nominally running.
+#[allow(unsafe_code)]
+fn machine_pauses(secs: u64) -> Vec<(usize, usize, Duration, Duration)> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (0..cpus)
+        .map(|cpu| {
+            std::thread::spawn(move || {
+                // SAFETY: a zeroed cpu_set_t is the empty set; the calls only read and write it.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
+                let end = Instant::now() + Duration::from_secs(secs);
+                let (mut gaps, mut longest, mut longest_cpu) = (0, Duration::ZERO, Duration::ZERO);
+                let (mut last, mut last_cpu) = (Instant::now(), delayd::storage::mmap::thread_cpu_ns());
+                while last < end {
+                    let (now, now_cpu) = (Instant::now(), delayd::storage::mmap::thread_cpu_ns());
+                    let gap = now - last;
+                    gaps += usize::from(gap >= Duration::from_millis(10));
+                    if gap > longest {
+                        longest = gap;
+                        longest_cpu = Duration::from_nanos(now_cpu.saturating_sub(last_cpu));
+                    }
+                    (last, last_cpu) = (now, now_cpu);
+                }
+                (cpu, gaps, longest, longest_cpu)
+            })
+            .join()
+            .unwrap_or((cpu, 0, Duration::ZERO, Duration::ZERO))
+        })
+        .collect()
+}
+
 fn main() {
     // `RUST_LOG=delayd=debug` shows each slow engine step with its parts.
     if std::env::var("RUST_LOG").is_ok() {
@@ -400,6 +439,13 @@ fn main() {
         st.max.0,
         st.max.1,
     );
+    let secs = if q { 1 } else { 30 };
+    for (cpu, gaps, longest, cpu_time) in machine_pauses(secs) {
+        println!(
+            "machine pauses: a thread spinning alone on CPU {cpu} for {secs} s saw {gaps} gaps over 10 ms \
+             between two clock reads; longest {longest:.2?} wall, {cpu_time:.2?} of it on its CPU clock"
+        );
+    }
     if !all {
         return;
     }
