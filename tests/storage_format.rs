@@ -102,7 +102,7 @@ mod reader {
 
     /// Sorted `(number, path)` of the entries of `dir` named by exactly `digits` ASCII digits;
     /// panics on any other entry, since the document allows nothing else there.
-    fn numbered(dir: &Path, digits: usize) -> Vec<(u64, PathBuf)> {
+    pub fn numbered(dir: &Path, digits: usize) -> Vec<(u64, PathBuf)> {
         let mut out = vec![];
         for e in fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
@@ -2069,16 +2069,10 @@ fn must_fail(dir: &Path, writer: &Writer, file: &str, at: usize, expect: &str) {
 
 /// Segment files in `data`'s commit log, oldest first, with whether each holds any non-zero byte.
 fn segments_with_data(data: &Path) -> Vec<(u64, bool)> {
-    let mut v: Vec<(u64, bool)> = std::fs::read_dir(data.join("commitlog"))
-        .unwrap()
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let base = e.file_name().to_str()?.parse().ok()?;
-            Some((base, std::fs::read(e.path()).ok()?.iter().any(|b| *b != 0)))
-        })
-        .collect();
-    v.sort();
-    v
+    reader::numbered(&data.join("commitlog"), 20)
+        .into_iter()
+        .map(|(base, path)| (base, std::fs::read(path).unwrap().iter().any(|b| *b != 0)))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

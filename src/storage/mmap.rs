@@ -290,7 +290,6 @@ pub(super) fn sync_file_range(file: &File, offset: u64, len: u64) -> std::io::Re
     }
 }
 
-/// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
 /// Opens `path`, creating and preallocating it to `len` bytes when new or shorter; a file this
 /// call created is removed again when it cannot be preallocated.
 fn open_preallocated(path: &Path, len: u64) -> Result<File> {
@@ -362,6 +361,7 @@ impl Drop for MadeAhead {
     }
 }
 
+/// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false), path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
