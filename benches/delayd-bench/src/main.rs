@@ -5,6 +5,7 @@
 //! comparison (a few minutes); `--quick` is a seconds-long smoke run. See README.md, "Benchmarks".
 
 mod chart;
+mod http;
 mod pin;
 mod push;
 mod queue;

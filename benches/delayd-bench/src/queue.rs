@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
+use crate::http::{Answer, HttpConn};
 use crate::systems::{Engine, System};
 
 /// Wall-clock unix time in milliseconds; all systems run on this machine, so one clock serves all.
@@ -75,15 +76,7 @@ impl Queue {
     /// Opens a client for `system` on `port`.
     pub fn connect(system: System, port: u16, body_bytes: usize) -> Result<Queue, String> {
         match system.engine {
-            Engine::Delayd => {
-                let http = reqwest::Client::builder()
-                    .tcp_nodelay(true)
-                    .pool_idle_timeout(Duration::from_secs(60))
-                    .timeout(Duration::from_secs(30))
-                    .build()
-                    .map_err(|e| format!("http client: {e}"))?;
-                Ok(Queue::Delayd(DelaydQ { http, base: format!("http://127.0.0.1:{port}"), body_bytes }))
-            }
+            Engine::Delayd => Ok(Queue::Delayd(DelaydQ { http: HttpConn::new(port), body_bytes })),
             engine => Ok(Queue::Redis(RedisQ {
                 lua: engine == Engine::RedisLua,
                 port,
@@ -146,12 +139,28 @@ impl Queue {
     }
 }
 
-/// delayd HTTP client.
+/// delayd HTTP client: one kept-alive connection (see [`crate::http`]).
 #[derive(Clone)]
 pub struct DelaydQ {
-    http: reqwest::Client,
-    base: String,
+    http: HttpConn,
     body_bytes: usize,
+}
+
+#[derive(Serialize)]
+struct MsgOut<'a> {
+    body: &'a str,
+    delay_ms: u64,
+    ttr_ms: u64,
+}
+
+#[derive(Serialize)]
+struct BatchOut<'a> {
+    messages: Vec<MsgOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct AckOut<'a> {
+    receipt: &'a str,
 }
 
 #[derive(Deserialize)]
@@ -161,7 +170,7 @@ struct ProduceResult {
 
 #[derive(Deserialize)]
 struct BatchResult {
-    results: Vec<serde_json::Value>,
+    results: Vec<ProduceResult>,
 }
 
 #[derive(Deserialize)]
@@ -187,60 +196,48 @@ struct PoppedMsg {
     deliver_at_ms: i64,
 }
 
-async fn http_error(resp: reqwest::Response) -> String {
-    let status = resp.status();
-    let text = resp.text().await.unwrap_or_default();
-    format!("HTTP {status}: {}", text.chars().take(300).collect::<String>())
+fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(v).map_err(|e| e.to_string())
+}
+
+fn from_json<'a, T: Deserialize<'a>>(a: &'a Answer) -> Result<T, String> {
+    serde_json::from_slice(&a.body).map_err(|e| format!("answer {}: {e}", a.status))
 }
 
 impl DelaydQ {
-    fn msg_json(&self, j: &Job) -> serde_json::Value {
+    async fn produce(&mut self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
         // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
-        serde_json::json!({
-            "body": body_for(j.seq, 0, self.body_bytes),
-            "delay_ms": j.delay_ms,
-            "ttr_ms": j.ttr_ms,
-        })
-    }
-
-    async fn produce(&self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
+        let bodies: Vec<String> = jobs.iter().map(|j| body_for(j.seq, 0, self.body_bytes)).collect();
+        let msgs = jobs.iter().zip(&bodies).map(|(j, body)| MsgOut { body, delay_ms: j.delay_ms, ttr_ms: j.ttr_ms });
         if jobs.len() == 1 {
-            let url = format!("{}/v1/topics/{topic}/messages", self.base);
-            let resp =
-                self.http.post(url).json(&self.msg_json(&jobs[0])).send().await.map_err(|e| e.to_string())?;
-            if !resp.status().is_success() {
-                return Err(http_error(resp).await);
+            let json = to_json(&msgs.into_iter().next().ok_or("no job")?)?;
+            let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages"), Some(&json)).await?;
+            if !(200..300).contains(&a.status) {
+                return Err(a.error());
             }
-            let r: ProduceResult = resp.json().await.map_err(|e| e.to_string())?;
+            let r: ProduceResult = from_json(&a)?;
             return Ok(vec![r.deliver_at_ms.is_some()]);
         }
-        let url = format!("{}/v1/topics/{topic}/messages/batch", self.base);
-        let msgs: Vec<_> = jobs.iter().map(|j| self.msg_json(j)).collect();
-        let resp = self
-            .http
-            .post(url)
-            .json(&serde_json::json!({ "messages": msgs }))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !resp.status().is_success() {
-            return Err(http_error(resp).await);
+        let json = to_json(&BatchOut { messages: msgs.collect() })?;
+        let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages/batch"), Some(&json)).await?;
+        if !(200..300).contains(&a.status) {
+            return Err(a.error());
         }
-        let r: BatchResult = resp.json().await.map_err(|e| e.to_string())?;
+        let r: BatchResult = from_json(&a)?;
         if r.results.len() != jobs.len() {
             return Err(format!("batch of {} got {} results", jobs.len(), r.results.len()));
         }
-        Ok(r.results.iter().map(|v| v.get("deliver_at_ms").is_some_and(|d| d.is_number())).collect())
+        Ok(r.results.iter().map(|v| v.deliver_at_ms.is_some()).collect())
     }
 
-    async fn pop(&self, topic: &str, max: usize, wait_ms: u64, ttr_ms: u64) -> Result<Vec<Delivery>, String> {
-        let url = format!("{}/v1/topics/{topic}/pop?max={max}&wait_ms={wait_ms}&ttr_ms={ttr_ms}", self.base);
-        let resp = self.http.post(url).send().await.map_err(|e| e.to_string())?;
+    async fn pop(&mut self, topic: &str, max: usize, wait_ms: u64, ttr_ms: u64) -> Result<Vec<Delivery>, String> {
+        let path = format!("/v1/topics/{topic}/pop?max={max}&wait_ms={wait_ms}&ttr_ms={ttr_ms}");
+        let a = self.http.call("POST", &path, None).await?;
         let at_ms = now_ms();
-        if !resp.status().is_success() {
-            return Err(http_error(resp).await);
+        if !(200..300).contains(&a.status) {
+            return Err(a.error());
         }
-        let r: PopResult = resp.json().await.map_err(|e| e.to_string())?;
+        let r: PopResult = from_json(&a)?;
         r.messages
             .into_iter()
             .map(|m| {
@@ -250,29 +247,22 @@ impl DelaydQ {
             .collect()
     }
 
-    async fn ready_count(&self, topic: &str) -> Result<usize, String> {
-        let resp =
-            self.http.get(format!("{}/v1/topics", self.base)).send().await.map_err(|e| e.to_string())?;
-        if !resp.status().is_success() {
-            return Err(http_error(resp).await);
+    async fn ready_count(&mut self, topic: &str) -> Result<usize, String> {
+        let a = self.http.call("GET", "/v1/topics", None).await?;
+        if !(200..300).contains(&a.status) {
+            return Err(a.error());
         }
-        let list: TopicList = resp.json().await.map_err(|e| e.to_string())?;
+        let list: TopicList = from_json(&a)?;
         Ok(list.topics.iter().find(|t| t.topic == topic).map_or(0, |t| t.ready))
     }
 
-    async fn ack(&self, d: &Delivery) -> Result<bool, String> {
-        let url = format!("{}/v1/ack", self.base);
-        let resp = self
-            .http
-            .post(url)
-            .json(&serde_json::json!({ "receipt": d.token }))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        match resp.status().as_u16() {
+    async fn ack(&mut self, d: &Delivery) -> Result<bool, String> {
+        let json = to_json(&AckOut { receipt: &d.token })?;
+        let a = self.http.call("POST", "/v1/ack", Some(&json)).await?;
+        match a.status {
             200..=299 => Ok(true),
             404 => Ok(false),
-            _ => Err(http_error(resp).await),
+            _ => Err(a.error()),
         }
     }
 }

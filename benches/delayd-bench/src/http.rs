@@ -1,0 +1,266 @@
+//! A lean HTTP/1.1 client for the delayd side of the benchmark: one kept-alive connection per
+//! client, one `write` per request, the answer read straight off the socket.
+//!
+//! Why not reqwest: the benchmark measures servers, and its clients share one CPU. redis-rs sends a
+//! command as a few bytes on an open connection; reqwest spends several times that per call
+//! (a pool check-out, URL parsing, a header map, a body stream), so the delayd cases measured the
+//! client as much as the server. This client does for HTTP what redis-rs does for RESP, and no
+//! less: it checks the status line, reads `Content-Length` or chunked bodies, honours
+//! `Connection: close`, and times out like the Redis connections do.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long one call may take; the Redis connections use the same response timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest answer head accepted; delayd's are a few hundred bytes.
+const MAX_HEAD: usize = 64 << 10;
+
+/// An answer: status and body.
+#[derive(Debug)]
+pub struct Answer {
+    /// HTTP status code.
+    pub status: u16,
+    /// The whole body.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as text for an error message, cut to 300 characters.
+    pub fn error(&self) -> String {
+        let text = String::from_utf8_lossy(&self.body);
+        format!("HTTP {}: {}", self.status, text.chars().take(300).collect::<String>())
+    }
+}
+
+/// One client's connection to a server on loopback; it reconnects when the server closed it.
+pub struct HttpConn {
+    port: u16,
+    stream: Option<TcpStream>,
+    /// Request bytes, reused across calls.
+    out: Vec<u8>,
+    /// Bytes read off the socket and not yet consumed.
+    inbuf: Vec<u8>,
+}
+
+impl Clone for HttpConn {
+    /// A clone opens its own connection on first use: a connection serves one call at a time.
+    fn clone(&self) -> HttpConn {
+        HttpConn::new(self.port)
+    }
+}
+
+impl HttpConn {
+    /// A client for `127.0.0.1:port`; it connects on its first call.
+    pub fn new(port: u16) -> HttpConn {
+        HttpConn { port, stream: None, out: Vec::with_capacity(1024), inbuf: Vec::with_capacity(4096) }
+    }
+
+    /// Sends `method path` with an optional JSON body and reads the whole answer.
+    pub async fn call(&mut self, method: &str, path: &str, json: Option<&[u8]>) -> Result<Answer, String> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.exchange(method, path, json)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => {
+                // The connection's state is unknown after an error: start the next call afresh.
+                self.stream = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.stream = None;
+                Err(format!("{method} {path}: no answer within {CALL_TIMEOUT:?}"))
+            }
+        }
+    }
+
+    async fn exchange(&mut self, method: &str, path: &str, json: Option<&[u8]>) -> Result<Answer, String> {
+        self.out.clear();
+        self.out.extend_from_slice(method.as_bytes());
+        self.out.push(b' ');
+        self.out.extend_from_slice(path.as_bytes());
+        self.out.extend_from_slice(b" HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+        match json {
+            Some(body) => {
+                self.out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+                self.out.extend_from_slice(body.len().to_string().as_bytes());
+                self.out.extend_from_slice(b"\r\n\r\n");
+                self.out.extend_from_slice(body);
+            }
+            None => self.out.extend_from_slice(b"Content-Length: 0\r\n\r\n"),
+        }
+        if self.stream.is_none() {
+            let s = TcpStream::connect(("127.0.0.1", self.port)).await.map_err(|e| format!("connect: {e}"))?;
+            s.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
+            self.stream = Some(s);
+            self.inbuf.clear();
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err("no connection".to_string());
+        };
+        stream.write_all(&self.out).await.map_err(|e| format!("send: {e}"))?;
+        let (status, close, framing, head_len) = read_head(stream, &mut self.inbuf).await?;
+        self.inbuf.drain(..head_len);
+        let body = match framing {
+            Framing::Length(n) => {
+                fill(stream, &mut self.inbuf, n).await?;
+                self.inbuf.drain(..n).collect()
+            }
+            Framing::Chunked => read_chunked(stream, &mut self.inbuf).await?,
+        };
+        if close {
+            self.stream = None;
+        }
+        Ok(Answer { status, body })
+    }
+}
+
+enum Framing {
+    Length(usize),
+    Chunked,
+}
+
+/// Reads until a whole answer head is buffered; returns its status, whether the server closes the
+/// connection after it, how its body is framed, and the head's length.
+async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u16, bool, Framing, usize), String> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end]).map_err(|_| "answer head is not UTF-8".to_string())?;
+            let mut lines = head.split("\r\n");
+            let status_line = lines.next().unwrap_or_default();
+            let status = status_line
+                .strip_prefix("HTTP/1.1 ")
+                .and_then(|r| r.get(..3))
+                .and_then(|c| c.parse::<u16>().ok())
+                .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+            let (mut close, mut framing) = (false, None);
+            for line in lines {
+                let Some((name, value)) = line.split_once(':') else { continue };
+                let value = value.trim();
+                if name.eq_ignore_ascii_case("content-length") {
+                    framing = Some(Framing::Length(value.parse().map_err(|_| format!("bad length {value:?}"))?));
+                } else if name.eq_ignore_ascii_case("transfer-encoding") && value.eq_ignore_ascii_case("chunked") {
+                    framing = Some(Framing::Chunked);
+                } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close") {
+                    close = true;
+                }
+            }
+            // Without either header an HTTP/1.1 answer runs to the close; delayd never sends one.
+            let framing = framing.ok_or_else(|| format!("answer {status} has no length"))?;
+            return Ok((status, close, framing, end + 4));
+        }
+        if buf.len() > MAX_HEAD {
+            return Err("answer head too long".to_string());
+        }
+        read_more(s, buf).await?;
+    }
+}
+
+/// Reads until `buf` holds at least `n` bytes.
+async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> Result<(), String> {
+    while buf.len() < n {
+        read_more(s, buf).await?;
+    }
+    Ok(())
+}
+
+async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+    buf.reserve(4096);
+    match s.read_buf(buf).await {
+        Ok(0) => Err("the server closed the connection".to_string()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("receive: {e}")),
+    }
+}
+
+/// Reads a chunked body (no trailers are expected, but they are skipped).
+async fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = loop {
+            if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                break i;
+            }
+            read_more(s, buf).await?;
+        };
+        let line = std::str::from_utf8(&buf[..line_end]).map_err(|_| "bad chunk size".to_string())?;
+        let hex = line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(hex, 16).map_err(|_| format!("bad chunk size {hex:?}"))?;
+        buf.drain(..line_end + 2);
+        if size == 0 {
+            // Trailers, then the empty line.
+            loop {
+                fill(s, buf, 2).await?;
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    buf.drain(..i + 2);
+                    if i == 0 {
+                        return Ok(body);
+                    }
+                } else {
+                    read_more(s, buf).await?;
+                }
+            }
+        }
+        fill(s, buf, size + 2).await?;
+        body.extend_from_slice(&buf[..size]);
+        buf.drain(..size + 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A server that answers each request read with the next canned answer, then closes.
+    async fn canned(answers: Vec<&'static [u8]>) -> (u16, tokio::task::JoinHandle<Vec<Vec<u8>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut seen = Vec::new();
+            for a in answers {
+                let mut req = vec![0u8; 4096];
+                let n = s.read(&mut req).await.expect("read");
+                seen.push(req[..n].to_vec());
+                s.write_all(a).await.expect("write");
+            }
+            seen
+        });
+        (port, task)
+    }
+
+    #[tokio::test]
+    async fn reads_length_and_chunked_answers_on_one_connection() {
+        let (port, server) = canned(vec![
+            b"HTTP/1.1 201 Created\r\ncontent-length: 7\r\n\r\n{\"a\":1}",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno",
+        ])
+        .await;
+        let mut c = HttpConn::new(port);
+        let a = c.call("POST", "/v1/x", Some(b"{\"b\":2}")).await.expect("first");
+        assert_eq!((a.status, a.body.as_slice()), (201, &b"{\"a\":1}"[..]));
+        let a = c.call("GET", "/v1/y", None).await.expect("second");
+        assert_eq!((a.status, a.body.as_slice()), (200, &b"abcde"[..]));
+        let a = c.call("GET", "/v1/z", None).await.expect("third");
+        assert_eq!((a.status, a.body.as_slice()), (404, &b"no"[..]));
+        assert!(c.stream.is_none(), "Connection: close drops the connection");
+        let seen = server.await.expect("server");
+        assert_eq!(
+            seen[0],
+            b"POST /v1/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"b\":2}"
+        );
+        assert_eq!(seen[1], b"GET /v1/y HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_is_an_error_and_the_next_call_reconnects() {
+        let (port, server) = canned(vec![b"HTTP/1.1 200 OK\r\nContent-Le"]).await;
+        let mut c = HttpConn::new(port);
+        let e = c.call("GET", "/", None).await.expect_err("cut answer");
+        assert!(e.contains("closed"), "{e}");
+        server.await.expect("server");
+        assert!(c.stream.is_none());
+    }
+}
