@@ -34,7 +34,7 @@ use tower::ServiceExt;
 
 pub use body::BodyTimedOut;
 use body::{AnswerBody, RequestBody};
-use io::{ConnIo, Phase};
+use io::{ConnIo, Phase, PhaseCell};
 
 use crate::config::Config;
 
@@ -144,8 +144,7 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
 ) {
-    let (phase_tx, mut phase_rx) = watch::channel(Phase::accepted());
-    let phase = Arc::new(phase_tx);
+    let phase = Arc::new(PhaseCell::new(Phase::accepted()));
     let service = ConnService { router, phase: phase.clone(), body_timeout: cfg.body_timeout };
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The head and idle deadlines are kept by `Phase` below: hyper's header timer would also
@@ -153,15 +152,13 @@ async fn connection(
     builder.header_read_timeout(None);
     let conn = builder.serve_connection(TokioIo::new(ConnIo::new(stream, phase.clone())), service);
     let mut conn = pin!(conn);
+    let (header, idle) = (cfg.header_timeout, cfg.idle_timeout);
+    // One timer for the connection's life, reset only when it fires: phase changes do not wake
+    // this task (see `PhaseCell`).
+    let check = tokio::time::sleep_until(phase.get().next_check(Instant::now(), header, idle));
+    let mut check = pin!(check);
     let mut stopping = false;
     loop {
-        let deadline = phase_rx.borrow_and_update().deadline(cfg.header_timeout, cfg.idle_timeout);
-        let expired = async move {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             done = conn.as_mut() => {
                 if let Err(e) = done {
@@ -169,12 +166,15 @@ async fn connection(
                 }
                 return;
             }
-            _ = phase_rx.changed() => {}
-            () = expired => {
-                // Nothing is being served (no deadline runs then), so dropping the connection
-                // loses no answer.
-                tracing::debug!(%peer, phase = ?*phase_rx.borrow(), "closing a connection past its deadline");
-                return;
+            () = check.as_mut() => {
+                let (now, current) = (Instant::now(), phase.get());
+                if current.deadline(header, idle).is_some_and(|at| at <= now) {
+                    // Nothing is being served (no deadline runs then), so dropping the connection
+                    // loses no answer.
+                    tracing::debug!(%peer, phase = ?current, "closing a connection past its deadline");
+                    return;
+                }
+                check.as_mut().reset(current.next_check(now, header, idle));
             }
             _ = stop.wait_for(|s| *s), if !stopping => {
                 stopping = true;
@@ -189,7 +189,7 @@ async fn connection(
 #[derive(Clone)]
 struct ConnService {
     router: Router,
-    phase: Arc<watch::Sender<Phase>>,
+    phase: Arc<PhaseCell>,
     body_timeout: Duration,
 }
 
@@ -199,7 +199,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<AnswerBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        self.phase.send_replace(Phase::Serving { answered: None, body_done: false });
+        self.phase.set(Phase::Serving { answered: None, body_done: false });
         let deadline = Instant::now() + self.body_timeout;
         let expects_continue = req
             .headers()
@@ -218,7 +218,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             if !leftover.settle(expects_continue, deadline).await {
                 resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            phase.send_modify(Phase::on_answer);
+            phase.apply(Phase::on_answer);
             Ok(resp.map(|b| AnswerBody::new(b, phase)))
         })
     }

@@ -12,10 +12,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use super::io::Phase;
+use super::io::{Phase, PhaseCell};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -160,12 +159,12 @@ impl Drop for RequestBody {
 /// An answer body that tells the connection's [`Phase`] when hyper has let go of it.
 pub(crate) struct AnswerBody {
     inner: axum::body::Body,
-    phase: Arc<watch::Sender<Phase>>,
+    phase: Arc<PhaseCell>,
 }
 
 impl AnswerBody {
     /// Wraps the router's answer body.
-    pub(crate) fn new(inner: axum::body::Body, phase: Arc<watch::Sender<Phase>>) -> AnswerBody {
+    pub(crate) fn new(inner: axum::body::Body, phase: Arc<PhaseCell>) -> AnswerBody {
         AnswerBody { inner, phase }
     }
 }
@@ -192,6 +191,6 @@ impl Body for AnswerBody {
 
 impl Drop for AnswerBody {
     fn drop(&mut self) {
-        self.phase.send_if_modified(Phase::on_body_done);
+        self.phase.apply(Phase::on_body_done);
     }
 }

@@ -8,9 +8,9 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use std::sync::{Mutex, PoisonError};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::http::error::ApiError;
@@ -42,6 +42,15 @@ impl Phase {
             Phase::Waiting { since, kept_alive: true } => Some(since + idle),
             Phase::Serving { answered, .. } => answered.map(|at| at + idle),
         }
+    }
+
+    /// When the connection's watcher should look at the phase next: its deadline, but no later
+    /// than `now` plus the shorter timeout. A phase that begins later has a deadline at least that
+    /// far from its start, so looking this often misses no deadline, while a phase change itself
+    /// never has to wake the watcher (see [`PhaseCell`]).
+    pub(crate) fn next_check(&self, now: Instant, header: Duration, idle: Duration) -> Instant {
+        let soonest = now + header.min(idle);
+        self.deadline(header, idle).map_or(soonest, |d| d.min(soonest))
     }
 
     fn is_serving(&self) -> bool {
@@ -90,18 +99,48 @@ impl Phase {
     }
 }
 
+/// A connection's [`Phase`], shared by its socket, its service and its watcher.
+///
+/// A change costs one uncontended lock and wakes nobody: a request moves through five phases, and
+/// waking the watcher at each (a task poll and a new timer every time) cost more than the rest of
+/// the connection's bookkeeping. The watcher reads the phase when its timer fires instead, and
+/// [`Phase::next_check`] keeps that timer early enough to close on time.
+pub(crate) struct PhaseCell(Mutex<Phase>);
+
+impl PhaseCell {
+    /// A cell holding `phase`.
+    pub(crate) fn new(phase: Phase) -> PhaseCell {
+        PhaseCell(Mutex::new(phase))
+    }
+
+    /// The phase now.
+    pub(crate) fn get(&self) -> Phase {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces the phase.
+    pub(crate) fn set(&self, phase: Phase) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = phase;
+    }
+
+    /// Applies one of `Phase`'s transitions.
+    pub(crate) fn apply<R>(&self, transition: impl FnOnce(&mut Phase) -> R) -> R {
+        transition(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
 /// A TCP stream that reports read and flush progress to the connection's [`Phase`] and replaces
 /// the bodiless error answers hyper writes for requests it cannot parse.
 pub(crate) struct ConnIo {
     stream: TcpStream,
-    phase: Arc<watch::Sender<Phase>>,
+    phase: Arc<PhaseCell>,
     /// The JSON answer written instead of hyper's own, and how much of it is out.
     replacement: Option<(Vec<u8>, usize)>,
 }
 
 impl ConnIo {
     /// Wraps an accepted stream.
-    pub(crate) fn new(stream: TcpStream, phase: Arc<watch::Sender<Phase>>) -> ConnIo {
+    pub(crate) fn new(stream: TcpStream, phase: Arc<PhaseCell>) -> ConnIo {
         ConnIo { stream, phase, replacement: None }
     }
 
@@ -126,7 +165,7 @@ impl AsyncRead for ConnIo {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.phase.send_if_modified(Phase::on_bytes);
+            this.phase.apply(Phase::on_bytes);
         }
         polled
     }
@@ -137,7 +176,7 @@ impl AsyncWrite for ConnIo {
         let this = self.get_mut();
         // hyper writes outside of serving a request only to refuse one it could not parse, and
         // closes the connection after that answer: what it writes then is replaced whole.
-        if this.replacement.is_none() && !this.phase.borrow().is_serving() {
+        if this.replacement.is_none() && !this.phase.get().is_serving() {
             if let Some(answer) = parser_error_answer(buf) {
                 this.replacement = Some((answer, 0));
             }
@@ -154,7 +193,7 @@ impl AsyncWrite for ConnIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.replacement.is_some() || !self.phase.borrow().is_serving() {
+        if self.replacement.is_some() || !self.phase.get().is_serving() {
             // One slice at a time, so the check above sees where an answer starts.
             let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &**b);
             return self.poll_write(cx, first);
@@ -170,7 +209,7 @@ impl AsyncWrite for ConnIo {
         let this = self.get_mut();
         ready!(this.poll_replacement(cx))?;
         ready!(Pin::new(&mut this.stream).poll_flush(cx))?;
-        this.phase.send_if_modified(Phase::on_flushed);
+        this.phase.apply(Phase::on_flushed);
         Poll::Ready(Ok(()))
     }
 
@@ -259,5 +298,34 @@ mod tests {
         assert!(p.on_flushed());
         let Phase::Waiting { since, kept_alive: true } = p else { panic!("{p:?}") };
         assert_eq!(p.deadline(h, i), Some(since + i), "a kept-alive connection gets the idle timeout");
+    }
+
+    #[test]
+    fn the_watcher_looks_before_any_deadline_a_later_phase_can_have() {
+        let (h, i) = (Duration::from_secs(10), Duration::from_secs(60));
+        let now = Instant::now();
+        // Kept alive: its own deadline is 60 s away, but a head may start at once and is due in 10.
+        let idle = Phase::Waiting { since: now, kept_alive: true };
+        assert_eq!(idle.next_check(now, h, i), now + h);
+        // A head that started 4 s ago is due in 6, sooner than any later phase could be.
+        let head = Phase::Head { since: now - Duration::from_secs(4) };
+        assert_eq!(head.next_check(now, h, i), now + Duration::from_secs(6));
+        // Serving has no deadline of its own; the answer's starts the idle timeout later.
+        let serving = Phase::Serving { answered: None, body_done: false };
+        assert_eq!(serving.next_check(now, h, i), now + h);
+        // With the idle timeout the shorter one, that is the bound.
+        assert_eq!(serving.next_check(now, i, h), now + h);
+        // Whatever phase follows a check, its deadline is no sooner than the next check.
+        for p in [idle, head, serving] {
+            let check = p.next_check(now, h, i);
+            for later in [
+                Phase::Waiting { since: now, kept_alive: false },
+                Phase::Waiting { since: now, kept_alive: true },
+                Phase::Head { since: now },
+                Phase::Serving { answered: Some(now), body_done: true },
+            ] {
+                assert!(later.deadline(h, i).is_some_and(|d| d >= check), "{p:?} then {later:?}");
+            }
+        }
     }
 }
