@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use super::format::{Home, State};
-use super::mmap::{sync_dir, MappedFile};
+use super::mmap::{sync_dir, MappedFile, WriteHeat};
 use crate::error::{Error, Result};
 
 /// Magic at the start of an index file ("DLYI").
@@ -108,6 +108,8 @@ pub struct SlotRef {
 /// One mapped table file.
 struct Table {
     file: MappedFile,
+    /// How each slot write is made (pwrite or a store), by how often its page was written.
+    heat: WriteHeat,
     slots: u64,
     /// Occupied slots, removed ones included: what probes walk over.
     filled: u64,
@@ -137,11 +139,11 @@ impl Table {
             return Err(bad("index slot count does not match the file size"));
         }
         // `filled` is set by `count`, once any interrupted migration is merged.
-        Ok(Table { file, slots, filled: 0 })
+        Ok(Table { file, heat: WriteHeat::default(), slots, filled: 0 })
     }
 
     fn fresh(file: MappedFile, slots: u64) -> Table {
-        Table { file, slots, filled: 0 }
+        Table { file, heat: WriteHeat::default(), slots, filled: 0 }
     }
 
     fn raw(&self, i: u64) -> &[u8] {
@@ -150,12 +152,12 @@ impl Table {
     }
 
     fn write(&mut self, i: u64, b: &[u8; SLOT_BYTES]) {
-        self.file.write_through(HEADER_BYTES + i as usize * SLOT_BYTES, b);
+        self.file.write_scattered(&mut self.heat, HEADER_BYTES + i as usize * SLOT_BYTES, b);
     }
 
     fn mark_removed(&mut self, i: u64) {
         let flags = self.raw(i)[31] | FLAG_REMOVED;
-        self.file.write_through(HEADER_BYTES + i as usize * SLOT_BYTES + 31, &[flags]);
+        self.file.write_scattered(&mut self.heat, HEADER_BYTES + i as usize * SLOT_BYTES + 31, &[flags]);
     }
 
     /// Counts occupied slots into `filled` and returns the live ones, in one pass.
@@ -424,19 +426,26 @@ impl IdIndex {
     }
 
     /// Pushes a handle on every index file in use, for a background fdatasync at a checkpoint.
-    pub fn take_handles(&self, out: &mut Vec<super::mmap::SyncFile>) -> Result<()> {
+    pub fn take_handles(&mut self, out: &mut Vec<super::mmap::SyncFile>) -> Result<()> {
         out.push(self.cur.file.handle()?);
         if let Some(m) = &self.from {
             out.push(m.table.file.handle()?);
+        }
+        // The sync about to run write-protects the pages it cleans.
+        self.cur.heat.cool();
+        if let Some(m) = &mut self.from {
+            m.table.heat.cool();
         }
         Ok(())
     }
 
     /// Makes the tables durable.
-    pub fn flush(&self) -> Result<()> {
+    pub fn flush(&mut self) -> Result<()> {
         self.cur.file.flush()?;
-        if let Some(m) = &self.from {
+        self.cur.heat.cool();
+        if let Some(m) = &mut self.from {
             m.table.file.flush()?;
+            m.table.heat.cool();
         }
         Ok(())
     }
@@ -609,6 +618,8 @@ impl IdIndex {
             }
         };
         let (next, path) = (self.next_path.clone(), self.path.clone());
+        // The retire thread's sync write-protects the new table's pages.
+        self.cur.heat.cool();
         let old = m.table;
         let spawned = std::thread::Builder::new().name("index-retire".into()).spawn(move || {
             // The new file must be durable before the rename drops the old one, or a power loss
