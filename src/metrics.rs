@@ -170,7 +170,7 @@ impl Default for Metrics {
             ),
             engine_step_cpu_us: Histogram::new(
                 "delayd_engine_step_cpu_seconds",
-                "Time the engine thread spent on a CPU in each engine step.",
+                "Time the engine thread spent on a CPU in each of its steps (requests applied inline are not counted).",
                 &STEP_BUCKETS_US,
                 US_PER_SECOND,
             ),
