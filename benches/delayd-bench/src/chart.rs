@@ -350,7 +350,14 @@ mod tests {
                 *s,
                 Ok(Case::ALL
                     .iter()
-                    .map(|m| Throughput { case: *m, ok: 1000 * (i + 1), failed: 0, secs: 1.0, error: None })
+                    .map(|m| Throughput {
+                        case: *m,
+                        ok: 1000 * (i + 1),
+                        failed: 0,
+                        secs: 1.0,
+                        error: None,
+                        server_cpu_secs: None,
+                    })
                     .collect()),
             ));
             let lateness: Vec<i64> = (-5..200).map(|x| x * (i as i64 + 1)).collect();

@@ -1,13 +1,14 @@
-//! A lean HTTP/1.1 client for the delayd side of the benchmark: one kept-alive connection per
-//! client, one `write` per request, the answer read straight off the socket.
+//! A lean HTTP/1.1 client for the delayd side of the benchmark: kept-alive connections (one per
+//! call in flight), one `write` per request, the answer read straight off the socket.
 //!
 //! Why not reqwest: the benchmark measures servers, and its clients share one CPU. redis-rs sends a
 //! command as a few bytes on an open connection; reqwest spends several times that per call
-//! (a pool check-out, URL parsing, a header map, a body stream), so the delayd cases measured the
+//! (URL parsing, a header map, a body stream, a timer), so the delayd cases measured the
 //! client as much as the server. This client does for HTTP what redis-rs does for RESP, and no
 //! less: it checks the status line, reads `Content-Length` or chunked bodies, honours
 //! `Connection: close`, and times out like the Redis connections do.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,83 +36,98 @@ impl Answer {
     }
 }
 
-/// One client's connection to a server on loopback; it reconnects when the server closed it.
+/// A client of a server on loopback: kept-alive connections, one per call in flight. Clones share
+/// the idle connections, so a consumer that acks its deliveries concurrently from clones reuses
+/// as many connections as it has calls in flight (what reqwest's pool did), not one per call.
+#[derive(Clone)]
 pub struct HttpConn {
     port: u16,
-    stream: Option<TcpStream>,
-    /// Request bytes, reused across calls.
-    out: Vec<u8>,
-    /// Bytes read off the socket and not yet consumed.
-    inbuf: Vec<u8>,
+    idle: Arc<Mutex<Vec<Conn>>>,
 }
 
-impl Clone for HttpConn {
-    /// A clone opens its own connection on first use: a connection serves one call at a time.
-    fn clone(&self) -> HttpConn {
-        HttpConn::new(self.port)
-    }
+/// One open connection and what was read off it but not yet used.
+struct Conn {
+    stream: TcpStream,
+    inbuf: Vec<u8>,
 }
 
 impl HttpConn {
     /// A client for `127.0.0.1:port`; it connects on its first call.
     pub fn new(port: u16) -> HttpConn {
-        HttpConn { port, stream: None, out: Vec::with_capacity(1024), inbuf: Vec::with_capacity(4096) }
+        HttpConn { port, idle: Arc::default() }
     }
 
     /// Sends `method path` with an optional JSON body and reads the whole answer.
     pub async fn call(&mut self, method: &str, path: &str, json: Option<&[u8]>) -> Result<Answer, String> {
-        match tokio::time::timeout(CALL_TIMEOUT, self.exchange(method, path, json)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => {
-                // The connection's state is unknown after an error: start the next call afresh.
-                self.stream = None;
-                Err(e)
+        let request = encode(method, path, json);
+        let kept = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut conn = match kept {
+            Some(c) => c,
+            None => {
+                let connect = TcpStream::connect(("127.0.0.1", self.port));
+                let stream = match tokio::time::timeout(CALL_TIMEOUT, connect).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => return Err(format!("connect: {e}")),
+                    Err(_) => return Err(format!("connect: no answer within {CALL_TIMEOUT:?}")),
+                };
+                stream.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
+                Conn { stream, inbuf: Vec::with_capacity(4096) }
             }
-            Err(_) => {
-                self.stream = None;
-                Err(format!("{method} {path}: no answer within {CALL_TIMEOUT:?}"))
+        };
+        // On an error or a timeout the connection is dropped: its state is unknown.
+        match tokio::time::timeout(CALL_TIMEOUT, conn.exchange(&request)).await {
+            Ok(Ok((answer, close))) => {
+                if !close {
+                    self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+                }
+                Ok(answer)
             }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("{method} {path}: no answer within {CALL_TIMEOUT:?}")),
         }
     }
 
-    async fn exchange(&mut self, method: &str, path: &str, json: Option<&[u8]>) -> Result<Answer, String> {
-        self.out.clear();
-        self.out.extend_from_slice(method.as_bytes());
-        self.out.push(b' ');
-        self.out.extend_from_slice(path.as_bytes());
-        self.out.extend_from_slice(b" HTTP/1.1\r\nHost: 127.0.0.1\r\n");
-        match json {
-            Some(body) => {
-                self.out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
-                self.out.extend_from_slice(body.len().to_string().as_bytes());
-                self.out.extend_from_slice(b"\r\n\r\n");
-                self.out.extend_from_slice(body);
-            }
-            None => self.out.extend_from_slice(b"Content-Length: 0\r\n\r\n"),
+    /// Idle connections kept for the next calls (tests).
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// A request's bytes: head and body, sent with one write.
+fn encode(method: &str, path: &str, json: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128 + path.len() + json.map_or(0, <[u8]>::len));
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    match json {
+        Some(body) => {
+            out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+            out.extend_from_slice(body.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n\r\n");
+            out.extend_from_slice(body);
         }
-        if self.stream.is_none() {
-            let s = TcpStream::connect(("127.0.0.1", self.port)).await.map_err(|e| format!("connect: {e}"))?;
-            s.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
-            self.stream = Some(s);
-            self.inbuf.clear();
-        }
-        let Some(stream) = self.stream.as_mut() else {
-            return Err("no connection".to_string());
-        };
-        stream.write_all(&self.out).await.map_err(|e| format!("send: {e}"))?;
-        let (status, close, framing, head_len) = read_head(stream, &mut self.inbuf).await?;
-        self.inbuf.drain(..head_len);
+        None => out.extend_from_slice(b"Content-Length: 0\r\n\r\n"),
+    }
+    out
+}
+
+impl Conn {
+    /// Sends one request and reads its answer; true with it when the server closes afterwards.
+    async fn exchange(&mut self, request: &[u8]) -> Result<(Answer, bool), String> {
+        let (stream, inbuf) = (&mut self.stream, &mut self.inbuf);
+        stream.write_all(request).await.map_err(|e| format!("send: {e}"))?;
+        let (status, close, framing, head_len) = read_head(stream, inbuf).await?;
+        inbuf.drain(..head_len);
         let body = match framing {
             Framing::Length(n) => {
-                fill(stream, &mut self.inbuf, n).await?;
-                self.inbuf.drain(..n).collect()
+                fill(stream, inbuf, n).await?;
+                inbuf.drain(..n).collect()
             }
-            Framing::Chunked => read_chunked(stream, &mut self.inbuf).await?,
+            Framing::Chunked => read_chunked(stream, inbuf).await?,
         };
-        if close {
-            self.stream = None;
-        }
-        Ok(Answer { status, body })
+        Ok((Answer { status, body }, close))
     }
 }
 
@@ -125,7 +141,8 @@ enum Framing {
 async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u16, bool, Framing, usize), String> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = std::str::from_utf8(&buf[..end]).map_err(|_| "answer head is not UTF-8".to_string())?;
+            let head =
+                std::str::from_utf8(&buf[..end]).map_err(|_| "answer head is not UTF-8".to_string())?;
             let mut lines = head.split("\r\n");
             let status_line = lines.next().unwrap_or_default();
             let status = status_line
@@ -138,8 +155,11 @@ async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u16, bool, F
                 let Some((name, value)) = line.split_once(':') else { continue };
                 let value = value.trim();
                 if name.eq_ignore_ascii_case("content-length") {
-                    framing = Some(Framing::Length(value.parse().map_err(|_| format!("bad length {value:?}"))?));
-                } else if name.eq_ignore_ascii_case("transfer-encoding") && value.eq_ignore_ascii_case("chunked") {
+                    framing =
+                        Some(Framing::Length(value.parse().map_err(|_| format!("bad length {value:?}"))?));
+                } else if name.eq_ignore_ascii_case("transfer-encoding")
+                    && value.eq_ignore_ascii_case("chunked")
+                {
                     framing = Some(Framing::Chunked);
                 } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close") {
                     close = true;
@@ -241,11 +261,14 @@ mod tests {
         let mut c = HttpConn::new(port);
         let a = c.call("POST", "/v1/x", Some(b"{\"b\":2}")).await.expect("first");
         assert_eq!((a.status, a.body.as_slice()), (201, &b"{\"a\":1}"[..]));
+        assert_eq!(c.idle_count(), 1, "kept for the next call");
+        // A clone takes the same idle connection: the canned server accepts only one.
+        let mut c = c.clone();
         let a = c.call("GET", "/v1/y", None).await.expect("second");
         assert_eq!((a.status, a.body.as_slice()), (200, &b"abcde"[..]));
         let a = c.call("GET", "/v1/z", None).await.expect("third");
         assert_eq!((a.status, a.body.as_slice()), (404, &b"no"[..]));
-        assert!(c.stream.is_none(), "Connection: close drops the connection");
+        assert_eq!(c.idle_count(), 0, "Connection: close drops the connection");
         let seen = server.await.expect("server");
         assert_eq!(
             seen[0],
@@ -255,12 +278,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_closed_connection_is_an_error_and_the_next_call_reconnects() {
+    async fn a_cut_answer_is_an_error_and_drops_the_connection() {
         let (port, server) = canned(vec![b"HTTP/1.1 200 OK\r\nContent-Le"]).await;
         let mut c = HttpConn::new(port);
         let e = c.call("GET", "/", None).await.expect_err("cut answer");
         assert!(e.contains("closed"), "{e}");
         server.await.expect("server");
-        assert!(c.stream.is_none());
+        assert_eq!(c.idle_count(), 0);
     }
 }

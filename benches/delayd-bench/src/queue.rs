@@ -208,7 +208,8 @@ impl DelaydQ {
     async fn produce(&mut self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
         // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
         let bodies: Vec<String> = jobs.iter().map(|j| body_for(j.seq, 0, self.body_bytes)).collect();
-        let msgs = jobs.iter().zip(&bodies).map(|(j, body)| MsgOut { body, delay_ms: j.delay_ms, ttr_ms: j.ttr_ms });
+        let msgs =
+            jobs.iter().zip(&bodies).map(|(j, body)| MsgOut { body, delay_ms: j.delay_ms, ttr_ms: j.ttr_ms });
         if jobs.len() == 1 {
             let json = to_json(&msgs.into_iter().next().ok_or("no job")?)?;
             let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages"), Some(&json)).await?;
@@ -230,7 +231,13 @@ impl DelaydQ {
         Ok(r.results.iter().map(|v| v.deliver_at_ms.is_some()).collect())
     }
 
-    async fn pop(&mut self, topic: &str, max: usize, wait_ms: u64, ttr_ms: u64) -> Result<Vec<Delivery>, String> {
+    async fn pop(
+        &mut self,
+        topic: &str,
+        max: usize,
+        wait_ms: u64,
+        ttr_ms: u64,
+    ) -> Result<Vec<Delivery>, String> {
         let path = format!("/v1/topics/{topic}/pop?max={max}&wait_ms={wait_ms}&ttr_ms={ttr_ms}");
         let a = self.http.call("POST", &path, None).await?;
         let at_ms = now_ms();

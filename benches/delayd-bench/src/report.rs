@@ -137,6 +137,34 @@ pub fn median_rate(r: &Results, sys: System, case: Case) -> Option<f64> {
     spread(v.iter().filter(|t| t.case == case).map(Throughput::rate).collect()).map(|s| s.0)
 }
 
+/// Server CPU per message of `sys` in `case`, µs, median over the repeats.
+pub fn median_cpu_us(r: &Results, sys: System, case: Case) -> Option<f64> {
+    let (_, o) = r.throughput.iter().find(|(s, _)| *s == sys)?;
+    let v = o.as_ref().ok()?;
+    spread(v.iter().filter(|t| t.case == case).filter_map(Throughput::cpu_us_per_msg).collect()).map(|s| s.0)
+}
+
+/// The server's CPU time per message in every throughput case: a column per case.
+fn cpu_table(s: &mut String, r: &Results, p: &Params, cases: &[Case]) {
+    let _ = write!(s, "| system |");
+    for c in cases {
+        let _ = write!(s, " {} |", c.label(p));
+    }
+    let _ = writeln!(s, "\n|---|{}", "---|".repeat(cases.len()));
+    for (sys, o) in &r.throughput {
+        let Ok(v) = o else { continue };
+        let _ = write!(s, "| {} |", sys.name());
+        for c in cases {
+            let _ = write!(
+                s,
+                " {} |",
+                cell(v.iter().filter(|t| t.case == *c).filter_map(Throughput::cpu_us_per_msg).collect())
+            );
+        }
+        let _ = writeln!(s);
+    }
+}
+
 /// One throughput table: a column per case, the errors of those cases last.
 fn throughput_table(s: &mut String, r: &Results, p: &Params, cases: &[Case]) {
     let _ = write!(s, "| system |");
@@ -205,6 +233,16 @@ pub fn markdown(r: &Results, p: &Params) -> String {
         num(p.preload as f64)
     );
     throughput_table(&mut s, r, p, &Case::POP_ACK);
+    let _ = writeln!(s, "\n## Server CPU per message (µs)\n");
+    let _ = writeln!(
+        s,
+        "CPU time the server process used (user + system, all threads, from `/proc/PID/stat`) during each \
+         measured case, divided by the messages acknowledged in it; for pop + ack that covers a pop's share and \
+         the ack. The server runs on one CPU when pinned, so one CPU-second over this figure bounds its rate. \
+         The kernel's loopback work for a packet is charged to whichever side sends it.\n"
+    );
+    let all: Vec<Case> = Case::PRODUCE.iter().chain(Case::POP_ACK.iter()).copied().collect();
+    cpu_table(&mut s, r, p, &all);
 
     let _ = writeln!(s, "\n## End-to-end lateness (delivery − due, ms)\n");
     let _ = writeln!(
@@ -424,13 +462,19 @@ pub fn targets(r: &Results, rates: &[u64]) -> Vec<String> {
         for (case, goal) in goals {
             let what = format!("{} ≥ {goal:.1}× {}, {}", d.name(), l.name(), case_name(case));
             match (median_rate(r, d, case), median_rate(r, l, case)) {
-                (Some(a), Some(b)) => out.push(format!(
-                    "{}: {what}: {} vs {} msgs/s = {:.2}×",
-                    verdict(a >= goal * b),
-                    num(a),
-                    num(b),
-                    a / b.max(1e-9)
-                )),
+                (Some(a), Some(b)) => {
+                    let cpu = match (median_cpu_us(r, d, case), median_cpu_us(r, l, case)) {
+                        (Some(x), Some(y)) => format!(" (server CPU {} vs {} µs/msg)", num(x), num(y)),
+                        _ => String::new(),
+                    };
+                    out.push(format!(
+                        "{}: {what}: {} vs {} msgs/s = {:.2}×{cpu}",
+                        verdict(a >= goal * b),
+                        num(a),
+                        num(b),
+                        a / b.max(1e-9)
+                    ))
+                }
                 _ => out.push(format!("not measured: {what}")),
             }
         }

@@ -168,6 +168,8 @@ pub struct Throughput {
     pub secs: f64,
     /// First error seen, if any.
     pub error: Option<String>,
+    /// CPU time the server process used meanwhile (user + system, every thread), when readable.
+    pub server_cpu_secs: Option<f64>,
 }
 
 impl Throughput {
@@ -175,6 +177,26 @@ impl Throughput {
     pub fn rate(&self) -> f64 {
         self.ok as f64 / self.secs.max(1e-9)
     }
+
+    /// Server CPU time per acknowledged message, in µs: with the server pinned to one CPU, its
+    /// throughput can be no more than one message per this long.
+    pub fn cpu_us_per_msg(&self) -> Option<f64> {
+        Some(self.server_cpu_secs? * 1e6 / (self.ok as f64).max(1.0))
+    }
+}
+
+/// CPU time `pid` has used so far, user and system, summed over every thread it has had (exited
+/// ones included), from `/proc/PID/stat`.
+pub fn process_cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields are counted after its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // utime and stime are the 14th and 15th fields of the line, the 12th and 13th after the name.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // /proc counts in USER_HZ, which Linux fixes at 100 for this interface on every architecture.
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// One end-to-end run at one rate.
@@ -318,6 +340,7 @@ async fn produce(
     for _ in 0..clients {
         queues.push(run.queue(p)?);
     }
+    let cpu0 = run.server.pid().and_then(process_cpu_secs);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for (w, mut q) in queues.into_iter().enumerate() {
@@ -346,15 +369,16 @@ async fn produce(
             (ok, failed, err)
         }));
     }
-    collect(case, t0, tasks).await
+    collect(run, case, (t0, cpu0), tasks).await
 }
 
 async fn collect(
+    run: &Running,
     case: Case,
-    t0: Instant,
+    (t0, cpu0): (Instant, Option<f64>),
     tasks: Vec<tokio::task::JoinHandle<(usize, usize, Option<String>)>>,
 ) -> Result<Throughput, String> {
-    let mut r = Throughput { case, ok: 0, failed: 0, secs: 0.0, error: None };
+    let mut r = Throughput { case, ok: 0, failed: 0, secs: 0.0, error: None, server_cpu_secs: None };
     for t in tasks {
         let (ok, failed, err) = t.await.map_err(|e| e.to_string())?;
         r.ok += ok;
@@ -364,6 +388,8 @@ async fn collect(
         }
     }
     r.secs = t0.elapsed().as_secs_f64();
+    let cpu1 = run.server.pid().and_then(process_cpu_secs);
+    r.server_cpu_secs = cpu0.zip(cpu1).map(|(a, b)| b - a);
     if r.ok == 0 {
         return Err(r.error.unwrap_or_else(|| "nothing was acknowledged".to_string()));
     }
@@ -410,6 +436,7 @@ async fn pop_ack(
     }
     let acked_total = Arc::new(AtomicU64::new(0));
     let target = accepted as u64;
+    let cpu0 = run.server.pid().and_then(process_cpu_secs);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for mut q in queues {
@@ -442,7 +469,7 @@ async fn pop_ack(
             (ok, failed, err)
         }));
     }
-    collect(case, t0, tasks).await
+    collect(run, case, (t0, cpu0), tasks).await
 }
 
 /// Every delivery the consumers saw.
@@ -837,6 +864,22 @@ pub async fn crash(run: &mut Running, p: &Params) -> Result<Crash, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_cpu_time_is_read_and_grows_with_work() {
+        let me = std::process::id();
+        let before = process_cpu_secs(me).expect("own /proc stat");
+        let give_up = Instant::now() + Duration::from_secs(20);
+        let mut x = 0u64;
+        // Spin until the kernel has charged a few 10 ms ticks to this process.
+        while process_cpu_secs(me).expect("stat") < before + 0.05 {
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            assert!(Instant::now() < give_up, "CPU time did not grow");
+        }
+        assert!(process_cpu_secs(u32::MAX).is_none(), "no such process");
+    }
 
     #[test]
     fn rng_is_deterministic_and_in_range() {

@@ -93,6 +93,7 @@ fn quick_run_writes_every_table_and_a_png() {
 
     let produce = section(&md, "## Produce throughput");
     let pop_ack = section(&md, "## Pop + ack throughput");
+    let cpu_per_msg = section(&md, "## Server CPU per message");
     let e2e = section(&md, "## End-to-end lateness");
     let capacity = section(&md, "## Pending capacity");
     let crash = section(&md, "## Crash");
@@ -108,6 +109,15 @@ fn quick_run_writes_every_table_and_a_png() {
                 assert!(number(v) > 0.0, "{s}: rate {v:?} in {}", p[0]);
             }
         }
+
+        // The server's CPU per message in all eight cases. /proc counts in 10 ms ticks, which a
+        // quick case may not fill, so a cell may read 0; the row as a whole may not.
+        let cpu = rows_for(&cpu_per_msg, s);
+        assert_eq!(cpu.len(), 1, "{s} CPU row:\n{md}");
+        let c = cells(cpu[0]);
+        assert_eq!(c.len(), 9, "{s}: columns of {}", cpu[0]);
+        let total: f64 = c[1..].iter().map(|v| number(v)).sum();
+        assert!(total > 0.0, "{s}: no server CPU measured in {}", cpu[0]);
 
         let e = rows_for(&e2e, s);
         let rates: Vec<f64> = e.iter().map(|r| number(&cells(r)[1])).collect();
