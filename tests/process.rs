@@ -81,3 +81,19 @@ fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     assert!(log.contains("delayd started") && log.contains("stopped cleanly"), "{log}");
     assert!(!log.contains('\u{1b}'), "escape codes in a log written to a file:\n{log:?}");
 }
+
+#[test]
+fn requests_are_logged_only_when_log_level_asks_for_tower_http_debug() {
+    let quiet = Server::start(&[("DELAYD_LOG_LEVEL", "info")]);
+    let traced = Server::start(&[("DELAYD_LOG_LEVEL", "info,tower_http=debug")]);
+    for s in [&quiet, &traced] {
+        assert_eq!(s.get("/healthz").0, 200);
+    }
+    // tower-http's on_response line comes after the answer is sent: give it a moment.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while !traced.log().contains("finished processing request") && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(traced.log().contains("finished processing request"), "{}", traced.log());
+    assert!(!quiet.log().contains("finished processing request"), "{}", quiet.log());
+}

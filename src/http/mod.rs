@@ -172,7 +172,7 @@ pub fn router(state: AppState) -> Router {
     let (protected, protected_doc) =
         protected.route_layer(middleware::from_fn_with_state(state.clone(), require_token)).split_for_parts();
     let doc = openapi::Served::new(&openapi::document(open_doc, protected_doc));
-    open
+    let router = open
         // The dashboard is a page, not an API operation: it is left out of the document. It is
         // static and holds no data, so it needs no token: its calls to /v1 carry it.
         .route("/ui", axum::routing::get(ui::index))
@@ -182,8 +182,16 @@ pub fn router(state: AppState) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(Extension(doc))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(Extension(doc));
+    // A span and a line per request at debug level (`RUST_LOG=tower_http=debug`). Left out when
+    // nothing would print them, the filter being fixed at start: even disabled, the layer timed
+    // and classified every request and wrapped every answer body.
+    let router = if tracing::enabled!(target: "tower_http::trace::on_response", tracing::Level::DEBUG) {
+        router.layer(tower_http::trace::TraceLayer::new_for_http())
+    } else {
+        router
+    };
+    router
         // Outermost, so every answer is counted with its final status, 401s and 404s included.
         .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
