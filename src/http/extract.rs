@@ -110,6 +110,11 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Parses JSON into `T`, naming the offending field (as a path like `messages[3].delay_ms`) on error.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Nearly every request is valid: parse it plainly, and only a failure again with the path
+    // tracked for the error message (tracking it on every request cost ~2% of a produce's CPU).
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
     de.end().map_err(|e| ApiError::bad_json(format!("malformed JSON: {e}")))?;
@@ -119,6 +124,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// Deserializes one element of an already-checked JSON document into `T`, naming the offending
 /// field on error. The element is parsed straight from its text: no intermediate `Value` tree.
 pub fn from_raw<T: DeserializeOwned>(raw: &serde_json::value::RawValue) -> Result<T, ApiError> {
+    // As in `parse_json`: the path is tracked only to explain a failure.
+    if let Ok(value) = serde_json::from_str(raw.get()) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_str(raw.get());
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         // A line and column inside one element would not point anywhere useful in the request.
