@@ -217,6 +217,11 @@ impl Engine {
     }
 
     fn sync_schedulers(&mut self) {
+        // Level queues are only ever added, and a scheduler only made for one: equal counts mean
+        // every level has its scheduler. This runs at every engine step, inline ones included.
+        if self.schedulers.len() == self.store.levels.len() {
+            return;
+        }
         let levels: Vec<(u64, u64)> = self.store.levels.iter().map(|(ms, q)| (*ms, q.cursor)).collect();
         for (ms, cursor) in levels {
             if !self.schedulers.contains_key(&ms) {
