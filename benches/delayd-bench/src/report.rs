@@ -130,27 +130,35 @@ fn fail_cell(e: &str) -> String {
     format!("failed: {}", first.replace('|', "/").chars().take(120).collect::<String>())
 }
 
-/// Median rate of `sys` in `case` over the repeats.
-pub fn median_rate(r: &Results, sys: System, case: Case) -> Option<f64> {
+/// Median of `figure` for `sys` in `case` over the repeats that have it.
+fn median_of(r: &Results, sys: System, case: Case, figure: fn(&Throughput) -> Option<f64>) -> Option<f64> {
     let (_, o) = r.throughput.iter().find(|(s, _)| *s == sys)?;
     let v = o.as_ref().ok()?;
-    spread(v.iter().filter(|t| t.case == case).map(Throughput::rate).collect()).map(|s| s.0)
+    spread(v.iter().filter(|t| t.case == case).filter_map(figure).collect()).map(|s| s.0)
+}
+
+/// Median rate of `sys` in `case` over the repeats.
+pub fn median_rate(r: &Results, sys: System, case: Case) -> Option<f64> {
+    median_of(r, sys, case, |t| Some(t.rate()))
 }
 
 /// Server CPU per message of `sys` in `case`, µs, median over the repeats.
 pub fn median_cpu_us(r: &Results, sys: System, case: Case) -> Option<f64> {
-    let (_, o) = r.throughput.iter().find(|(s, _)| *s == sys)?;
-    let v = o.as_ref().ok()?;
-    spread(v.iter().filter(|t| t.case == case).filter_map(Throughput::cpu_us_per_msg).collect()).map(|s| s.0)
+    median_of(r, sys, case, Throughput::cpu_us_per_msg)
+}
+
+/// A table's head: the system column, one per case, then `last` columns named in `names`.
+fn case_columns(s: &mut String, p: &Params, cases: &[Case], last: &[&str]) {
+    let _ = write!(s, "| system |");
+    for c in cases.iter().map(|c| c.label(p)).chain(last.iter().map(|n| n.to_string())) {
+        let _ = write!(s, " {c} |");
+    }
+    let _ = writeln!(s, "\n|---|{}", "---|".repeat(cases.len() + last.len()));
 }
 
 /// The server's CPU time per message in every throughput case: a column per case.
 fn cpu_table(s: &mut String, r: &Results, p: &Params, cases: &[Case]) {
-    let _ = write!(s, "| system |");
-    for c in cases {
-        let _ = write!(s, " {} |", c.label(p));
-    }
-    let _ = writeln!(s, "\n|---|{}", "---|".repeat(cases.len()));
+    case_columns(s, p, cases, &[]);
     for (sys, o) in &r.throughput {
         let Ok(v) = o else { continue };
         let _ = write!(s, "| {} |", sys.name());
@@ -167,11 +175,7 @@ fn cpu_table(s: &mut String, r: &Results, p: &Params, cases: &[Case]) {
 
 /// One throughput table: a column per case, the errors of those cases last.
 fn throughput_table(s: &mut String, r: &Results, p: &Params, cases: &[Case]) {
-    let _ = write!(s, "| system |");
-    for c in cases {
-        let _ = write!(s, " {} |", c.label(p));
-    }
-    let _ = writeln!(s, " errors |\n|---|{}---|", "---|".repeat(cases.len()));
+    case_columns(s, p, cases, &["errors"]);
     for (sys, o) in &r.throughput {
         match o {
             Err(e) => {
