@@ -183,7 +183,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(Extension(doc));
-    // A span and a line per request at debug level (`RUST_LOG=tower_http=debug`). Left out when
+    // A span and a line per request at debug level (`log_level = "tower_http=debug"`). Left out when
     // nothing would print them, the filter being fixed at start: even disabled, the layer timed
     // and classified every request and wrapped every answer body.
     let router = if tracing::enabled!(target: "tower_http::trace::on_response", tracing::Level::DEBUG) {

@@ -49,7 +49,9 @@ impl Phase {
     /// far from its start, so looking this often misses no deadline, while a phase change itself
     /// never has to wake the watcher (see [`PhaseCell`]).
     pub(crate) fn next_check(&self, now: Instant, header: Duration, idle: Duration) -> Instant {
-        let soonest = now + header.min(idle);
+        // Configuration keeps both timeouts at 1 ms or more; the floor only keeps a zero from
+        // ever turning the watcher into a busy loop.
+        let soonest = now + header.min(idle).max(Duration::from_millis(1));
         self.deadline(header, idle).map_or(soonest, |d| d.min(soonest))
     }
 
@@ -315,6 +317,8 @@ mod tests {
         assert_eq!(serving.next_check(now, h, i), now + h);
         // With the idle timeout the shorter one, that is the bound.
         assert_eq!(serving.next_check(now, i, h), now + h);
+        // Never a zero wait, which would spin the watcher while a request is served.
+        assert_eq!(serving.next_check(now, Duration::ZERO, Duration::ZERO), now + Duration::from_millis(1));
         // Whatever phase follows a check, its deadline is no sooner than the next check.
         for p in [idle, head, serving] {
             let check = p.next_check(now, h, i);
