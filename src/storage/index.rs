@@ -432,22 +432,26 @@ impl IdIndex {
             out.push(m.table.file.handle()?);
         }
         // The sync about to run write-protects the pages it cleans.
-        self.cur.heat.cool();
-        if let Some(m) = &mut self.from {
-            m.table.heat.cool();
-        }
+        self.cool();
         Ok(())
     }
 
     /// Makes the tables durable.
     pub fn flush(&mut self) -> Result<()> {
         self.cur.file.flush()?;
+        if let Some(m) = &self.from {
+            m.table.file.flush()?;
+        }
+        self.cool();
+        Ok(())
+    }
+
+    /// Forgets which pages were written often: a sync of the tables is starting or done.
+    fn cool(&mut self) {
         self.cur.heat.cool();
         if let Some(m) = &mut self.from {
-            m.table.file.flush()?;
             m.table.heat.cool();
         }
-        Ok(())
     }
 
     /// Bytes of disk the index files in use occupy.

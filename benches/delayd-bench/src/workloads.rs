@@ -286,6 +286,12 @@ impl Running {
         tokio::task::spawn_blocking(move || server.finish()).await.map_err(|e| e.to_string())?
     }
 
+    /// The start of a measured run: now, and the server's CPU time so far.
+    fn start_clock(&self) -> (Instant, Option<f64>) {
+        let cpu = self.server.pid().and_then(process_cpu_secs);
+        (Instant::now(), cpu)
+    }
+
     /// A client for this server with `p`'s body size.
     pub fn queue(&self, p: &Params) -> Result<Queue, String> {
         Queue::connect(self.server.system, self.server.port, p.body_bytes)
@@ -340,8 +346,7 @@ async fn produce(
     for _ in 0..clients {
         queues.push(run.queue(p)?);
     }
-    let cpu0 = run.server.pid().and_then(process_cpu_secs);
-    let t0 = Instant::now();
+    let (t0, cpu0) = run.start_clock();
     let mut tasks = Vec::new();
     for (w, mut q) in queues.into_iter().enumerate() {
         let topic = topic.to_string();
@@ -436,8 +441,7 @@ async fn pop_ack(
     }
     let acked_total = Arc::new(AtomicU64::new(0));
     let target = accepted as u64;
-    let cpu0 = run.server.pid().and_then(process_cpu_secs);
-    let t0 = Instant::now();
+    let (t0, cpu0) = run.start_clock();
     let mut tasks = Vec::new();
     for mut q in queues {
         let (topic, acked_total) = (topic.to_string(), acked_total.clone());
