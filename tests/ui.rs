@@ -14,6 +14,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{Server, NEVER_HANG};
+use fantoccini::elements::Element;
+use fantoccini::error::CmdError;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -160,15 +162,32 @@ impl Browser {
     }
 
     fn click(&self, css: &str) {
-        self.rt
-            .block_on(async { self.c().find(Locator::Css(css)).await?.click().await })
-            .unwrap_or_else(|e| self.fail(&format!("click {css}: {e}")));
+        self.on_element("click", css, |e| async move { e.click().await });
     }
 
     fn type_into(&self, css: &str, text: &str) {
-        self.rt
-            .block_on(async { self.c().find(Locator::Css(css)).await?.send_keys(text).await })
-            .unwrap_or_else(|e| self.fail(&format!("type into {css}: {e}")));
+        self.on_element("type into", css, |e| async move { e.send_keys(text).await });
+    }
+
+    /// Finds `css` and does `act` on it. The page rebuilds its tables on every refresh, so an
+    /// element found just before one is gone by the time it is acted on ("stale"); a stale
+    /// element took no input, so it is found again and the act retried.
+    fn on_element<F, Fut>(&self, what: &str, css: &str, act: F)
+    where
+        F: Fn(Element) -> Fut,
+        Fut: std::future::Future<Output = Result<(), CmdError>>,
+    {
+        let deadline = Instant::now() + NEVER_HANG;
+        loop {
+            let done = self.rt.block_on(async { act(self.c().find(Locator::Css(css)).await?).await });
+            match done {
+                Ok(()) => return,
+                Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => self.fail(&format!("{what} {css}: {e}")),
+            }
+        }
     }
 
     /// Says yes to the `confirm()` the page just opened (waiting for it to open).
