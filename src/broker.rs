@@ -691,17 +691,13 @@ impl StepTimer {
     /// request were 2-3% of the server's CPU under load, and such a step is one request's work.
     fn start(on_cpu: bool) -> StepTimer {
         let started = Instant::now();
-        let read_cpu = on_cpu || tracing::enabled!(tracing::Level::DEBUG);
+        let slow_step_log = tracing::enabled!(tracing::Level::DEBUG);
         StepTimer {
             started,
-            cpu_ns: read_cpu.then(crate::storage::mmap::thread_cpu_ns),
+            cpu_ns: (on_cpu || slow_step_log).then(crate::storage::mmap::thread_cpu_ns),
             count_cpu: on_cpu,
             // Only the slow-step log reads them: no system call per step otherwise.
-            switches: if tracing::enabled!(tracing::Level::DEBUG) {
-                crate::storage::mmap::thread_switches()
-            } else {
-                [0; 4]
-            },
+            switches: if slow_step_log { crate::storage::mmap::thread_switches() } else { [0; 4] },
             marks: [("", started); 6],
             marked: 0,
         }

@@ -298,7 +298,7 @@ pub struct WriteHeat {
 /// Pages tracked apart by [`WriteHeat`] (4 KiB of counts).
 const HEAT_PAGES: usize = 4096;
 /// pwrites to a page since the last sync after which it takes stores.
-pub const HOT_WRITES: u8 = 4;
+const HOT_WRITES: u8 = 4;
 /// The page size the counts assume; a larger real page only merges counts.
 const HEAT_PAGE_BYTES: usize = 4096;
 
