@@ -193,31 +193,32 @@ async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
     }
 }
 
+/// Reads until `buf` holds a whole line; returns where its CRLF starts.
+async fn line_end(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, String> {
+    loop {
+        if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+            return Ok(i);
+        }
+        read_more(s, buf).await?;
+    }
+}
+
 /// Reads a chunked body (no trailers are expected, but they are skipped).
 async fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
     loop {
-        let line_end = loop {
-            if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
-                break i;
-            }
-            read_more(s, buf).await?;
-        };
-        let line = std::str::from_utf8(&buf[..line_end]).map_err(|_| "bad chunk size".to_string())?;
+        let end = line_end(s, buf).await?;
+        let line = std::str::from_utf8(&buf[..end]).map_err(|_| "bad chunk size".to_string())?;
         let hex = line.split(';').next().unwrap_or_default().trim();
         let size = usize::from_str_radix(hex, 16).map_err(|_| format!("bad chunk size {hex:?}"))?;
-        buf.drain(..line_end + 2);
+        buf.drain(..end + 2);
         if size == 0 {
-            // Trailers, then the empty line.
+            // Trailers, up to the empty line.
             loop {
-                fill(s, buf, 2).await?;
-                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
-                    buf.drain(..i + 2);
-                    if i == 0 {
-                        return Ok(body);
-                    }
-                } else {
-                    read_more(s, buf).await?;
+                let end = line_end(s, buf).await?;
+                buf.drain(..end + 2);
+                if end == 0 {
+                    return Ok(body);
                 }
             }
         }
@@ -254,7 +255,7 @@ mod tests {
     async fn reads_length_and_chunked_answers_on_one_connection() {
         let (port, server) = canned(vec![
             b"HTTP/1.1 201 Created\r\ncontent-length: 7\r\n\r\n{\"a\":1}",
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n",
             b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno",
         ])
         .await;

@@ -200,7 +200,11 @@ fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
     serde_json::to_vec(v).map_err(|e| e.to_string())
 }
 
+/// The body of a 2xx answer as `T`; any other answer is an error naming its status and body.
 fn from_json<'a, T: Deserialize<'a>>(a: &'a Answer) -> Result<T, String> {
+    if !(200..300).contains(&a.status) {
+        return Err(a.error());
+    }
     serde_json::from_slice(&a.body).map_err(|e| format!("answer {}: {e}", a.status))
 }
 
@@ -208,22 +212,16 @@ impl DelaydQ {
     async fn produce(&mut self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
         // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
         let bodies: Vec<String> = jobs.iter().map(|j| body_for(j.seq, 0, self.body_bytes)).collect();
-        let msgs =
+        let mut msgs =
             jobs.iter().zip(&bodies).map(|(j, body)| MsgOut { body, delay_ms: j.delay_ms, ttr_ms: j.ttr_ms });
         if jobs.len() == 1 {
-            let json = to_json(&msgs.into_iter().next().ok_or("no job")?)?;
+            let json = to_json(&msgs.next().ok_or("no job")?)?;
             let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages"), Some(&json)).await?;
-            if !(200..300).contains(&a.status) {
-                return Err(a.error());
-            }
             let r: ProduceResult = from_json(&a)?;
             return Ok(vec![r.deliver_at_ms.is_some()]);
         }
         let json = to_json(&BatchOut { messages: msgs.collect() })?;
         let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages/batch"), Some(&json)).await?;
-        if !(200..300).contains(&a.status) {
-            return Err(a.error());
-        }
         let r: BatchResult = from_json(&a)?;
         if r.results.len() != jobs.len() {
             return Err(format!("batch of {} got {} results", jobs.len(), r.results.len()));
@@ -241,9 +239,6 @@ impl DelaydQ {
         let path = format!("/v1/topics/{topic}/pop?max={max}&wait_ms={wait_ms}&ttr_ms={ttr_ms}");
         let a = self.http.call("POST", &path, None).await?;
         let at_ms = now_ms();
-        if !(200..300).contains(&a.status) {
-            return Err(a.error());
-        }
         let r: PopResult = from_json(&a)?;
         r.messages
             .into_iter()
@@ -256,9 +251,6 @@ impl DelaydQ {
 
     async fn ready_count(&mut self, topic: &str) -> Result<usize, String> {
         let a = self.http.call("GET", "/v1/topics", None).await?;
-        if !(200..300).contains(&a.status) {
-            return Err(a.error());
-        }
         let list: TopicList = from_json(&a)?;
         Ok(list.topics.iter().find(|t| t.topic == topic).map_or(0, |t| t.ready))
     }
