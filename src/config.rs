@@ -364,23 +364,34 @@ impl Default for Config {
 
 impl Config {
     /// Builds the configuration from all layers and validates it: the defaults, the file `cli`
-    /// names, every `DELAYD_*` variable of `env`, then the flags of `cli`.
+    /// names (or `DELAYD_CONFIG` names), every `DELAYD_*` variable of `env`, then the flags of
+    /// `cli`. Warnings about ignored variables are dropped; the program uses [`Config::load_noting`].
     pub fn load(cli: &Cli, env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Config> {
+        Config::load_noting(cli, env).map(|(cfg, _)| cfg)
+    }
+
+    /// [`Config::load`], also returning one warning per `DELAYD_*` variable that was ignored, for
+    /// the caller to log once logging is set up (it is configured by the result).
+    pub fn load_noting(
+        cli: &Cli,
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<(Config, Vec<String>)> {
         // The environment is checked first, so a misspelt variable is reported even when the file
         // has a problem of its own.
         let from_env = env_settings(env)?;
-        let mut cfg = match &cli.config {
+        let file = cli.config.clone().or_else(|| from_env.config_file.clone());
+        let mut cfg = match &file {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
-        for (key, var, value) in &from_env {
+        for (key, var, value) in &from_env.settings {
             cfg.set(key, value).map_err(|m| Error::Config(format!("{var}: {m}")))?;
         }
         for (key, value) in &cli.flags {
             cfg.set(key, value).map_err(|m| Error::Config(format!("{}: {m}", flag(key))))?;
         }
         cfg.validate()?;
-        Ok(cfg)
+        Ok((cfg, from_env.ignored))
     }
 
     /// Reads a TOML file over the defaults; unknown keys are an error that names the key.
@@ -418,9 +429,10 @@ impl Config {
         })
     }
 
-    /// Applies every `DELAYD_<KEY>` variable of `env`; any other `DELAYD_*` variable is an error.
+    /// Applies every `DELAYD_<KEY>` variable of `env`; a `DELAYD_*` variable that looks like a
+    /// misspelt key is an error, others are ignored.
     pub fn apply_env(&mut self, env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<()> {
-        for (key, var, value) in env_settings(env)? {
+        for (key, var, value) in env_settings(env)?.settings {
             self.set(key, &value).map_err(|m| Error::Config(format!("{var}: {m}")))?;
         }
         Ok(())
@@ -688,41 +700,69 @@ fn parse_count<T: TryFrom<u64>>(v: &str) -> std::result::Result<T, String> {
     T::try_from(parse_u64(v)?).map_err(|_| format!("{v:?} is too large"))
 }
 
-/// The `(key, variable, value)` of every `DELAYD_*` variable in `env`, in the order of [`KEYS`].
-/// A variable that names no key is an error, as an unknown key in the file is: a typo must not
-/// quietly leave the default in force.
-fn env_settings(
-    env: impl IntoIterator<Item = (OsString, OsString)>,
-) -> Result<Vec<(&'static str, String, String)>> {
-    let mut found = Vec::new();
-    let mut unknown = Vec::new();
+/// The variable that names the config file when `--config` is not given.
+pub const CONFIG_ENV_VAR: &str = "DELAYD_CONFIG";
+
+/// `DELAYD_*` variables of delayd's own other programs, ignored without a word: delayd-cli's
+/// server address (its token variable is the server's own `DELAYD_AUTH_TOKEN`).
+const OTHER_PROGRAMS_VARS: [&str; 1] = ["DELAYD_URL"];
+
+/// What the `DELAYD_*` variables of an environment say.
+#[derive(Debug, Default)]
+struct EnvSettings {
+    /// `(key, variable, value)` of every key variable, in the order of [`KEYS`].
+    settings: Vec<(&'static str, String, String)>,
+    /// The config file `DELAYD_CONFIG` names.
+    config_file: Option<PathBuf>,
+    /// One warning per variable that is no setting and not near one.
+    ignored: Vec<String>,
+}
+
+/// Reads the `DELAYD_*` variables of `env`. A variable that names no key but is close to one is
+/// an error, as an unknown key in the file is: a typo must not quietly leave the default in
+/// force. One that is close to none belongs to something else (a script's `DELAYD_BIN`, a
+/// wrapper's settings): it is ignored with a warning, since refusing it would stop delayd over
+/// variables it has no say in.
+fn env_settings(env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<EnvSettings> {
+    let mut out = EnvSettings::default();
+    let mut misspelt = Vec::new();
     for (name, value) in env {
         if !name.as_encoded_bytes().starts_with(ENV_PREFIX.as_bytes()) {
             continue;
         }
         let name = name.to_string_lossy().into_owned();
+        if name == CONFIG_ENV_VAR {
+            out.config_file = Some(PathBuf::from(value));
+            continue;
+        }
         let Some(key) = key_of_env_var(&name) else {
-            unknown.push(match closest_env_var(&name) {
-                Some(near) => format!("{name} (did you mean {near}?)"),
-                None => name,
-            });
+            if OTHER_PROGRAMS_VARS.contains(&name.as_str()) {
+                continue;
+            }
+            match closest_env_var(&name) {
+                Some(near) => misspelt.push(format!("{name} (did you mean {near}?)")),
+                None => out.ignored.push(format!(
+                    "ignoring environment variable {name}: no such setting (`delayd --help` lists every DELAYD_ variable)"
+                )),
+            }
             continue;
         };
         let value =
             value.into_string().map_err(|_| Error::Config(format!("{name}: the value is not UTF-8")))?;
-        found.push((key, name, value));
+        out.settings.push((key, name, value));
     }
-    if !unknown.is_empty() {
+    if !misspelt.is_empty() {
         // The environment comes in no particular order; sort so the message is stable.
-        unknown.sort();
-        let s = if unknown.len() == 1 { "" } else { "s" };
+        misspelt.sort();
+        let s = if misspelt.len() == 1 { "" } else { "s" };
         return Err(Error::Config(format!(
             "unknown environment variable{s} {}: no such setting (`delayd --help` lists every DELAYD_ variable)",
-            unknown.join(", ")
+            misspelt.join(", ")
         )));
     }
-    found.sort_by_key(|(key, ..)| KEYS.iter().position(|k| k == key));
-    Ok(found)
+    out.ignored.sort();
+    out.settings.sort_by_key(|(key, ..)| KEYS.iter().position(|k| k == key));
+    Ok(out)
 }
 
 /// The key variable most like `name`, if one is close enough to be the likely meaning.
@@ -960,6 +1000,21 @@ mod tests {
     }
 
     #[test]
+    fn delayd_config_names_the_file_and_the_flag_beats_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
+        std::fs::write(&a, "max_batch = 7\n").unwrap();
+        std::fs::write(&b, "max_batch = 9\n").unwrap();
+        let from_env = env(&[("DELAYD_CONFIG", a.to_str().unwrap())]);
+        assert_eq!(Config::load(&Cli::default(), from_env.clone()).unwrap().max_batch, 7);
+        let cli = Cli { config: Some(b), flags: vec![] };
+        assert_eq!(Config::load(&cli, from_env).unwrap().max_batch, 9);
+        let missing = env(&[("DELAYD_CONFIG", "/nonexistent/delayd.toml")]);
+        let e = Config::load(&Cli::default(), missing).unwrap_err().to_string();
+        assert!(e.contains("cannot read config file /nonexistent/delayd.toml"), "{e}");
+    }
+
+    #[test]
     fn every_key_has_an_env_var() {
         let mut c = Config::default();
         let values = [
@@ -1092,17 +1147,31 @@ mod tests {
     }
 
     #[test]
-    fn unknown_environment_variables_stop_the_start() {
+    fn misspelt_environment_variables_stop_the_start_others_are_ignored() {
         let e = Config::load(&Cli::default(), env(&[("DELAYD_FLUSHH", "async")])).unwrap_err().to_string();
         assert!(e.contains("DELAYD_FLUSHH") && e.contains("did you mean DELAYD_FLUSH?"), "{e}");
         let e = Config::load(&Cli::default(), env(&[("DELAYD_flush", "async")])).unwrap_err().to_string();
         assert!(e.contains("DELAYD_flush (did you mean DELAYD_FLUSH?)"), "{e}");
-        // Nothing near: no guess. Several: all named, in a stable order.
-        let e = Config::load(&Cli::default(), env(&[("DELAYD_ZZZ", "1"), ("DELAYD_BENCH_FONT", "none")]))
+        // Several misspellings: all named, in a stable order.
+        let e = Config::load(&Cli::default(), env(&[("DELAYD_FLUSHH", "1"), ("DELAYD_LEVLES", "1s")]))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("variables DELAYD_BENCH_FONT, DELAYD_ZZZ:"), "{e}");
-        assert!(!e.contains("did you mean"), "{e}");
+        assert!(e.contains("variables DELAYD_FLUSHH (did you mean DELAYD_FLUSH?), DELAYD_LEVLES"), "{e}");
+        // Nothing near: another program's variable, ignored with a warning that names it.
+        let (c, warnings) = Config::load_noting(
+            &Cli::default(),
+            env(&[
+                ("DELAYD_ZZZ", "1"),
+                ("DELAYD_BIN", "/x"),
+                ("DELAYD_URL", "http://h"),
+                ("DELAYD_FLUSH", "async"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.flush, FlushMode::Async);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("DELAYD_BIN") && warnings[1].contains("DELAYD_ZZZ"), "{warnings:?}");
+        assert!(!warnings.iter().any(|w| w.contains("did you mean")), "{warnings:?}");
         // Other programs' variables are none of delayd's business.
         let c = Config::load(
             &Cli::default(),
@@ -1122,10 +1191,13 @@ mod tests {
         assert!(e.contains("DELAYD_LISTEN") && e.contains("not UTF-8"), "{e}");
         let mut name = b"DELAYD_".to_vec();
         name.push(0xff);
-        let e = Config::load(&Cli::default(), vec![(OsString::from_vec(name), "1".into())])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown environment variable DELAYD_"), "{e}");
+        let (_, warnings) =
+            Config::load_noting(&Cli::default(), vec![(OsString::from_vec(name), "1".into())])
+                .expect("a name that is near no key is another program's: ignored");
+        assert!(
+            warnings.len() == 1 && warnings[0].contains("ignoring environment variable DELAYD_"),
+            "{warnings:?}"
+        );
         // Not ours: ignored, whatever its bytes.
         assert!(Config::load(&Cli::default(), vec![(bad.clone(), bad)]).is_ok());
     }

@@ -55,13 +55,42 @@ fn help_lists_every_key_with_its_variable_and_default() {
 }
 
 #[test]
-fn an_unknown_environment_variable_is_refused_with_a_hint() {
+fn a_misspelt_environment_variable_is_refused_with_a_hint() {
     refused(
         &[],
         &[("DELAYD_FLUSHH", "async")],
         &["unknown environment variable DELAYD_FLUSHH", "did you mean DELAYD_FLUSH?"],
     );
-    refused(&[], &[("DELAYD_BENCH_FONT", "none")], &["DELAYD_BENCH_FONT"]);
+    refused(&[], &[("DELAYD_MAX_BACH", "5")], &["DELAYD_MAX_BACH", "did you mean DELAYD_MAX_BATCH?"]);
+}
+
+#[test]
+fn other_programs_variables_are_ignored_and_delayd_config_names_the_file() {
+    // A script's DELAYD_BIN, delayd-cli's DELAYD_URL and a tool's DELAYD_BENCH_FONT must not stop
+    // the server; DELAYD_CONFIG is the config file's path.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("delayd.toml");
+    std::fs::write(&file, "max_delay = \"3h\"\n").unwrap();
+    let s = Server::start(&[
+        ("DELAYD_BIN", "/usr/local/bin/delayd"),
+        ("DELAYD_URL", "http://127.0.0.1:9277"),
+        ("DELAYD_BENCH_FONT", "none"),
+        ("DELAYD_CONFIG", file.to_str().unwrap()),
+    ]);
+    let p = "/v1/topics/u/messages";
+    assert_eq!(s.post(p, &json!({ "body": "b", "delay_ms": 10_800_000 })).0, 201);
+    assert_eq!(
+        s.post(p, &json!({ "body": "b", "delay_ms": 10_800_001 })).0,
+        400,
+        "the file's max_delay holds"
+    );
+    let log = s.log();
+    for name in ["DELAYD_BIN", "DELAYD_BENCH_FONT"] {
+        let line =
+            log.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("no warning for {name}: {log}"));
+        assert!(line.contains("WARN") && line.contains("ignoring environment variable"), "{line}");
+    }
+    assert!(!log.contains("DELAYD_URL"), "delayd-cli's own variable is not worth a warning: {log}");
 }
 
 #[test]

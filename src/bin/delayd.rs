@@ -15,14 +15,17 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match Config::load(&cli, std::env::vars_os()) {
-        Ok(cfg) => cfg,
+    let (cfg, ignored_env) = match Config::load_noting(&cli, std::env::vars_os()) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("delayd: {e}");
             return ExitCode::from(2);
         }
     };
     init_logging(&cfg);
+    for warning in ignored_env {
+        tracing::warn!("{warning}");
+    }
     // At least two workers, even on one CPU (or pinned to one): a lone sync request fdatasyncs on
     // the worker that parsed it, and another worker must go on reading requests meanwhile, so
     // they queue for the engine thread's group commit instead of waiting one fdatasync each.

@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{value_parser, Arg, ArgMatches, Command};
 
-use super::{env_var, flag, Config, KEY_TABLE};
+use super::{env_var, flag, Config, CONFIG_ENV_VAR, KEY_TABLE};
 
 const AFTER_HELP: &str = "\
-Sources, each overriding the one before: built-in defaults < --config FILE < DELAYD_* environment
-variables < flags. An unknown DELAYD_* variable, an unknown key in the file or a bad value stops the
-start with a message naming it (exit code 2).
+Sources, each overriding the one before: built-in defaults < --config FILE (or DELAYD_CONFIG) <
+DELAYD_* environment variables < flags. A DELAYD_* variable that looks like a misspelt setting, an
+unknown key in the file or a bad value stops the start with a message naming it (exit code 2); other
+DELAYD_* variables (a script's DELAYD_BIN, delayd-cli's DELAYD_URL) are ignored, with a warning.
 Durations: 500ms, 10s, 1h30m, 2d or a plain number of milliseconds. Sizes: 4MB (4,000,000 bytes),
 4MiB (4,194,304 bytes) or a plain number of bytes. Lists: \"1s 5s 1m\" (spaces or commas).
 delayd runs on Linux only.";
@@ -35,6 +36,8 @@ impl Cli {
             .short('c')
             .value_name("FILE")
             .value_parser(value_parser!(PathBuf))
+            // Shown in --help; `Config::load` reads the variable itself, like every other one.
+            .env(CONFIG_ENV_VAR)
             .help("TOML config file; config/delayd.toml documents every key");
         let mut cmd = Command::new("delayd")
             .version(env!("CARGO_PKG_VERSION"))
@@ -85,7 +88,10 @@ impl Cli {
             .filter(|key| m.value_source(key.name) == Some(ValueSource::CommandLine))
             .filter_map(|key| m.get_one::<String>(key.name).map(|v| (key.name, v.clone())))
             .collect();
-        Cli { config: m.get_one::<PathBuf>("config").cloned(), flags }
+        let config = (m.value_source("config") == Some(ValueSource::CommandLine))
+            .then(|| m.get_one::<PathBuf>("config").cloned())
+            .flatten();
+        Cli { config, flags }
     }
 }
 
