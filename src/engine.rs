@@ -158,6 +158,8 @@ impl Engine {
         metrics: Arc<Metrics>,
     ) -> Result<(Engine, OpenReport)> {
         validate_levels(&cfg.levels_ms)?;
+        // Asked before the store makes a fresh log: a key made beside an old log is worth a warning.
+        let holds_log = cfg.data_dir.join("commitlog").is_dir();
         let (store, report) = Store::open(
             &cfg.data_dir,
             StoreConfig {
@@ -171,8 +173,10 @@ impl Engine {
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
         let durability = store.durability().clone();
-        let receipts =
-            Receipts::new(&crate::storage::secret::load_or_create(&cfg.data_dir.join("receipt_key"))?);
+        let receipts = Receipts::new(&crate::storage::secret::load_or_create(
+            &cfg.data_dir.join("receipt_key"),
+            holds_log,
+        )?);
         let mut engine = Engine {
             cfg,
             clock,

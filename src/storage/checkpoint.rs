@@ -2,6 +2,7 @@
 //! marker. Both are replaced atomically: write temp, fsync, rename, fsync the directory.
 
 use std::fs;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use super::io;
@@ -293,8 +294,12 @@ impl<'a> Reader<'a> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let written = (|| {
-        let opts = fs::OpenOptions::new().write(true).create(true).truncate(true).clone();
+        // 0600: the receipt key is written this way, and nothing here is for other users.
+        let opts = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).clone();
         let f = io::open(&opts, &tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
+        // A temp file left by a crash keeps the mode it was made with; `mode` covers new ones only.
+        f.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(format!("chmod {}", tmp.display()), e))?;
         io::write_all_at(&f, &tmp, bytes, 0).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
         io::sync_all(&f, &tmp).map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))
     })();

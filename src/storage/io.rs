@@ -228,6 +228,33 @@ pub fn open(opts: &OpenOptions, path: &Path) -> io::Result<File> {
     opts.open(path)
 }
 
+/// Creates the data directory (and missing parents) readable by its owner alone, whatever the
+/// umask: the log holds push subscriptions' secrets and the directory the receipt key. A directory
+/// that already exists keeps its mode (the operator chose it), with a warning when others can
+/// read it.
+pub fn create_private_dir(dir: &Path) -> crate::error::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let existed = dir.is_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| crate::error::Error::io(format!("create {}", dir.display()), e))?;
+    if existed {
+        if let Ok(meta) = std::fs::metadata(dir) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    mode = format!("{mode:04o}"),
+                    "the data directory is open to other users; it holds push secrets and the receipt key: chmod 700 it"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Lists a directory.
 pub fn read_dir(path: &Path) -> io::Result<ReadDir> {
     fail_if_injected(Op::Open, path)?;

@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -425,7 +426,8 @@ impl Drop for MadeAhead {
 
 /// Opens `path` for reading and writing, creating it (never truncating) when `create` is set.
 fn open_rw(path: &Path, create: bool) -> Result<File> {
-    io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false), path)
+    // 0600 whatever the umask: log segments hold push subscriptions' secrets.
+    io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o600), path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
 }
 

@@ -22,22 +22,42 @@ const FILE_BYTES: usize = 4 + 2 + 2 + KEY_BYTES + 4;
 
 /// Reads the key in `path`, or makes, stores and returns a new one when the file is missing or
 /// fails its check.
-pub fn load_or_create(path: &Path) -> Result<[u8; KEY_BYTES]> {
+pub fn load_or_create(path: &Path, holds_log: bool) -> Result<[u8; KEY_BYTES]> {
     match std::fs::read(path) {
         Ok(b) => match decode(&b) {
-            Some(key) => return Ok(key),
+            Some(key) => {
+                keep_private(path);
+                return Ok(key);
+            }
             None => warn!(
                 file = %path.display(),
                 "receipt key damaged; making a new one (receipts handed out before are refused, \
                  their messages come back after their time-to-run)"
             ),
         },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && holds_log => warn!(
+            file = %path.display(),
+            "receipt key missing from a data directory that holds a log; making a new one (receipts \
+             handed out before are refused with 404, their messages come back after their \
+             time-to-run). Restore the file from a backup of this directory to keep them valid"
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
     }
     let key = random_key()?;
     write_atomic(path, &encode(&key))?;
     Ok(key)
+}
+
+/// Narrows a key file made by an older delayd (under the umask, often 0644) to its owner.
+fn keep_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else { return };
+    if meta.permissions().mode() & 0o077 != 0 {
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+            warn!(file = %path.display(), "receipt key is readable by other users and cannot be narrowed to 0600: {e}");
+        }
+    }
 }
 
 fn encode(key: &[u8; KEY_BYTES]) -> [u8; FILE_BYTES] {
@@ -93,16 +113,16 @@ mod tests {
     fn a_key_is_made_once_kept_across_opens_and_replaced_when_damaged() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("receipt_key");
-        let a = load_or_create(&path).unwrap();
+        let a = load_or_create(&path, false).unwrap();
         assert_eq!(std::fs::read(&path).unwrap().len(), FILE_BYTES);
-        assert_eq!(load_or_create(&path).unwrap(), a, "the key survives a reopen");
-        let other = load_or_create(&tempfile::tempdir().unwrap().path().join("receipt_key")).unwrap();
+        assert_eq!(load_or_create(&path, false).unwrap(), a, "the key survives a reopen");
+        let other = load_or_create(&tempfile::tempdir().unwrap().path().join("receipt_key"), false).unwrap();
         assert_ne!(a, other, "each data directory has its own key");
         let mut b = std::fs::read(&path).unwrap();
         b[10] ^= 1;
         std::fs::write(&path, &b).unwrap();
-        let c = load_or_create(&path).unwrap();
+        let c = load_or_create(&path, false).unwrap();
         assert_ne!(c, a, "a damaged key is replaced");
-        assert_eq!(load_or_create(&path).unwrap(), c);
+        assert_eq!(load_or_create(&path, false).unwrap(), c);
     }
 }

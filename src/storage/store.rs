@@ -257,7 +257,7 @@ pub fn dead_letter_topic(topic: &str) -> String {
 impl Store {
     /// Opens (or creates) the data directory, recovering from whatever state it was left in.
     pub fn open(dir: &Path, cfg: StoreConfig) -> Result<(Store, OpenReport)> {
-        fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        super::io::create_private_dir(dir)?;
         let lock = DirLock::acquire(&dir.join("LOCK"))?;
         let durability = Durability::register(dir);
         let reserve = Reserve::new(dir);
