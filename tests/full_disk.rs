@@ -173,3 +173,47 @@ fn a_full_disk_refuses_writes_idles_restarts_and_delivers_every_acknowledged_mes
     assert_eq!(st, 201, "writable again once space is back: {v}");
     s.terminate();
 }
+
+/// Eight clients writing to a full disk: one ERROR line for the failure, not one per refusal.
+#[test]
+#[ignore = "needs root to mount a tmpfs (.ci/run runs it as root with --include-ignored)"]
+fn a_full_disk_logs_each_distinct_failure_once_not_once_per_request() {
+    let fs = Tmpfs::mount("16m").expect("mount a tmpfs");
+    let data = fs.0.join("data");
+    let s = Server::start_at(&data, &[]);
+    let filler = fs.0.join("filler");
+    let fill = free_bytes(&fs.0).saturating_sub(1 << 20);
+    std::fs::write(&filler, vec![1u8; fill as usize]).expect("write the filler");
+    let body = "x".repeat(32 << 10);
+    let refused = Arc::new(Mutex::new(0usize));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (refused, base, body) = (refused.clone(), s.base.clone(), body.clone());
+            std::thread::spawn(move || {
+                let http = client();
+                for i in 0..150 {
+                    let r = http
+                        .post(format!("{base}/v1/topics/full/messages"))
+                        .json(&json!({"id": format!("w{w}-{i}"), "body": body, "delay_ms": 3_600_000}))
+                        .send();
+                    let (st, v) = common::answer(r);
+                    match st {
+                        201 => {}
+                        503 => *refused.lock().unwrap() += 1,
+                        _ => panic!("produce answered {st} {v}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let refused = *refused.lock().unwrap();
+    assert!(refused >= 500, "the disk never filled: {refused} refusals");
+    let log = s.log();
+    let errors = log.lines().filter(|l| l.contains("ERROR")).count();
+    println!("{refused} refused requests, {errors} ERROR lines");
+    assert!(errors <= 10, "{errors} ERROR lines for {refused} refusals:\n{log}");
+    assert!(errors >= 1, "the failure must be logged once:\n{log}");
+}

@@ -110,12 +110,79 @@ impl From<Error> for ApiError {
         let message = if status.is_server_error() {
             // The whole story (file, offset, OS error) goes to the log; the client learns what
             // failed and why, but not where the files are.
-            tracing::error!(error = %e, "request failed in the store");
+            StoreFailureLog::global().note(&e);
             format!("{}; the server log has the details", without_paths(&e.to_string()))
         } else {
             e.to_string()
         };
         ApiError { status, code: e.code(), message }
+    }
+}
+
+/// How often a store failure that keeps happening is logged again, with the count since.
+const REMIND_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// Distinct failures remembered at once; past it the one seen least recently is forgotten.
+const DISTINCT_FAILURES: usize = 32;
+
+/// The log of failed requests: the first of each distinct failure at ERROR, then one reminder
+/// per [`REMIND_EVERY`] with how many more there were. On a full disk every client's every
+/// write fails the same way; one line each would bury everything else in the log (and, on the
+/// same disk, fill what little space is left).
+#[derive(Default)]
+struct StoreFailureLog {
+    seen: std::sync::Mutex<Vec<Seen>>,
+}
+
+struct Seen {
+    /// The failure without its numbers (offsets, sizes), so the same failure at another offset
+    /// counts as the same.
+    kind: String,
+    logged_at: std::time::Instant,
+    since: u64,
+}
+
+impl StoreFailureLog {
+    fn global() -> &'static StoreFailureLog {
+        static LOG: std::sync::OnceLock<StoreFailureLog> = std::sync::OnceLock::new();
+        LOG.get_or_init(StoreFailureLog::default)
+    }
+
+    fn note(&self, e: &Error) {
+        let text = e.to_string();
+        let kind: String = text.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let now = std::time::Instant::now();
+        let repeated = {
+            let Ok(mut seen) = self.seen.lock() else { return };
+            match seen.iter().position(|s| s.kind == kind) {
+                Some(i) if now.duration_since(seen[i].logged_at) < REMIND_EVERY => {
+                    seen[i].since += 1;
+                    return;
+                }
+                Some(i) => {
+                    let since = seen[i].since;
+                    seen[i].since = 0;
+                    seen[i].logged_at = now;
+                    Some(since)
+                }
+                None => {
+                    if seen.len() >= DISTINCT_FAILURES {
+                        if let Some(oldest) = (0..seen.len()).min_by_key(|&i| seen[i].logged_at) {
+                            seen.swap_remove(oldest);
+                        }
+                    }
+                    seen.push(Seen { kind, logged_at: now, since: 0 });
+                    None
+                }
+            }
+        };
+        match repeated {
+            None | Some(0) => tracing::error!(error = %text, "request failed in the store"),
+            Some(n) => tracing::error!(
+                error = %text,
+                repeated = n,
+                "request failed in the store, again ({n} more like it since the last line)"
+            ),
+        }
     }
 }
 
