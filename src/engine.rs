@@ -508,12 +508,7 @@ impl Engine {
                 }
             }
         }
-        if !self.store.topics.contains_key(topic) && self.store.topics.len() >= self.cfg.max_topics {
-            return Err(Error::TooManyTopics(format!(
-                "{} topics exist, the most max_topics allows; topic {topic:?} would be new",
-                self.store.topics.len()
-            )));
-        }
+        self.may_name_topic(topic)?;
         // A delay counts from the receive time rounded up, so the due time is never before the
         // client's send time plus the delay; a message ready at once is visible from `now` on.
         let (deliver_at_ms, route) = self.plan_produce(&req.when, now, now_us.div_ceil(1000))?;
@@ -1230,6 +1225,9 @@ impl Engine {
         if self.store.paused.contains_key(topic) == paused {
             return Ok(());
         }
+        if paused {
+            self.may_name_topic(topic)?;
+        }
         let rec =
             format::encode_pause(&format::Pause { paused, time_ms: self.now(), topic: topic.as_bytes() })?;
         self.append(&rec)?;
@@ -1409,6 +1407,9 @@ impl Engine {
         if cfg.is_none() && !self.store.push.contains_key(topic) {
             return Err(Error::NotFound(format!("topic {topic:?} has no push subscription")));
         }
+        if cfg.is_some() {
+            self.may_name_topic(topic)?;
+        }
         let secret = cfg.and_then(|c| c.secret.as_deref()).unwrap_or("");
         let target = match cfg {
             None => format::PushTarget::None,
@@ -1459,6 +1460,35 @@ impl Engine {
             out.extend(self.push_of(topic)?);
         }
         Ok((self.store.push_changes, out))
+    }
+
+    /// Refuses a change that would make `topic` a new topic past `max_topics`. A topic exists
+    /// once it has a queue, a pause or a push subscription: each is kept (and listed) for good,
+    /// so every route that makes one obeys the same limit.
+    fn may_name_topic(&self, topic: &str) -> Result<()> {
+        let known = |t: &str| {
+            self.store.topics.contains_key(t)
+                || self.store.paused.contains_key(t)
+                || self.store.push.contains_key(t)
+        };
+        if known(topic) {
+            return Ok(());
+        }
+        // Names with only a pause or a subscription are few; counted when a new topic is asked for.
+        let paused_only = self.store.paused.keys().filter(|t| !self.store.topics.contains_key(*t)).count();
+        let push_only = self
+            .store
+            .push
+            .keys()
+            .filter(|t| !self.store.topics.contains_key(*t) && !self.store.paused.contains_key(*t))
+            .count();
+        let count = self.store.topics.len() + paused_only + push_only;
+        if count >= self.cfg.max_topics {
+            return Err(Error::TooManyTopics(format!(
+                "{count} topics exist, the most max_topics allows; topic {topic:?} would be new"
+            )));
+        }
+        Ok(())
     }
 
     /// Every topic with a queue, a count or a pause, by name, with its counts.

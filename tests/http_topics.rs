@@ -115,6 +115,44 @@ fn a_paused_topic_delivers_nothing_keeps_its_pause_across_a_kill_and_resumes() {
 }
 
 #[test]
+fn every_route_that_makes_a_topic_obeys_max_topics_across_a_restart() {
+    let mut s = Server::start(&[("DELAYD_MAX_TOPICS", "3")]);
+    let put_push = |s: &Server, topic: &str| {
+        let r = s
+            .http()
+            .put(s.url(&format!("/v1/topics/{topic}/push")))
+            .json(&json!({ "url": "http://127.0.0.1:9/hook" }))
+            .send();
+        common::answer(r)
+    };
+    s.produce("a", &json!({ "body": "x", "delay_ms": 3_600_000 }));
+    assert_eq!(s.post("/v1/topics/b/pause", &json!({})).0, 200, "a second topic, by a pause");
+    assert_eq!(put_push(&s, "c").0, 200, "a third, by a push subscription");
+    for _ in 0..2 {
+        let (st, v) = s.post("/v1/topics/d/pause", &json!({}));
+        Server::assert_error(st, &v, 429, "too_many_topics");
+        let (st, v) = put_push(&s, "e");
+        Server::assert_error(st, &v, 429, "too_many_topics");
+        let (st, v) = s.post("/v1/topics/f/messages", &json!({ "body": "x" }));
+        Server::assert_error(st, &v, 429, "too_many_topics");
+        // Topics that exist take every change.
+        assert_eq!(s.post("/v1/topics/a/pause", &json!({})).0, 200);
+        assert_eq!(s.post("/v1/topics/a/resume", &json!({})).0, 200);
+        assert_eq!(put_push(&s, "a").0, 200);
+        assert_eq!(s.post("/v1/topics/c/messages", &json!({ "body": "x", "delay_ms": 3_600_000 })).0, 201);
+        assert_eq!(s.post("/v1/topics/b/messages", &json!({ "body": "x", "delay_ms": 3_600_000 })).0, 201);
+        let (st, v) = s.delete("/v1/topics/a/push");
+        assert_eq!(st, 200, "{v}");
+        // The count is rebuilt from the log.
+        s.restart();
+    }
+    let (_, v) = s.get("/v1/topics");
+    let names: Vec<&str> =
+        v["topics"].as_array().unwrap().iter().filter_map(|t| t["topic"].as_str()).collect();
+    assert!(!names.contains(&"d") && !names.contains(&"e") && !names.contains(&"f"), "{names:?}");
+}
+
+#[test]
 fn bad_topics_are_refused_with_the_json_shape() {
     let s = Server::start(&[]);
     for path in ["/v1/topics/bad%20name/pause", "/v1/topics/%2E%2E%2Fx/resume"] {

@@ -91,6 +91,7 @@ pub(crate) struct RemovedAnswer {
         (status = 200, description = "The subscription", body = PushAnswer),
         (status = 400, description = "A field is invalid, or the host is not allowed", body = ErrorBody),
         (status = 415, description = "Not sent as application/json", body = ErrorBody),
+        (status = 429, description = "It would create a topic past max_topics", body = ErrorBody),
     )
 )]
 pub(crate) async fn put(

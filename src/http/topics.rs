@@ -58,6 +58,7 @@ pub(crate) struct PauseAnswer {
     responses(
         (status = 200, description = "Paused", body = PauseAnswer),
         (status = 400, description = "The topic is invalid", body = ErrorBody),
+        (status = 429, description = "It would create a topic past max_topics", body = ErrorBody),
     )
 )]
 pub(crate) async fn pause(st: State<AppState>, topic: PathParam) -> Result<Json<PauseAnswer>, ApiError> {
