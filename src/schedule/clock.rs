@@ -117,6 +117,7 @@ struct State {
 }
 
 /// What one reading has to log, written after the lock is released.
+#[derive(Debug, PartialEq, Eq)]
 enum Event {
     Step { step_us: i64, now_behind_wall_us: i64 },
     CaughtUp,
@@ -137,31 +138,7 @@ impl<S: Sources> Stepped<S> {
     }
 
     fn now_us(&self) -> u64 {
-        let (now, event) = {
-            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            // Read under the lock so readings are ordered as the clocks were read; the real-time
-            // clock first, so the time between the two reads can only make "now" lag, not lead.
-            let elapsed_us = self.src.elapsed_us();
-            let wall_us = self.src.wall_us();
-            let real = elapsed_us.saturating_sub(st.elapsed_us);
-            let now = st.now_us.saturating_add(real).min(wall_us.max(st.now_us));
-            let offset_us = signed_diff(wall_us, elapsed_us);
-            let step_us = offset_us.saturating_sub(st.offset_us);
-            // A slew moves the offset by at most ~500 ppm of the time between readings.
-            let event = if step_us.unsigned_abs() > STEP_WARN_US + real / 1000 {
-                st.holding = now > wall_us;
-                Some(Event::Step { step_us, now_behind_wall_us: signed_diff(wall_us, now) })
-            } else if st.holding && now >= wall_us {
-                st.holding = false;
-                Some(Event::CaughtUp)
-            } else {
-                None
-            };
-            st.now_us = now;
-            st.elapsed_us = elapsed_us;
-            st.offset_us = offset_us;
-            (now, event)
-        };
+        let (now, event) = self.read();
         match event {
             Some(Event::Step { step_us, now_behind_wall_us }) => log_step(step_us, now_behind_wall_us),
             Some(Event::CaughtUp) => {
@@ -170,6 +147,34 @@ impl<S: Sources> Stepped<S> {
             None => {}
         }
         now
+    }
+
+    /// Now, and what happened to the wall clock since the last reading (logged by the caller,
+    /// outside the lock).
+    fn read(&self) -> (u64, Option<Event>) {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // Read under the lock so readings are ordered as the clocks were read; the real-time
+        // clock first, so the time between the two reads can only make "now" lag, not lead.
+        let elapsed_us = self.src.elapsed_us();
+        let wall_us = self.src.wall_us();
+        let real = elapsed_us.saturating_sub(st.elapsed_us);
+        let now = st.now_us.saturating_add(real).min(wall_us.max(st.now_us));
+        let offset_us = signed_diff(wall_us, elapsed_us);
+        let step_us = offset_us.saturating_sub(st.offset_us);
+        // A slew moves the offset by at most ~500 ppm of the time between readings.
+        let event = if step_us.unsigned_abs() > STEP_WARN_US + real / 1000 {
+            st.holding = now > wall_us;
+            Some(Event::Step { step_us, now_behind_wall_us: signed_diff(wall_us, now) })
+        } else if st.holding && now <= wall_us {
+            st.holding = false;
+            Some(Event::CaughtUp)
+        } else {
+            None
+        };
+        st.now_us = now;
+        st.elapsed_us = elapsed_us;
+        st.offset_us = offset_us;
+        (now, event)
     }
 }
 
@@ -342,6 +347,38 @@ mod tests {
         f.pass(S);
         let later = c.now_us();
         assert!(later - produced <= S, "{} us passed on the clock in 1 s of real time", later - produced);
+    }
+
+    #[test]
+    fn each_step_is_reported_once_and_so_is_the_catch_up() {
+        let (f, c) = clock();
+        f.pass(S);
+        assert_eq!(c.read().1, None);
+        f.step(-30 * (S as i64));
+        assert_eq!(
+            c.read().1,
+            Some(Event::Step { step_us: -30 * (S as i64), now_behind_wall_us: -30 * (S as i64) })
+        );
+        for _ in 0..29 {
+            f.pass(S);
+            assert_eq!(c.read().1, None, "held, nothing new to say");
+        }
+        f.pass(S);
+        assert_eq!(c.read().1, Some(Event::CaughtUp));
+        f.pass(S);
+        assert_eq!(c.read().1, None);
+        // Forward: said once, and the lag it leaves is no news at later readings.
+        f.step(900 * (S as i64));
+        assert_eq!(
+            c.read().1,
+            Some(Event::Step { step_us: 900 * (S as i64), now_behind_wall_us: 900 * (S as i64) })
+        );
+        f.pass(S);
+        assert_eq!(c.read().1, None);
+        // A slew (here 400 ppm over an hour between readings) is not a step.
+        f.pass(3600 * S);
+        f.step(1_440_000);
+        assert_eq!(c.read().1, None);
     }
 
     #[test]
