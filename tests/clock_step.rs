@@ -64,7 +64,7 @@ fn pop(s: &Server, topic: &str, max: usize, wait_ms: u64, ttr_ms: u64) -> (Vec<V
     (v["messages"].as_array().expect("messages").clone(), at)
 }
 
-/// The size in ms of the first logged step in `direction` of about `near_ms`, if any.
+/// Whether the server logged a step in `direction` within a second of `near_ms`.
 fn logged_step(log: &str, direction: &str, near_ms: u64) -> bool {
     let needle = format!("stepped {direction} by ");
     log.match_indices(&needle).any(|(at, _)| {
