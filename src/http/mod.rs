@@ -15,7 +15,6 @@ mod ui;
 pub mod validate;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Uri};
@@ -31,6 +30,7 @@ use utoipa_axum::routes;
 
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::schedule::clock::{Clock, SystemClock};
 pub use error::ApiError;
 
 /// Room for the JSON envelope around a body of `max_body_bytes` (escaping, other fields, batch framing).
@@ -276,9 +276,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Wall-clock unix time in milliseconds.
+/// Unix time in milliseconds on the broker's step-safe clock, so a `deliver_at_ms` is checked
+/// against the same "now" that will schedule it.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemClock.now_ms()
 }
 
 #[cfg(test)]
