@@ -21,11 +21,12 @@ pub trait Clock: Send + Sync + 'static {
 }
 
 /// The system's clock, safe against steps: it reads the wall clock but never advances faster
-/// than real elapsed time (CLOCK_BOOTTIME, which also counts a suspend) and never goes backward.
+/// than real elapsed time (CLOCK_BOOTTIME, which also counts a suspend) and goes backward only to
+/// follow a wall clock that fell more than [`MAX_HOLD_US`] behind.
 ///
 /// Each reading is `min(prev + elapsed, max(prev, wall))`. While the wall clock behaves that is
 /// the wall clock. After a backward step it holds still until the wall clock catches up (so
-/// everything is late by up to the step, never early); a forward step is not followed for the
+/// everything is late by up to the step, never early), for ten minutes at most; a forward step is not followed for the
 /// rest of the run (relative delays and TTRs stay exact, absolute `deliver_at_ms` times fire late
 /// by the step until a restart, which starts again from the wall clock). Slewing toward a wall
 /// clock that jumped ahead would shorten real delays, so it does not. Every `SystemClock` shares
@@ -94,6 +95,13 @@ fn boottime_us() -> Option<u64> {
     None
 }
 
+/// The most "now" is held ahead of a wall clock that stepped back. Holding keeps absolute times
+/// from firing early by a corrected clock, but it also holds every new delay: a clock that booted
+/// hours fast and was then put right by NTP would stop all delivery for hours. Past this, "now"
+/// follows the wall clock back: what is pending runs late by the step, new messages are on time,
+/// and nothing is early either way.
+const MAX_HOLD_US: u64 = 10 * 60 * 1_000_000;
+
 /// A step smaller than this is not worth a warning (the two clocks are read a moment apart).
 const STEP_WARN_US: u64 = 1_000_000;
 
@@ -119,8 +127,15 @@ struct State {
 /// What one reading has to log, written after the lock is released.
 #[derive(Debug, PartialEq, Eq)]
 enum Event {
-    Step { step_us: i64, now_behind_wall_us: i64 },
+    Step {
+        step_us: i64,
+        now_behind_wall_us: i64,
+    },
     CaughtUp,
+    /// The wall clock fell more than [`MAX_HOLD_US`] behind: followed back.
+    FollowedBack {
+        behind_us: u64,
+    },
 }
 
 impl<S: Sources> Stepped<S> {
@@ -144,6 +159,12 @@ impl<S: Sources> Stepped<S> {
             Some(Event::CaughtUp) => {
                 tracing::info!("the wall clock caught up with delayd's clock; they agree again")
             }
+            Some(Event::FollowedBack { behind_us }) => tracing::warn!(
+                behind_ms = behind_us / 1000,
+                "the wall clock is {} ms behind delayd's clock, more than it holds for; delayd's clock \
+                 follows it back: messages already pending run late by that much, none early",
+                behind_us / 1000
+            ),
             None => {}
         }
         now
@@ -158,11 +179,16 @@ impl<S: Sources> Stepped<S> {
         let elapsed_us = self.src.elapsed_us();
         let wall_us = self.src.wall_us();
         let real = elapsed_us.saturating_sub(st.elapsed_us);
-        let now = st.now_us.saturating_add(real).min(wall_us.max(st.now_us));
+        let mut now = st.now_us.saturating_add(real).min(wall_us.max(st.now_us));
         let offset_us = signed_diff(wall_us, elapsed_us);
         let step_us = offset_us.saturating_sub(st.offset_us);
         // A slew moves the offset by at most ~500 ppm of the time between readings.
-        let event = if step_us.unsigned_abs() > STEP_WARN_US + real / 1000 {
+        let event = if now > wall_us.saturating_add(MAX_HOLD_US) {
+            let behind_us = now - wall_us;
+            now = wall_us;
+            st.holding = false;
+            Some(Event::FollowedBack { behind_us })
+        } else if step_us.unsigned_abs() > STEP_WARN_US + real / 1000 {
             st.holding = now > wall_us;
             Some(Event::Step { step_us, now_behind_wall_us: signed_diff(wall_us, now) })
         } else if st.holding && now <= wall_us {
@@ -382,6 +408,25 @@ mod tests {
     }
 
     #[test]
+    fn a_backward_step_past_the_hold_limit_is_followed() {
+        let (f, c) = clock();
+        f.pass(10 * S);
+        let before = c.now_us();
+        // A clock that booted three hours fast, put right: holding would stop delivery for hours.
+        f.step(-3 * 3600 * (S as i64));
+        let (now, event) = c.read();
+        assert_eq!(now, f.wall_us(), "follows the wall clock back");
+        assert_eq!(event, Some(Event::FollowedBack { behind_us: before - f.wall_us() }));
+        f.pass(S);
+        assert_eq!(c.now_us(), f.wall_us(), "and runs with it");
+        // A step back within the limit is still held.
+        let held = c.now_us();
+        f.step(-(MAX_HOLD_US as i64) + S as i64);
+        f.pass(S);
+        assert_eq!(c.now_us(), held);
+    }
+
+    #[test]
     fn no_reading_goes_backward_or_outruns_real_time() {
         let (f, c) = clock();
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
@@ -399,8 +444,9 @@ mod tests {
             }
             let now = c.now_us();
             let real = f.elapsed_us();
-            assert!(now >= prev, "went backward: {prev} -> {now}");
-            assert!(now - prev <= real - prev_real, "ran ahead of real time");
+            let followed_back = now == f.wall_us() && prev - now.min(prev) > MAX_HOLD_US;
+            assert!(now >= prev || followed_back, "went backward: {prev} -> {now}");
+            assert!(now.saturating_sub(prev) <= real - prev_real, "ran ahead of real time");
             assert!(now <= f.wall_us().max(prev), "ran ahead of the wall clock");
             (prev, prev_real) = (now, real);
         }
