@@ -761,6 +761,36 @@ mod tests {
         assert!(!has(b"secret body") && !has(b"POST"), "sent in the clear: {hello:?}");
     }
 
+    #[test]
+    fn a_repeated_failure_is_logged_once_then_with_a_count_at_most_once_a_period() {
+        let mut r = Reminder::new();
+        assert_eq!(r.note(), Some(1));
+        assert_eq!(r.note(), None);
+        assert_eq!(r.note(), None);
+        // A period later the next line carries every failure since the last one.
+        r.last = Some(Instant::now() - REMIND_EVERY);
+        assert_eq!(r.note(), Some(3));
+        assert_eq!(r.note(), None);
+    }
+
+    #[test]
+    fn a_memory_stream_is_refused_and_one_replica_is_a_warning() {
+        let facts = |memory, replicas| StreamFacts { name: "S".into(), memory, replicas };
+        assert!(facts(true, 3).refusal().unwrap().contains("memory"));
+        assert_eq!(facts(false, 1).refusal(), None);
+        assert!(facts(false, 1).warnings()[0].contains("1 replica"));
+        assert!(facts(false, 3).warnings().is_empty());
+    }
+
+    #[test]
+    fn the_auto_bound_on_deliveries_follows_the_open_file_limit() {
+        let n = auto_in_flight();
+        assert!((AUTO_IN_FLIGHT_MIN..=AUTO_IN_FLIGHT_MAX).contains(&n), "{n}");
+        if let Some(limit) = open_file_limit() {
+            assert_eq!(n, (limit / AUTO_IN_FLIGHT_SHARE).clamp(AUTO_IN_FLIGHT_MIN, AUTO_IN_FLIGHT_MAX));
+        }
+    }
+
     /// The documented example: anyone can check a receiver's implementation against it.
     #[test]
     fn signature_matches_the_documented_vector() {
