@@ -144,6 +144,9 @@ pub(crate) async fn put(
     if !(1..=MAX_IN_FLIGHT).contains(&max_in_flight) {
         return Err(ApiError::invalid("max_in_flight", format!("must be 1 to {MAX_IN_FLIGHT}")));
     }
+    // Checked before the stream is asked for too, so a PUT that will be refused does not wait on a
+    // NATS server first.
+    room_for(&st, &topic).await?;
     let warnings = match &nats_subject {
         Some(subject) => nats_warnings(&topic, &url, subject).await?,
         None => Vec::new(),
@@ -159,23 +162,29 @@ pub(crate) async fn put(
     };
     {
         let _one_at_a_time = SUBSCRIBING.lock().await;
-        let (_, subs) = st.broker().pushes().await?;
-        let cap = st.broker().config().max_push_subscriptions;
-        if subs.len() >= cap && !subs.iter().any(|s| s.topic == topic) {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_push_subscriptions",
-                format!(
-                    "{} push subscriptions exist, the most max_push_subscriptions allows; topic {topic:?} has none",
-                    subs.len()
-                ),
-            ));
-        }
+        room_for(&st, &topic).await?;
         st.broker().set_push(&topic, Some(cfg)).await?;
     }
     let Json(mut answer) = get(State(st), PathParam(topic)).await?;
     answer.warnings = warnings;
     Ok(Json(answer))
+}
+
+/// 429 when `topic` has no subscription and `max_push_subscriptions` exist already.
+async fn room_for(st: &AppState, topic: &str) -> Result<(), ApiError> {
+    let (_, subs) = st.broker().pushes().await?;
+    let cap = st.broker().config().max_push_subscriptions;
+    if subs.len() >= cap && !subs.iter().any(|s| s.topic == topic) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_push_subscriptions",
+            format!(
+                "{} push subscriptions exist, the most max_push_subscriptions allows; topic {topic:?} has none",
+                subs.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Reads the JetStream stream a NATS subscription would publish to: a memory stream is refused
