@@ -142,10 +142,10 @@ pub async fn run(broker: Broker) {
     tracing::info!(push_max_in_flight = limit, "push deliveries under way at once over all topics");
     // Every worker takes a slot here for each delivery, besides its own max_in_flight: a dead
     // endpoint then holds at most this many sockets however many subscriptions point at it.
-    // Tokio's semaphore serves waiters first come, first served, so no subscription starves.
-    let gate = Arc::new(Semaphore::new(limit));
+    let gate = Gate::new(limit);
     let mut workers: HashMap<String, (PushConfig, JoinHandle<()>)> = HashMap::new();
     let mut seen = None;
+    let mut next_sub = 0u64;
     loop {
         match broker.pushes().await {
             Ok((changes, subs)) if seen != Some(changes) => {
@@ -161,8 +161,14 @@ pub async fn run(broker: Broker) {
                 });
                 for (topic, cfg) in wanted {
                     if let std::collections::hash_map::Entry::Vacant(slot) = workers.entry(topic) {
-                        let task =
-                            tokio::spawn(worker(broker.clone(), client.clone(), gate.clone(), cfg.clone()));
+                        let task = tokio::spawn(worker(
+                            broker.clone(),
+                            client.clone(),
+                            gate.clone(),
+                            next_sub,
+                            cfg.clone(),
+                        ));
+                        next_sub += 1;
                         slot.insert((cfg, task));
                     }
                 }
@@ -171,6 +177,192 @@ pub async fn run(broker: Broker) {
             Err(e) => tracing::debug!(error = %e, "cannot read the push subscriptions"),
         }
         tokio::time::sleep(RECONCILE_EVERY).await;
+    }
+}
+
+/// The process-wide bound on push deliveries under way, shared fairly by the time each
+/// subscription holds slots: a freed slot goes to the waiting subscription that has held the
+/// least (slots held now counted up to now), the earliest of equals. A subscription whose
+/// endpoint answers at once keeps getting slots however many slow ones wait, and a slow one
+/// still gets its turn once the others have used as much: none starves.
+struct Gate {
+    /// What the slot times count from.
+    epoch: Instant,
+    state: std::sync::Mutex<GateState>,
+}
+
+struct GateState {
+    free: usize,
+    /// By subscription (a worker's number), while it holds or waits for a slot.
+    shares: HashMap<u64, Share>,
+    /// Subscriptions waiting for a slot, in the order they asked.
+    waiting: std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<u64>)>,
+}
+
+/// One subscription's use of the gate, in microseconds since the gate's epoch.
+#[derive(Default)]
+struct Share {
+    held: u64,
+    /// Slot time of the slots given back.
+    used: u64,
+    /// Sum of the times the slots held now were taken.
+    taken_at_sum: u64,
+}
+
+impl Share {
+    /// Slot time used until `now`, the slots held now included.
+    fn load(&self, now: u64) -> u64 {
+        self.used + (self.held * now).saturating_sub(self.taken_at_sum)
+    }
+}
+
+/// One slot of the [`Gate`], given back when dropped.
+struct GateSlot {
+    gate: Arc<Gate>,
+    sub: u64,
+    taken_at: u64,
+}
+
+impl Drop for GateSlot {
+    fn drop(&mut self) {
+        self.gate.release(self.sub, self.taken_at);
+    }
+}
+
+/// A wait for a slot; dropped after the slot was handed to it, it gives the slot back.
+struct GateWait {
+    gate: Arc<Gate>,
+    sub: u64,
+    rx: tokio::sync::oneshot::Receiver<u64>,
+    done: bool,
+}
+
+impl Drop for GateWait {
+    fn drop(&mut self) {
+        if !self.done {
+            self.rx.close();
+            if let Ok(taken_at) = self.rx.try_recv() {
+                self.gate.release(self.sub, taken_at);
+            }
+        }
+    }
+}
+
+impl Gate {
+    fn new(slots: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            epoch: Instant::now(),
+            state: std::sync::Mutex::new(GateState {
+                free: slots,
+                shares: HashMap::new(),
+                waiting: std::collections::VecDeque::new(),
+            }),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Nothing under the lock can panic half-way through a change.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for subscription `sub`, once one is free and it is `sub`'s turn.
+    async fn acquire(self: &Arc<Gate>, sub: u64) -> GateSlot {
+        let rx = {
+            let mut st = self.lock();
+            let now = self.now();
+            if st.free > 0 && st.waiting.is_empty() {
+                return self.take(&mut st, sub, now);
+            }
+            if !st.shares.contains_key(&sub) {
+                // New, or back after a while idle: it starts level with the waiter that used
+                // least, so it is served soon but cannot claim slot time it did not use (and
+                // then starve the others while it catches up).
+                let used = st.waiting.iter().filter_map(|(s, _)| st.shares.get(s)).map(|s| s.load(now)).min();
+                st.shares.insert(sub, Share { used: used.unwrap_or(0), ..Share::default() });
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            st.waiting.push_back((sub, tx));
+            rx
+        };
+        let mut wait = GateWait { gate: self.clone(), sub, rx, done: false };
+        // The sender stays queued until a release hands it a slot, and the gate outlives every
+        // worker, so the wait ends with a slot.
+        let handed = (&mut wait.rx).await;
+        wait.done = true;
+        match handed {
+            Ok(taken_at) => GateSlot { gate: self.clone(), sub, taken_at },
+            // Cannot happen (see above); never take a slot that was not given.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// A slot for `sub` now, if one is free and nobody waits for it.
+    fn try_acquire(self: &Arc<Gate>, sub: u64) -> Option<GateSlot> {
+        let mut st = self.lock();
+        if st.free == 0 || !st.waiting.is_empty() {
+            return None;
+        }
+        let now = self.now();
+        Some(self.take(&mut st, sub, now))
+    }
+
+    /// Takes a free slot for `sub`.
+    fn take(self: &Arc<Gate>, st: &mut GateState, sub: u64, now: u64) -> GateSlot {
+        st.free -= 1;
+        let share = st.shares.entry(sub).or_default();
+        share.held += 1;
+        share.taken_at_sum += now;
+        GateSlot { gate: self.clone(), sub, taken_at: now }
+    }
+
+    /// Whether every slot is taken.
+    fn full(&self) -> bool {
+        self.lock().free == 0
+    }
+
+    /// Gives back `sub`'s slot taken at `taken_at`, to the waiting subscription that used least.
+    fn release(&self, sub: u64, taken_at: u64) {
+        let mut st = self.lock();
+        let now = self.now();
+        if let Some(share) = st.shares.get_mut(&sub) {
+            share.held = share.held.saturating_sub(1);
+            share.taken_at_sum = share.taken_at_sum.saturating_sub(taken_at);
+            share.used += now.saturating_sub(taken_at);
+        }
+        loop {
+            let next = {
+                let load = |s: &u64| st.shares.get(s).map_or(0, |share| share.load(now));
+                // min_by_key keeps the first of equals: the one that asked earliest.
+                st.waiting.iter().enumerate().min_by_key(|(_, (s, _))| load(s)).map(|(i, _)| i)
+            };
+            let Some((next, tx)) = next.and_then(|i| st.waiting.remove(i)) else {
+                st.free += 1;
+                break;
+            };
+            if tx.send(now).is_ok() {
+                let share = st.shares.entry(next).or_default();
+                share.held += 1;
+                share.taken_at_sum += now;
+                break;
+            }
+            // That wait was given up (its worker stopped); the slot goes to the next.
+            st.forget_if_idle(next);
+        }
+        st.forget_if_idle(sub);
+    }
+}
+
+impl GateState {
+    /// Forgets a subscription that holds and waits for nothing: it may be gone for good.
+    fn forget_if_idle(&mut self, sub: u64) {
+        let idle = self.shares.get(&sub).is_some_and(|s| s.held == 0);
+        if idle && !self.waiting.iter().any(|(s, _)| *s == sub) {
+            self.shares.remove(&sub);
+        }
     }
 }
 
@@ -373,8 +565,8 @@ async fn await_usable_stream(js: &async_nats::jetstream::Context, cfg: &PushConf
 }
 
 /// Consumes `cfg.topic`, keeping at most `max_in_flight` deliveries under way, each also holding a
-/// slot of `gate`, the process-wide bound.
-async fn worker(broker: Broker, client: WebhookClient, gate: Arc<Semaphore>, cfg: PushConfig) {
+/// slot of `gate`, the process-wide bound, as subscription `sub`.
+async fn worker(broker: Broker, client: WebhookClient, gate: Arc<Gate>, sub: u64, cfg: PushConfig) {
     let sink = match &cfg.nats_subject {
         None => Sink::Webhook(client),
         // With retry_on_initial_connect the client is made at once and (re)connects in the
@@ -399,12 +591,12 @@ async fn worker(broker: Broker, client: WebhookClient, gate: Arc<Semaphore>, cfg
     let mut refused = Reminder::new();
     loop {
         let Ok(first) = slots.clone().acquire_owned().await else { return };
-        let Ok(first_global) = gate.clone().acquire_owned().await else { return };
-        let full = gate.available_permits() == 0;
+        let first_global = gate.acquire(sub).await;
+        let full = gate.full();
         let mut permits = vec![(first, first_global)];
         while permits.len() < max_batch {
             let Ok(local) = slots.clone().try_acquire_owned() else { break };
-            let Ok(global) = gate.clone().try_acquire_owned() else { break };
+            let Some(global) = gate.try_acquire(sub) else { break };
             permits.push((local, global));
         }
         let req = PopRequest {
@@ -759,6 +951,53 @@ mod tests {
         assert!(has(b"localhost"), "no SNI in {hello:?}");
         assert!(has(b"\x00\x09\x08http/1.1"), "no ALPN list of exactly http/1.1 in {hello:?}");
         assert!(!has(b"secret body") && !has(b"POST"), "sent in the clear: {hello:?}");
+    }
+
+    #[tokio::test]
+    async fn a_freed_gate_slot_goes_to_the_waiting_subscription_that_used_least() {
+        let gate = Gate::new(2);
+        // Subscription 1 takes both slots; 1 and then 2 wait for one more.
+        let a = gate.acquire(1).await;
+        let b = gate.try_acquire(1).expect("a second slot");
+        assert!(gate.full() && gate.try_acquire(3).is_none());
+        let waits_1 = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let waits_2 = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(2).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Subscription 2 has used no slot time, 1 has held two all along: 2 is served first
+        // though it asked later.
+        drop(a);
+        let two = tokio::time::timeout(Duration::from_secs(5), waits_2).await.unwrap().unwrap();
+        assert_eq!(two.sub, 2);
+        assert!(!waits_1.is_finished());
+        drop(b);
+        let one = tokio::time::timeout(Duration::from_secs(5), waits_1).await.unwrap().unwrap();
+        assert_eq!(one.sub, 1);
+        drop((one, two));
+        assert_eq!(gate.lock().free, 2);
+        assert!(gate.lock().shares.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_gate_wait_given_up_leaks_no_slot() {
+        let gate = Gate::new(1);
+        let held = gate.acquire(1).await;
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(2).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waiting.abort();
+        let _ = waiting.await;
+        drop(held);
+        assert_eq!(gate.lock().free, 1);
+        assert!(gate.try_acquire(3).is_some());
     }
 
     #[test]
