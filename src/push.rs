@@ -180,10 +180,11 @@ pub async fn run(broker: Broker) {
     }
 }
 
-/// The process-wide bound on push deliveries under way, shared fairly by the time each
-/// subscription holds slots: a freed slot goes to the waiting subscription that has held the
-/// least (slots held now counted up to now), the earliest of equals. A subscription whose
-/// endpoint answers at once keeps getting slots however many slow ones wait, and a slow one
+/// The process-wide bound on push deliveries under way, shared fairly: a freed slot goes to the
+/// waiting subscription that holds the fewest now, and of those to the one that has held slots
+/// for the least time (slots held now counted up to now), then the one that asked first. A
+/// subscription whose endpoint answers at once keeps getting slots however many slow ones wait
+/// (a slow delivery's cost shows only as it runs, so the count held comes first), and a slow one
 /// still gets its turn once the others have used as much: none starves.
 struct Gate {
     /// What the slot times count from.
@@ -335,7 +336,7 @@ impl Gate {
         }
         loop {
             let next = {
-                let load = |s: &u64| st.shares.get(s).map_or(0, |share| share.load(now));
+                let load = |s: &u64| st.shares.get(s).map_or((0, 0), |share| (share.held, share.load(now)));
                 // min_by_key keeps the first of equals: the one that asked earliest.
                 st.waiting.iter().enumerate().min_by_key(|(_, (s, _))| load(s)).map(|(i, _)| i)
             };
