@@ -117,10 +117,16 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "HOSTS",
         "Hosts push subscriptions may deliver to (space-separated); unset (the default): any",
     ),
+    key(
+        "push_max_in_flight",
+        "N|auto",
+        "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit",
+    ),
+    key("max_push_subscriptions", "N", "Most push subscriptions; a PUT of a new one past it answers 429"),
 ];
 
 /// How many keys there are.
-pub const KEY_COUNT: usize = 32;
+pub const KEY_COUNT: usize = 34;
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -221,6 +227,11 @@ pub struct BrokerConfig {
     pub max_topics: usize,
     /// Most topic queues whose files are open at once.
     pub open_queues: usize,
+    /// Most push deliveries under way at once over every subscription; `None`: sized from the
+    /// process's open-file limit when push delivery starts.
+    pub push_max_in_flight: Option<usize>,
+    /// Most push subscriptions.
+    pub max_push_subscriptions: usize,
     /// Apply a request on the thread that parsed it when the engine is free and idle (always on
     /// in the program; off only to measure the hand-off it saves, in `benches/request.rs`).
     #[doc(hidden)]
@@ -321,6 +332,12 @@ pub struct Config {
     /// Hosts a push subscription may target; `None` (the default): any.
     #[serde(deserialize_with = "de_hosts")]
     pub push_allowed_hosts: Option<Vec<String>>,
+    /// Most push deliveries under way at once over every subscription; `None` (`auto`, the
+    /// default): sized from the open-file limit, as each delivery may hold a socket.
+    #[serde(deserialize_with = "de_auto_count")]
+    pub push_max_in_flight: Option<usize>,
+    /// Most push subscriptions; setting one on a new topic past it is refused.
+    pub max_push_subscriptions: usize,
 }
 
 impl Default for Config {
@@ -358,6 +375,8 @@ impl Default for Config {
             max_topics: 10_000,
             open_queues: 1024,
             push_allowed_hosts: None,
+            push_max_in_flight: None,
+            max_push_subscriptions: 1000,
         }
     }
 }
@@ -477,6 +496,8 @@ impl Config {
             "max_topics" => self.max_topics = parse_count(v)?,
             "open_queues" => self.open_queues = parse_count(v)?,
             "push_allowed_hosts" => self.push_allowed_hosts = Some(parse_hosts(v)?),
+            "push_max_in_flight" => self.push_max_in_flight = parse_auto_count(v)?,
+            "max_push_subscriptions" => self.max_push_subscriptions = parse_count(v)?,
             other => return Err(format!("unknown key {other}")),
         }
         Ok(())
@@ -519,6 +540,8 @@ impl Config {
             "max_topics" => self.max_topics.to_string(),
             "open_queues" => self.open_queues.to_string(),
             "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
+            "push_max_in_flight" => self.push_max_in_flight.map_or("auto".into(), |n| n.to_string()),
+            "max_push_subscriptions" => self.max_push_subscriptions.to_string(),
             _ => return None,
         })
     }
@@ -625,6 +648,15 @@ impl Config {
                 return bad("auth_token", rule.into());
             }
         }
+        if let Some(n) = self.push_max_in_flight {
+            if n == 0 || n > 1_000_000 {
+                return bad("push_max_in_flight", format!("{n} is outside 1..=1000000 (or auto)"));
+            }
+        }
+        if self.max_push_subscriptions == 0 || self.max_push_subscriptions > 1_000_000 {
+            let n = self.max_push_subscriptions;
+            return bad("max_push_subscriptions", format!("{n} is outside 1..=1000000"));
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
             return bad(
                 "log_level",
@@ -663,6 +695,8 @@ impl Config {
             reclaim: self.reclaim,
             max_topics: self.max_topics,
             open_queues: self.open_queues,
+            push_max_in_flight: self.push_max_in_flight,
+            max_push_subscriptions: self.max_push_subscriptions,
             inline_requests: true,
         }
     }
@@ -821,6 +855,24 @@ fn de_attempts_limit<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Opt
     }
 }
 
+/// `auto`, or a count.
+fn parse_auto_count(v: &str) -> std::result::Result<Option<usize>, String> {
+    if v.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    parse_count(v).map(Some)
+}
+
+fn de_auto_count<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<usize>, D::Error> {
+    use serde::de::Error as _;
+    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting("a number or \"auto\"")))? {
+        NumOrStr::Num(n) => {
+            usize::try_from(n).map(Some).map_err(|_| D::Error::custom(format!("{n} is out of range")))
+        }
+        NumOrStr::Str(s) => parse_auto_count(&s).map_err(D::Error::custom),
+    }
+}
+
 /// Host names, space- or comma-separated, lower-cased (hosts compare without case); at least one.
 fn parse_hosts(v: &str) -> std::result::Result<Vec<String>, String> {
     let hosts: Vec<String> =
@@ -900,6 +952,8 @@ mod tests {
         assert!(c.reclaim);
         assert_eq!(c.max_topics, 10_000);
         assert_eq!(c.open_queues, 1024);
+        assert_eq!(c.push_max_in_flight, None);
+        assert_eq!(c.max_push_subscriptions, 1000);
         assert_eq!(c.levels.len(), 18);
         assert_eq!(c.levels[0], 1000);
         assert_eq!(*c.levels.last().unwrap(), 7_200_000);
@@ -1050,6 +1104,8 @@ mod tests {
             ("max_topics", "7"),
             ("open_queues", "3"),
             ("push_allowed_hosts", "Hooks.Example,127.0.0.1"),
+            ("push_max_in_flight", "64"),
+            ("max_push_subscriptions", "9"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -1090,6 +1146,8 @@ mod tests {
             max_topics: 7,
             open_queues: 3,
             push_allowed_hosts: Some(vec!["hooks.example".into(), "127.0.0.1".into()]),
+            push_max_in_flight: Some(64),
+            max_push_subscriptions: 9,
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
@@ -1104,6 +1162,8 @@ mod tests {
             ("auth_token", "t"),
             ("reclaim", "off"),
             ("push_allowed_hosts", "a.example b.example"),
+            ("push_max_in_flight", "12"),
+            ("max_push_subscriptions", "5"),
         ] {
             changed.set(key, value).unwrap();
         }
@@ -1246,6 +1306,8 @@ mod tests {
             ("http_body_timeout", Box::new(|c| c.http_body_timeout = DAY_MS + 1)),
             ("auth_token", Box::new(|c| c.auth_token = Some("a b".into()))),
             ("log_level", Box::new(|c| c.log_level = "[[[".into())),
+            ("push_max_in_flight", Box::new(|c| c.push_max_in_flight = Some(0))),
+            ("max_push_subscriptions", Box::new(|c| c.max_push_subscriptions = 0)),
         ];
         for (key, mutate) in cases {
             let mut c = Config::default();
@@ -1299,6 +1361,8 @@ mod tests {
             reclaim,
             max_topics,
             open_queues,
+            push_max_in_flight,
+            max_push_subscriptions,
             inline_requests,
         } = b;
         assert!(inline_requests);
@@ -1324,5 +1388,7 @@ mod tests {
         assert_eq!(reclaim, c.reclaim);
         assert_eq!(max_topics, c.max_topics);
         assert_eq!(open_queues, c.open_queues);
+        assert_eq!(push_max_in_flight, c.push_max_in_flight);
+        assert_eq!(max_push_subscriptions, c.max_push_subscriptions);
     }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
@@ -19,7 +19,7 @@ use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use sha2::Sha256;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -36,6 +36,21 @@ const TTR_MARGIN_MS: u64 = 5_000;
 const POP_WAIT_MS: u64 = 1_000;
 /// Pause after the broker refused a call (it is shutting down or cannot write).
 const BROKER_RETRY: Duration = Duration::from_secs(1);
+/// A failure that repeats is logged again at most this often, with how many times it happened.
+const REMIND_EVERY: Duration = Duration::from_secs(60);
+/// With every delivery slot of the process taken, a subscription that found nothing waits this
+/// long outside the queue for slots before it looks again, rather than hold a slot in a long poll
+/// that another subscription's due messages could use.
+const IDLE_WHEN_FULL: Duration = Duration::from_millis(250);
+/// `push_max_in_flight = auto`: this share of the open-file limit (the rest is for the store's
+/// files and the HTTP connections), within these bounds.
+const AUTO_IN_FLIGHT_SHARE: usize = 4;
+const AUTO_IN_FLIGHT_MIN: usize = 64;
+const AUTO_IN_FLIGHT_MAX: usize = 4096;
+/// How long a NATS subscription's stream may take to describe itself when the subscription is set.
+pub const NATS_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a NATS worker asks again for a stream it could not read or must not deliver to.
+const NATS_CHECK_AGAIN: Duration = Duration::from_secs(5);
 /// A pooled connection unused this long is closed.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 /// TCP keepalive probes on webhook connections, so a pooled connection to a peer that vanished is
@@ -59,6 +74,7 @@ pub struct PushMetrics {
     attempts: IntCounterVec,
     latency: HistogramVec,
     in_flight: IntGaugeVec,
+    in_flight_limit: IntGauge,
 }
 
 impl PushMetrics {
@@ -88,14 +104,20 @@ impl PushMetrics {
             &["topic"],
         )
         .expect("valid gauge");
-        PushMetrics { attempts, latency, in_flight }
+        let in_flight_limit = IntGauge::new(
+            "delayd_push_in_flight_limit",
+            "Most push deliveries under way at once over every topic (push_max_in_flight).",
+        )
+        .expect("valid gauge");
+        PushMetrics { attempts, latency, in_flight, in_flight_limit }
     }
 
     /// Adds the families to `reg` for a scrape.
     pub fn register(&self, reg: &Registry) -> prometheus::Result<()> {
         reg.register(Box::new(self.attempts.clone()))?;
         reg.register(Box::new(self.latency.clone()))?;
-        reg.register(Box::new(self.in_flight.clone()))
+        reg.register(Box::new(self.in_flight.clone()))?;
+        reg.register(Box::new(self.in_flight_limit.clone()))
     }
 }
 
@@ -115,8 +137,15 @@ pub async fn run(broker: Broker) {
             return;
         }
     };
+    let limit = broker.config().push_max_in_flight.unwrap_or_else(auto_in_flight).max(1);
+    broker.push_metrics().in_flight_limit.set(i64::try_from(limit).unwrap_or(i64::MAX));
+    tracing::info!(push_max_in_flight = limit, "push deliveries under way at once over all topics");
+    // Every worker takes a slot here for each delivery, besides its own max_in_flight: a dead
+    // endpoint then holds at most this many sockets however many subscriptions point at it.
+    let gate = Gate::new(limit);
     let mut workers: HashMap<String, (PushConfig, JoinHandle<()>)> = HashMap::new();
     let mut seen = None;
+    let mut next_sub = 0u64;
     loop {
         match broker.pushes().await {
             Ok((changes, subs)) if seen != Some(changes) => {
@@ -132,7 +161,14 @@ pub async fn run(broker: Broker) {
                 });
                 for (topic, cfg) in wanted {
                     if let std::collections::hash_map::Entry::Vacant(slot) = workers.entry(topic) {
-                        let task = tokio::spawn(worker(broker.clone(), client.clone(), cfg.clone()));
+                        let task = tokio::spawn(worker(
+                            broker.clone(),
+                            client.clone(),
+                            gate.clone(),
+                            next_sub,
+                            cfg.clone(),
+                        ));
+                        next_sub += 1;
                         slot.insert((cfg, task));
                     }
                 }
@@ -141,6 +177,233 @@ pub async fn run(broker: Broker) {
             Err(e) => tracing::debug!(error = %e, "cannot read the push subscriptions"),
         }
         tokio::time::sleep(RECONCILE_EVERY).await;
+    }
+}
+
+/// The process-wide bound on push deliveries under way, shared fairly: a freed slot goes to the
+/// waiting subscription that holds the fewest now, and of those to the one that has held slots
+/// for the least time (slots held now counted up to now), then the one that asked first. A
+/// subscription whose endpoint answers at once keeps getting slots however many slow ones wait
+/// (a slow delivery's cost shows only as it runs, so the count held comes first), and a slow one
+/// still gets its turn once the others have used as much: none starves.
+struct Gate {
+    /// What the slot times count from.
+    epoch: Instant,
+    state: std::sync::Mutex<GateState>,
+}
+
+struct GateState {
+    free: usize,
+    /// By subscription (a worker's number), while it holds or waits for a slot.
+    shares: HashMap<u64, Share>,
+    /// Subscriptions waiting for a slot, in the order they asked.
+    waiting: std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<u64>)>,
+}
+
+/// One subscription's use of the gate, in microseconds since the gate's epoch.
+#[derive(Default)]
+struct Share {
+    held: u64,
+    /// Slot time of the slots given back.
+    used: u64,
+    /// Sum of the times the slots held now were taken.
+    taken_at_sum: u64,
+}
+
+impl Share {
+    /// Slot time used until `now`, the slots held now included.
+    fn load(&self, now: u64) -> u64 {
+        self.used + (self.held * now).saturating_sub(self.taken_at_sum)
+    }
+}
+
+/// One slot of the [`Gate`], given back when dropped.
+struct GateSlot {
+    gate: Arc<Gate>,
+    sub: u64,
+    taken_at: u64,
+}
+
+impl Drop for GateSlot {
+    fn drop(&mut self) {
+        self.gate.release(self.sub, self.taken_at);
+    }
+}
+
+/// A wait for a slot; dropped after the slot was handed to it, it gives the slot back.
+struct GateWait {
+    gate: Arc<Gate>,
+    sub: u64,
+    rx: tokio::sync::oneshot::Receiver<u64>,
+    done: bool,
+}
+
+impl Drop for GateWait {
+    fn drop(&mut self) {
+        if !self.done {
+            self.rx.close();
+            if let Ok(taken_at) = self.rx.try_recv() {
+                self.gate.release(self.sub, taken_at);
+            }
+        }
+    }
+}
+
+impl Gate {
+    fn new(slots: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            epoch: Instant::now(),
+            state: std::sync::Mutex::new(GateState {
+                free: slots,
+                shares: HashMap::new(),
+                waiting: std::collections::VecDeque::new(),
+            }),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Nothing under the lock can panic half-way through a change.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for subscription `sub`, once one is free and it is `sub`'s turn.
+    async fn acquire(self: &Arc<Gate>, sub: u64) -> GateSlot {
+        let rx = {
+            let mut st = self.lock();
+            let now = self.now();
+            if st.free > 0 && st.waiting.is_empty() {
+                return self.take(&mut st, sub, now);
+            }
+            if !st.shares.contains_key(&sub) {
+                // New, or back after a while idle: it starts level with the waiter that used
+                // least, so it is served soon but cannot claim slot time it did not use (and
+                // then starve the others while it catches up).
+                let used = st.waiting.iter().filter_map(|(s, _)| st.shares.get(s)).map(|s| s.load(now)).min();
+                st.shares.insert(sub, Share { used: used.unwrap_or(0), ..Share::default() });
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            st.waiting.push_back((sub, tx));
+            rx
+        };
+        let mut wait = GateWait { gate: self.clone(), sub, rx, done: false };
+        // The sender stays queued until a release hands it a slot, and the gate outlives every
+        // worker, so the wait ends with a slot.
+        let handed = (&mut wait.rx).await;
+        wait.done = true;
+        match handed {
+            Ok(taken_at) => GateSlot { gate: self.clone(), sub, taken_at },
+            // Cannot happen (see above); never take a slot that was not given.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// A slot for `sub` now, if one is free and nobody waits for it.
+    fn try_acquire(self: &Arc<Gate>, sub: u64) -> Option<GateSlot> {
+        let mut st = self.lock();
+        if st.free == 0 || !st.waiting.is_empty() {
+            return None;
+        }
+        let now = self.now();
+        Some(self.take(&mut st, sub, now))
+    }
+
+    /// Takes a free slot for `sub`.
+    fn take(self: &Arc<Gate>, st: &mut GateState, sub: u64, now: u64) -> GateSlot {
+        st.free -= 1;
+        let share = st.shares.entry(sub).or_default();
+        share.held += 1;
+        share.taken_at_sum += now;
+        GateSlot { gate: self.clone(), sub, taken_at: now }
+    }
+
+    /// Whether every slot is taken.
+    fn full(&self) -> bool {
+        self.lock().free == 0
+    }
+
+    /// Gives back `sub`'s slot taken at `taken_at`, to the waiting subscription that used least.
+    fn release(&self, sub: u64, taken_at: u64) {
+        let mut st = self.lock();
+        let now = self.now();
+        if let Some(share) = st.shares.get_mut(&sub) {
+            share.held = share.held.saturating_sub(1);
+            share.taken_at_sum = share.taken_at_sum.saturating_sub(taken_at);
+            share.used += now.saturating_sub(taken_at);
+        }
+        loop {
+            let next = {
+                let load = |s: &u64| st.shares.get(s).map_or((0, 0), |share| (share.held, share.load(now)));
+                // min_by_key keeps the first of equals: the one that asked earliest.
+                st.waiting.iter().enumerate().min_by_key(|(_, (s, _))| load(s)).map(|(i, _)| i)
+            };
+            let Some((next, tx)) = next.and_then(|i| st.waiting.remove(i)) else {
+                st.free += 1;
+                break;
+            };
+            if tx.send(now).is_ok() {
+                let share = st.shares.entry(next).or_default();
+                share.held += 1;
+                share.taken_at_sum += now;
+                break;
+            }
+            // That wait was given up (its worker stopped); the slot goes to the next.
+            st.forget_if_idle(next);
+        }
+        st.forget_if_idle(sub);
+    }
+}
+
+impl GateState {
+    /// Forgets a subscription that holds and waits for nothing: it may be gone for good.
+    fn forget_if_idle(&mut self, sub: u64) {
+        let idle = self.shares.get(&sub).is_some_and(|s| s.held == 0);
+        if idle && !self.waiting.iter().any(|(s, _)| *s == sub) {
+            self.shares.remove(&sub);
+        }
+    }
+}
+
+/// `push_max_in_flight = auto`: a share of the process's open-file limit, since each delivery
+/// may hold a socket.
+fn auto_in_flight() -> usize {
+    let share = open_file_limit().map_or(AUTO_IN_FLIGHT_MIN, |n| n / AUTO_IN_FLIGHT_SHARE);
+    share.clamp(AUTO_IN_FLIGHT_MIN, AUTO_IN_FLIGHT_MAX)
+}
+
+/// The soft limit on open files (Linux: read from /proc, no system call needed).
+fn open_file_limit() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files").split_whitespace().next()?.parse().ok()
+}
+
+/// Counts a failure that repeats and says when to log it: the first time, then at most once per
+/// [`REMIND_EVERY`], with how many there were since the last line.
+struct Reminder {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl Reminder {
+    fn new() -> Reminder {
+        Reminder { last: None, since: 0 }
+    }
+
+    /// `Some(n)` when this failure is to be logged: `n` happened since the last line, this one
+    /// included.
+    fn note(&mut self) -> Option<u64> {
+        self.since += 1;
+        match self.last {
+            Some(t) if t.elapsed() < REMIND_EVERY => None,
+            _ => {
+                self.last = Some(Instant::now());
+                Some(std::mem::take(&mut self.since))
+            }
+        }
     }
 }
 
@@ -192,16 +455,129 @@ enum Sink {
 /// What became of one delivery: acked (`Ok`), or why not (the outcome label, and a reason).
 type Outcome = Result<(), (&'static str, String)>;
 
-/// Consumes `cfg.topic`, keeping at most `max_in_flight` deliveries under way.
-async fn worker(broker: Broker, client: WebhookClient, cfg: PushConfig) {
+/// Options for every NATS connection push makes. Servers the one named advertises (its cluster's
+/// `connect_urls`) are ignored: `push_allowed_hosts` was checked against the URL given, and a
+/// server's gossip must not lead delayd to hosts nobody allowed.
+pub fn nats_options() -> async_nats::ConnectOptions {
+    async_nats::ConnectOptions::new().ignore_discovered_servers()
+}
+
+/// What delayd needs to know of the JetStream stream that captures a subscription's subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamFacts {
+    /// The stream's name.
+    pub name: String,
+    /// Whether it keeps its messages in memory only.
+    pub memory: bool,
+    /// How many servers hold a copy.
+    pub replicas: usize,
+}
+
+impl StreamFacts {
+    /// Why delayd must not deliver to this stream, if it must not: a memory stream loses
+    /// everything delayd handed it when its server restarts, after delayd has forgotten it.
+    pub fn refusal(&self) -> Option<String> {
+        self.memory.then(|| {
+            format!(
+                "stream {} keeps messages in memory only: a NATS restart loses every message delayd delivered to it; use file storage",
+                self.name
+            )
+        })
+    }
+
+    /// What the subscriber should know about the guarantee this stream gives.
+    pub fn warnings(&self) -> Vec<String> {
+        if self.replicas > 1 {
+            return Vec::new();
+        }
+        // The server's sync_interval is not visible to a client: only its operator knows whether
+        // every write is synced.
+        vec![format!(
+            "stream {} has 1 replica: unless its server syncs every write (jetstream sync_interval: always), a power failure or OS crash can lose messages JetStream acknowledged within the last sync interval (2 minutes by default), after delayd has marked them done",
+            self.name
+        )]
+    }
+}
+
+/// Reads the configuration of the stream that captures `subject` through `js`.
+async fn stream_facts(js: &async_nats::jetstream::Context, subject: &str) -> Result<StreamFacts, String> {
+    let name = js.stream_by_subject(subject).await.map_err(|e| match e.kind() {
+        async_nats::jetstream::context::GetStreamByNameErrorKind::NotFound => {
+            format!("no JetStream stream captures subject {subject}")
+        }
+        _ => format!("cannot look up the stream of subject {subject}: {}", error_chain(&e)),
+    })?;
+    let mut stream = js.get_stream(&name).await.map_err(|e| format!("cannot read stream {name}: {e}"))?;
+    let info = stream.info().await.map_err(|e| format!("cannot read stream {name}: {e}"))?;
+    Ok(StreamFacts {
+        name,
+        memory: info.config.storage == async_nats::jetstream::stream::StorageType::Memory,
+        replicas: info.config.num_replicas.max(1),
+    })
+}
+
+/// Connects to `url` and reads the configuration of the stream that captures `subject`, within
+/// `timeout` (the subscription's PUT waits for it).
+pub async fn check_nats_stream(url: &str, subject: &str, timeout: Duration) -> Result<StreamFacts, String> {
+    let work = async {
+        let nc = nats_options()
+            .connection_timeout(timeout)
+            .connect(url)
+            .await
+            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+        let facts = stream_facts(&async_nats::jetstream::new(nc.clone()), subject).await;
+        let _ = nc.drain().await;
+        facts
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .unwrap_or_else(|_| Err(format!("{url} did not describe the stream within {timeout:?}")))
+}
+
+/// Holds a NATS worker back until the stream that captures its subject is known and may be
+/// delivered to: none is readable, or it keeps messages in memory only, and the messages wait in
+/// delayd (pending, not failed) while the worker asks again.
+async fn await_usable_stream(js: &async_nats::jetstream::Context, cfg: &PushConfig) {
+    let subject = cfg.nats_subject.clone().unwrap_or_default();
+    let (mut unreadable, mut refused) = (Reminder::new(), Reminder::new());
+    loop {
+        match stream_facts(js, &subject).await {
+            Ok(facts) => match facts.refusal() {
+                None => {
+                    for w in facts.warnings() {
+                        tracing::warn!(topic = %cfg.topic, url = %cfg.url, "{w}");
+                    }
+                    return;
+                }
+                Some(why) => {
+                    if let Some(n) = refused.note() {
+                        tracing::error!(topic = %cfg.topic, url = %cfg.url, times = n, "not delivering: {why}");
+                    }
+                }
+            },
+            Err(why) => {
+                if let Some(n) = unreadable.note() {
+                    tracing::warn!(topic = %cfg.topic, url = %cfg.url, times = n, "not delivering until the stream can be read: {why}");
+                }
+            }
+        }
+        tokio::time::sleep(NATS_CHECK_AGAIN).await;
+    }
+}
+
+/// Consumes `cfg.topic`, keeping at most `max_in_flight` deliveries under way, each also holding a
+/// slot of `gate`, the process-wide bound, as subscription `sub`.
+async fn worker(broker: Broker, client: WebhookClient, gate: Arc<Gate>, sub: u64, cfg: PushConfig) {
     let sink = match &cfg.nats_subject {
         None => Sink::Webhook(client),
         // With retry_on_initial_connect the client is made at once and (re)connects in the
-        // background: a NATS server that is down holds up only this topic's deliveries, which
-        // time out and come back on their backoff.
-        Some(_) => match async_nats::ConnectOptions::new().retry_on_initial_connect().connect(&cfg.url).await
-        {
-            Ok(nc) => Sink::Nats(Arc::new(async_nats::jetstream::new(nc))),
+        // background: a NATS server that is down holds up only this topic's deliveries.
+        Some(_) => match nats_options().retry_on_initial_connect().connect(&cfg.url).await {
+            Ok(nc) => {
+                let js = async_nats::jetstream::new(nc);
+                await_usable_stream(&js, &cfg).await;
+                Sink::Nats(Arc::new(js))
+            }
             Err(e) => {
                 tracing::error!(topic = %cfg.topic, url = %cfg.url, error = %e, "cannot set up the NATS client; this topic is not pushed");
                 return;
@@ -209,40 +585,52 @@ async fn worker(broker: Broker, client: WebhookClient, cfg: PushConfig) {
         },
     };
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1) as usize));
+    // A pop of more than max_batch is refused: a subscription may keep more deliveries under way
+    // than that, but takes them max_batch at a time.
+    let max_batch = broker.config().max_batch.max(1);
     let cfg = Arc::new(cfg);
+    let mut refused = Reminder::new();
     loop {
         let Ok(first) = slots.clone().acquire_owned().await else { return };
-        let max = 1 + slots.available_permits();
+        let first_global = gate.acquire(sub).await;
+        let full = gate.full();
+        let mut permits = vec![(first, first_global)];
+        while permits.len() < max_batch {
+            let Ok(local) = slots.clone().try_acquire_owned() else { break };
+            let Some(global) = gate.try_acquire(sub) else { break };
+            permits.push((local, global));
+        }
         let req = PopRequest {
             topics: vec![cfg.topic.clone()],
-            max,
-            wait_ms: POP_WAIT_MS,
+            max: permits.len(),
+            // While every slot is taken, a long poll would hold one that is needed elsewhere.
+            wait_ms: if full { 0 } else { POP_WAIT_MS },
             ttr_ms: Some(u64::from(cfg.timeout_ms) + TTR_MARGIN_MS),
         };
         let got = match broker.pop(req).await {
             Ok(got) => got,
             Err(e) => {
-                tracing::debug!(topic = %cfg.topic, error = %e, "push pop failed");
-                drop(first);
+                if let Some(n) = refused.note() {
+                    tracing::warn!(topic = %cfg.topic, error = %e, times = n, "push cannot take due messages; retrying");
+                }
+                drop(permits);
                 tokio::time::sleep(BROKER_RETRY).await;
                 continue;
             }
         };
-        let mut permit = Some(first);
+        let found = !got.is_empty();
         for d in got {
-            // Only this loop takes permits, so the ones counted above are still free.
-            let slot = match permit.take() {
-                Some(p) => p,
-                None => match slots.clone().try_acquire_owned() {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-            };
+            // The pop took at most one message per permit pair.
+            let Some(slot) = permits.pop() else { break };
             let (broker, sink, cfg) = (broker.clone(), sink.clone(), cfg.clone());
             tokio::spawn(async move {
                 deliver(&broker, &sink, &cfg, d).await;
                 drop(slot);
             });
+        }
+        drop(permits);
+        if !found && full {
+            tokio::time::sleep(IDLE_WHEN_FULL).await;
         }
     }
 }
@@ -564,6 +952,83 @@ mod tests {
         assert!(has(b"localhost"), "no SNI in {hello:?}");
         assert!(has(b"\x00\x09\x08http/1.1"), "no ALPN list of exactly http/1.1 in {hello:?}");
         assert!(!has(b"secret body") && !has(b"POST"), "sent in the clear: {hello:?}");
+    }
+
+    #[tokio::test]
+    async fn a_freed_gate_slot_goes_to_the_waiting_subscription_that_used_least() {
+        let gate = Gate::new(2);
+        // Subscription 1 takes both slots; 1 and then 2 wait for one more.
+        let a = gate.acquire(1).await;
+        let b = gate.try_acquire(1).expect("a second slot");
+        assert!(gate.full() && gate.try_acquire(3).is_none());
+        let waits_1 = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let waits_2 = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(2).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Subscription 2 has used no slot time, 1 has held two all along: 2 is served first
+        // though it asked later.
+        drop(a);
+        let two = tokio::time::timeout(Duration::from_secs(5), waits_2).await.unwrap().unwrap();
+        assert_eq!(two.sub, 2);
+        assert!(!waits_1.is_finished());
+        drop(b);
+        let one = tokio::time::timeout(Duration::from_secs(5), waits_1).await.unwrap().unwrap();
+        assert_eq!(one.sub, 1);
+        drop((one, two));
+        assert_eq!(gate.lock().free, 2);
+        assert!(gate.lock().shares.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_gate_wait_given_up_leaks_no_slot() {
+        let gate = Gate::new(1);
+        let held = gate.acquire(1).await;
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(2).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waiting.abort();
+        let _ = waiting.await;
+        drop(held);
+        assert_eq!(gate.lock().free, 1);
+        assert!(gate.try_acquire(3).is_some());
+    }
+
+    #[test]
+    fn a_repeated_failure_is_logged_once_then_with_a_count_at_most_once_a_period() {
+        let mut r = Reminder::new();
+        assert_eq!(r.note(), Some(1));
+        assert_eq!(r.note(), None);
+        assert_eq!(r.note(), None);
+        // A period later the next line carries every failure since the last one.
+        r.last = Some(Instant::now() - REMIND_EVERY);
+        assert_eq!(r.note(), Some(3));
+        assert_eq!(r.note(), None);
+    }
+
+    #[test]
+    fn a_memory_stream_is_refused_and_one_replica_is_a_warning() {
+        let facts = |memory, replicas| StreamFacts { name: "S".into(), memory, replicas };
+        assert!(facts(true, 3).refusal().unwrap().contains("memory"));
+        assert_eq!(facts(false, 1).refusal(), None);
+        assert!(facts(false, 1).warnings()[0].contains("1 replica"));
+        assert!(facts(false, 3).warnings().is_empty());
+    }
+
+    #[test]
+    fn the_auto_bound_on_deliveries_follows_the_open_file_limit() {
+        let n = auto_in_flight();
+        assert!((AUTO_IN_FLIGHT_MIN..=AUTO_IN_FLIGHT_MAX).contains(&n), "{n}");
+        if let Some(limit) = open_file_limit() {
+            assert_eq!(n, (limit / AUTO_IN_FLIGHT_SHARE).clamp(AUTO_IN_FLIGHT_MIN, AUTO_IN_FLIGHT_MAX));
+        }
     }
 
     /// The documented example: anyone can check a receiver's implementation against it.

@@ -302,3 +302,156 @@ fn push_allowed_hosts_limits_where_deliveries_may_go() {
         assert!(v["error"]["message"].as_str().unwrap().contains("push_allowed_hosts"), "{url}: {v}");
     }
 }
+
+/// A webhook that accepts every connection and never answers: each delivery to it holds a socket
+/// until its timeout. Counts the connections open now and the most open at once.
+struct Silent {
+    url: String,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Silent {
+    fn start() -> Silent {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        listener.set_nonblocking(true).unwrap();
+        let (open, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let most2 = most.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                use tokio::io::AsyncReadExt;
+                let l = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    let (mut stream, _) = l.accept().await.unwrap();
+                    let (open, most) = (open.clone(), most2.clone());
+                    tokio::spawn(async move {
+                        // Counted a moment after the accept: the end of a connection delayd
+                        // closed just before opening this one may not have been read yet.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        // Read (and ignore) the request; the connection ends when delayd closes it.
+                        let mut buf = [0u8; 4096];
+                        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+            });
+        });
+        Silent { url, most }
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Sum of `delayd_push_in_flight` over every topic, and `delayd_push_in_flight_limit`.
+fn in_flight(s: &Server) -> (i64, Option<i64>) {
+    let (_, metrics) = s.get_text("/metrics");
+    let value = |l: &str| l.rsplit(' ').next().and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    let sum = metrics.lines().filter(|l| l.starts_with("delayd_push_in_flight{")).map(value).sum();
+    let limit = metrics.lines().find(|l| l.starts_with("delayd_push_in_flight_limit ")).map(value);
+    (sum, limit)
+}
+
+#[test]
+fn max_in_flight_above_max_batch_still_delivers() {
+    // max_batch 10 with the default max_in_flight of 16: each pop used to ask for 16 and be
+    // refused, forever.
+    let s = Server::start(&[("DELAYD_MAX_BATCH", "10")]);
+    let (rx, url) = Receiver::start();
+    assert_eq!(subscribe(&s, "small", json!({"url": url}))["max_in_flight"], 16);
+    for i in 0..30 {
+        s.produce("small", &json!({"id": format!("m{i}"), "body": "x"}));
+    }
+    rx.wait("30 deliveries with max_batch 10", |g| g.len() >= 30);
+    eventually("all 30 done", || (0..30).all(|i| state(&s, &format!("m{i}"))["state"] == "done"));
+    drop(s);
+
+    // The documented maximum, 1024, with the default max_batch (1000).
+    let s = Server::start(&[]);
+    let (rx, url) = Receiver::start();
+    subscribe(&s, "wide", json!({"url": url, "max_in_flight": 1024}));
+    for i in 0..5 {
+        s.produce("wide", &json!({"id": format!("w{i}"), "body": "x"}));
+    }
+    rx.wait("5 deliveries with max_in_flight 1024", |g| g.len() >= 5);
+    eventually("all 5 done", || (0..5).all(|i| state(&s, &format!("w{i}"))["state"] == "done"));
+    assert!(!s.log().contains("push cannot take due messages"), "{}", s.log());
+}
+
+#[test]
+fn deliveries_in_flight_are_bounded_process_wide_and_a_healthy_topic_still_delivers() {
+    const CAP: usize = 4;
+    const DEAD: usize = 12;
+    const HEALTHY: usize = 20;
+    let s = Server::start(&[("DELAYD_PUSH_MAX_IN_FLIGHT", "4")]);
+    let silent = Silent::start();
+    let (rx, url) = Receiver::start();
+    // Twelve topics whose endpoint never answers, each allowed 16 deliveries at once, each with
+    // four messages due now: 48 sockets without a process-wide bound.
+    for t in 0..DEAD {
+        let topic = format!("dead{t}");
+        subscribe(&s, &topic, json!({"url": silent.url, "timeout_ms": 2000}));
+        for i in 0..4 {
+            s.produce(
+                &topic,
+                &json!({"id": format!("d{t}-{i}"), "body": "x", "backoff": [100], "max_attempts": 1000}),
+            );
+        }
+    }
+    // A healthy topic gets a slot whenever one is freed, ahead of topics that hold more: its 20
+    // deliveries do not each wait behind all twelve silent topics' timeouts (20 x 12 / 4 x 2 s).
+    subscribe(&s, "healthy", json!({"url": url}));
+    for i in 0..HEALTHY {
+        s.produce("healthy", &json!({"id": format!("h{i}"), "body": "x"}));
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    loop {
+        let (now, limit) = in_flight(&s);
+        assert_eq!(limit, Some(CAP as i64));
+        assert!(now <= CAP as i64, "{now} deliveries in flight, more than push_max_in_flight {CAP}");
+        assert!(silent.most() <= CAP, "{} connections open at once to the silent endpoint", silent.most());
+        let healthy_done =
+            rx.got().len() >= HEALTHY && (0..HEALTHY).all(|i| state(&s, &format!("h{i}"))["state"] == "done");
+        if healthy_done && started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the healthy topic starved: {:?}", rx.got().len());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The bound was reached, not merely never approached.
+    assert!(silent.most() >= CAP - 1, "at most {} connections to the silent endpoint", silent.most());
+    // The file handles of the whole process stay near what it had: the bound, not 48 sockets.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", s.pid())).unwrap().count();
+    assert!(fds < 200, "{fds} file handles open");
+}
+
+#[test]
+fn a_new_subscription_past_max_push_subscriptions_is_refused_with_429() {
+    let s = Server::start(&[("DELAYD_MAX_PUSH_SUBSCRIPTIONS", "2")]);
+    let put = |topic: &str| {
+        let r = s
+            .http()
+            .put(s.url(&format!("/v1/topics/{topic}/push")))
+            .json(&json!({"url": "http://127.0.0.1:9/h"}))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    assert_eq!(put("a").0, 200);
+    assert_eq!(put("b").0, 200);
+    let (st, v) = put("c");
+    Server::assert_error(st, &v, 429, "too_many_push_subscriptions");
+    assert!(v["error"]["message"].as_str().unwrap().contains("max_push_subscriptions"), "{v}");
+    // Replacing one that exists is no new subscription.
+    assert_eq!(put("a").0, 200);
+    assert_eq!(s.delete("/v1/topics/b/push").0, 200);
+    assert_eq!(put("c").0, 200);
+    assert_eq!(s.get("/v1/topics/c/push").0, 200);
+    assert_eq!(s.get("/v1/topics/b/push").0, 404);
+}

@@ -82,12 +82,23 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Makes the stream `DUE` over `orders.due`, with JetStream's duplicate window.
 fn create_stream(url: &str) {
+    create_stream_as(url, "DUE", "orders.due", async_nats::jetstream::stream::StorageType::File);
+}
+
+/// Makes the stream `name` over `subject`, kept in `storage`, with one replica.
+fn create_stream_as(
+    url: &str,
+    name: &str,
+    subject: &str,
+    storage: async_nats::jetstream::stream::StorageType,
+) {
     runtime().block_on(async {
         let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
         js.get_or_create_stream(async_nats::jetstream::stream::Config {
-            name: "DUE".into(),
-            subjects: vec!["orders.due".into()],
+            name: name.into(),
+            subjects: vec![subject.into()],
             duplicate_window: Duration::from_secs(120),
+            storage,
             ..Default::default()
         })
         .await
@@ -216,4 +227,171 @@ fn a_nats_restart_while_delivering_loses_nothing_and_duplicates_nothing() {
         ["a0", "a1", "a2", "a3", "a4", "b0", "b1", "b2", "b3", "b4"],
         "each exactly once in the stream"
     );
+}
+
+fn put_push(s: &Server, topic: &str, body: Value) -> (u16, Value) {
+    let r = s.http().put(s.url(&format!("/v1/topics/{topic}/push"))).json(&body).send().unwrap();
+    (r.status().as_u16(), r.json().unwrap())
+}
+
+#[test]
+fn a_memory_stream_is_refused_and_a_file_stream_with_one_replica_is_accepted_with_a_warning() {
+    use async_nats::jetstream::stream::StorageType;
+    if !nats_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(tmp.path());
+    create_stream_as(&nats.url(), "VOLATILE", "mem.due", StorageType::Memory);
+    create_stream_as(&nats.url(), "DISK", "disk.due", StorageType::File);
+    let s = Server::start(&[]);
+
+    let (st, v) = put_push(&s, "m", json!({"nats": {"url": nats.url(), "subject": "mem.due"}}));
+    Server::assert_error(st, &v, 400, "invalid_argument");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("VOLATILE") && msg.contains("memory"), "{v}");
+    assert_eq!(s.get("/v1/topics/m/push").0, 404, "a refused subscription is not stored");
+
+    let (st, v) = put_push(&s, "f", json!({"nats": {"url": nats.url(), "subject": "disk.due"}}));
+    assert_eq!(st, 200, "{v}");
+    let warnings = v["warnings"].as_array().expect("warnings").clone();
+    assert_eq!(warnings.len(), 1, "{v}");
+    let w = warnings[0].as_str().unwrap();
+    assert!(w.contains("DISK") && w.contains("1 replica") && w.contains("sync_interval"), "{w}");
+    let log = s.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN") && l.contains("1 replica") && l.contains("DISK")),
+        "{log}"
+    );
+    // Nothing in the way of delivery to the file stream.
+    s.produce("f", &json!({"id": "f1", "body": "x"}));
+    eventually("f1 done", || s.get("/v1/messages/f1").1["state"] == "done");
+
+    // A server that cannot be reached: accepted, with a warning that says so.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (st, v) = put_push(
+        &s,
+        "later",
+        json!({"nats": {"url": format!("nats://127.0.0.1:{closed}"), "subject": "x.y"}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(v["warnings"][0].as_str().unwrap().contains("cannot read the stream"), "{v}");
+}
+
+#[test]
+fn a_stream_turned_to_memory_after_the_subscription_gets_no_deliveries() {
+    use async_nats::jetstream::stream::StorageType;
+    if !nats_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = Nats::start(tmp.path());
+    let s = Server::start(&[]);
+    // No stream yet: accepted with a warning; then the stream appears, in memory.
+    let (st, v) = put_push(&s, "late", json!({"nats": {"url": nats.url(), "subject": "late.due"}}));
+    assert_eq!(st, 200, "{v}");
+    assert!(v["warnings"][0].as_str().unwrap().contains("no JetStream stream captures"), "{v}");
+    create_stream_as(&nats.url(), "LATE", "late.due", StorageType::Memory);
+    s.produce("late", &json!({"id": "l1", "body": "x"}));
+    eventually("the refusal logged", || s.log().contains("not delivering") && s.log().contains("LATE"));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(s.get("/v1/messages/l1").1["state"], "ready", "delivered to a memory stream");
+}
+
+/// Two nats-servers clustered on loopback; the second advertises itself to clients as
+/// `localhost`, a host push_allowed_hosts does not list.
+#[test]
+fn servers_a_nats_cluster_advertises_are_never_connected_to() {
+    if !nats_available() {
+        return;
+    }
+    let free = || TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (a_port, a_route, b_port, b_route, b_http) = (free(), free(), free(), free(), free());
+    let start = |args: Vec<String>| Stopped {
+        child: Command::new(Nats::binary().unwrap())
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server"),
+    };
+    let a = start(
+        [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &a_port.to_string(),
+            "--cluster_name",
+            "c",
+            "--cluster",
+            &format!("nats://127.0.0.1:{a_route}"),
+            "--routes",
+            &format!("nats://127.0.0.1:{b_route}"),
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let _b = start(
+        [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &b_port.to_string(),
+            "-m",
+            &b_http.to_string(),
+            "--cluster_name",
+            "c",
+            "--cluster",
+            &format!("nats://127.0.0.1:{b_route}"),
+            "--routes",
+            &format!("nats://127.0.0.1:{a_route}"),
+            "--client_advertise",
+            &format!("localhost:{b_port}"),
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let connz = || -> u64 {
+        let v: Value = common::client()
+            .get(format!("http://127.0.0.1:{b_http}/connz"))
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or_default();
+        v["total"].as_u64().unwrap_or(u64::MAX)
+    };
+    eventually("b's monitoring answers", || connz() != u64::MAX);
+    // A client of a sees b among the servers a advertises once the route is up.
+    let a_url = format!("nats://127.0.0.1:{a_port}");
+    eventually("the cluster formed", || {
+        runtime().block_on(async {
+            match async_nats::connect(&a_url).await {
+                Ok(nc) => nc.server_info().connect_urls.iter().any(|u| u.contains("localhost")),
+                Err(_) => false,
+            }
+        })
+    });
+    let s = Server::start(&[("DELAYD_PUSH_ALLOWED_HOSTS", "127.0.0.1")]);
+    let (st, v) = put_push(&s, "c", json!({"nats": {"url": a_url, "subject": "c.due"}}));
+    assert_eq!(st, 200, "{v}");
+    s.produce("c", &json!({"id": "c1", "body": "x"}));
+    std::thread::sleep(Duration::from_secs(2));
+    // a goes away: a client that took up the servers a advertised reconnects to b.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        assert_eq!(connz(), 0, "delayd connected to a server push_allowed_hosts does not list");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A child process killed when dropped, also when the test fails.
+struct Stopped {
+    child: Child,
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

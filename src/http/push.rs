@@ -1,6 +1,7 @@
 //! `PUT/GET/DELETE /v1/topics/{topic}/push`: a topic's push subscription.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use url::Url;
@@ -21,6 +22,10 @@ const MAX_TIMEOUT_MS: u32 = 300_000;
 const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 /// Most deliveries under way at once a subscription may ask for.
 const MAX_IN_FLIGHT: u32 = 1_024;
+
+/// Held from counting the subscriptions until the new one is stored, so two PUTs at once cannot
+/// both take the last place under `max_push_subscriptions`.
+static SUBSCRIBING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The body of a subscribe: `url` (a webhook) or `nats`, not both.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -67,6 +72,10 @@ pub(crate) struct PushAnswer {
     /// The webhook, for one.
     #[serde(skip_serializing_if = "Option::is_none")]
     url: Option<String>,
+    /// What weakens delivery to this target, found when it was set (a NATS stream with one
+    /// replica, or one that could not be read then); absent when nothing does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 /// The answer to removing a subscription.
@@ -89,9 +98,9 @@ pub(crate) struct RemovedAnswer {
     request_body = PushBody,
     responses(
         (status = 200, description = "The subscription", body = PushAnswer),
-        (status = 400, description = "A field is invalid, or the host is not allowed", body = ErrorBody),
+        (status = 400, description = "A field is invalid, the host is not allowed, or the NATS stream keeps messages in memory only", body = ErrorBody),
         (status = 415, description = "Not sent as application/json", body = ErrorBody),
-        (status = 429, description = "It would create a topic past max_topics", body = ErrorBody),
+        (status = 429, description = "A new subscription past max_push_subscriptions, or a new topic past max_topics", body = ErrorBody),
     )
 )]
 pub(crate) async fn put(
@@ -135,6 +144,13 @@ pub(crate) async fn put(
     if !(1..=MAX_IN_FLIGHT).contains(&max_in_flight) {
         return Err(ApiError::invalid("max_in_flight", format!("must be 1 to {MAX_IN_FLIGHT}")));
     }
+    // Checked before the stream is asked for too, so a PUT that will be refused does not wait on a
+    // NATS server first.
+    room_for(&st, &topic).await?;
+    let warnings = match &nats_subject {
+        Some(subject) => nats_warnings(&topic, &url, subject).await?,
+        None => Vec::new(),
+    };
     let cfg = PushConfig {
         topic: topic.clone(),
         url,
@@ -144,8 +160,54 @@ pub(crate) async fn put(
         max_in_flight,
         created_at_ms: 0,
     };
-    st.broker().set_push(&topic, Some(cfg)).await?;
-    get(State(st), PathParam(topic)).await
+    {
+        let _one_at_a_time = SUBSCRIBING.lock().await;
+        room_for(&st, &topic).await?;
+        st.broker().set_push(&topic, Some(cfg)).await?;
+    }
+    let Json(mut answer) = get(State(st), PathParam(topic)).await?;
+    answer.warnings = warnings;
+    Ok(Json(answer))
+}
+
+/// 429 when `topic` has no subscription and `max_push_subscriptions` exist already.
+async fn room_for(st: &AppState, topic: &str) -> Result<(), ApiError> {
+    let (_, subs) = st.broker().pushes().await?;
+    let cap = st.broker().config().max_push_subscriptions;
+    if subs.len() >= cap && !subs.iter().any(|s| s.topic == topic) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_push_subscriptions",
+            format!(
+                "{} push subscriptions exist, the most max_push_subscriptions allows; topic {topic:?} has none",
+                subs.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads the JetStream stream a NATS subscription would publish to: a memory stream is refused
+/// (its server's restart loses what delayd delivered and forgot); what weakens the guarantee
+/// otherwise is returned for the answer, and logged.
+async fn nats_warnings(topic: &str, url: &str, subject: &str) -> Result<Vec<String>, ApiError> {
+    let warnings = match crate::push::check_nats_stream(url, subject, crate::push::NATS_CHECK_TIMEOUT).await {
+        Ok(facts) => {
+            if let Some(why) = facts.refusal() {
+                return Err(ApiError::invalid("nats", why));
+            }
+            facts.warnings()
+        }
+        // Accepted: the stream may come later. The worker reads it before its first delivery and
+        // does not deliver to a memory stream.
+        Err(why) => vec![format!(
+            "cannot read the stream's configuration now ({why}); delayd reads it again before the first delivery and does not deliver to a stream kept in memory"
+        )],
+    };
+    for w in &warnings {
+        tracing::warn!(topic, url, "push subscription: {w}");
+    }
+    Ok(warnings)
 }
 
 /// `GET /v1/topics/{topic}/push`
@@ -182,6 +244,7 @@ pub(crate) async fn get(
         timeout_ms: cfg.timeout_ms,
         topic: cfg.topic,
         url,
+        warnings: Vec::new(),
     }))
 }
 
