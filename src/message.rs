@@ -153,7 +153,7 @@ pub struct LevelStats {
     /// Level duration in ms.
     pub level_ms: u64,
     /// Timers not yet fired, of live messages only: the entry of a message acked, nacked or
-    /// cancelled before its timer fired is left out (the README says which still count).
+    /// cancelled before its timer fired is left out (docs/operations.md, Metrics, says which still count).
     pub backlog: u64,
     /// Due time of the head entry, unix ms.
     pub next_due_ms: Option<u64>,

@@ -1,5 +1,6 @@
 //! `GET /openapi.json` against the real binary: it is OpenAPI 3, it documents every route the
-//! source registers and every endpoint the README lists, and every operation it documents is served.
+//! source registers and every endpoint docs/api.md and the README list, and every operation it
+//! documents is served.
 
 mod common;
 
@@ -138,7 +139,7 @@ fn the_document_is_openapi_3_served_without_a_token_and_resolves() {
     }
     assert!(doc.pointer("/components/schemas/Error/properties/error").is_some(), "the error shape");
 
-    // Query parameters the README promises.
+    // Query parameters docs/api.md promises.
     let params = |m: &str, p: &str| -> BTreeSet<String> {
         ops[&(m.to_string(), p.to_string())]["parameters"]
             .as_array()
@@ -161,7 +162,7 @@ fn the_document_is_openapi_3_served_without_a_token_and_resolves() {
 }
 
 #[test]
-fn every_route_in_the_source_and_every_readme_endpoint_is_documented() {
+fn every_route_in_the_source_and_every_listed_endpoint_is_documented() {
     let s = server();
     let doc = fetch(&s);
     let ops = operations(&doc);
@@ -203,10 +204,28 @@ fn every_route_in_the_source_and_every_readme_endpoint_is_documented() {
     );
     assert_eq!(annotated, ops.len(), "one operation per annotated handler");
 
-    // The README's endpoint tables and the document list the same endpoints.
-    let readme = source("README.md");
+    // The endpoint tables of docs/api.md (the reference) and of the README (at a glance) each list
+    // the same endpoints as the document.
+    for file in ["docs/api.md", "README.md"] {
+        let listed = endpoint_rows(&source(file));
+        assert!(listed.len() > 10, "{file}: endpoint rows not found: {listed:?}");
+        for endpoint in &listed {
+            assert!(documented.contains(endpoint), "{file} lists {endpoint:?}, /openapi.json does not");
+        }
+        for endpoint in &documented {
+            assert!(
+                listed.contains(*endpoint),
+                "/openapi.json has {endpoint:?}, {file}'s endpoint tables do not"
+            );
+        }
+    }
+}
+
+/// The (METHOD, path) of every table row of `markdown` whose first cell is a method and a path in
+/// backquotes, such as `POST /v1/ack`, the query string left off; the dashboard's pages left out.
+fn endpoint_rows(markdown: &str) -> BTreeSet<(String, String)> {
     let mut listed = BTreeSet::new();
-    for line in readme.lines() {
+    for line in markdown.lines() {
         let Some(cell) = line.strip_prefix("| `") else { continue };
         let Some((method, rest)) = cell.split_once(' ') else { continue };
         if !METHODS.contains(&method.to_lowercase().as_str()) || !rest.starts_with('/') {
@@ -217,13 +236,7 @@ fn every_route_in_the_source_and_every_readme_endpoint_is_documented() {
             listed.insert((method.to_string(), path));
         }
     }
-    assert!(listed.len() > 10, "README endpoint rows not found: {listed:?}");
-    for endpoint in &listed {
-        assert!(documented.contains(endpoint), "README lists {endpoint:?}, /openapi.json does not");
-    }
-    for endpoint in &documented {
-        assert!(listed.contains(*endpoint), "/openapi.json has {endpoint:?}, README's API tables do not");
-    }
+    listed
 }
 
 #[test]

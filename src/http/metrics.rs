@@ -258,7 +258,7 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     gauge_by(
         &reg,
         "delayd_level_backlog",
-        "Timers on a delay level not yet fired, counting only those of live messages (see the README for the exceptions).",
+        "Timers on a delay level not yet fired, counting only those of live messages (see docs/operations.md, Metrics, for the exceptions).",
         "level",
         stats.levels.iter().map(|l| (fmt_ms(l.level_ms), l.backlog as f64)),
     )?;

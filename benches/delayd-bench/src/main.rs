@@ -2,7 +2,7 @@
 //! another on fresh servers, and writes Markdown tables and a PNG chart of what it measured.
 //!
 //! `cargo build --release -p delayd -p delayd-bench && target/release/delayd-bench` runs the default
-//! comparison (a few minutes); `--quick` is a seconds-long smoke run. See README.md, "Benchmarks".
+//! comparison (a few minutes); `--quick` is a seconds-long smoke run. See docs/benchmarks.md.
 
 mod chart;
 mod http;
