@@ -157,3 +157,13 @@ fn decimal_and_binary_units_mean_what_they_say() {
     let (st, v) = s.post(p, &json!({ "body": "x".repeat(10_241) }));
     Server::assert_error(st, &v, 413, "too_large");
 }
+
+#[test]
+fn the_configuration_page_lists_every_key_with_its_variable() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md"))
+        .expect("read docs/configuration.md");
+    for key in KEYS {
+        let row = format!("| `{key}` | `{}` |", env_var(key));
+        assert!(page.contains(&row), "docs/configuration.md has no row {row}");
+    }
+}
