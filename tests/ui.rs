@@ -37,15 +37,8 @@ fn browser_tools() -> Option<(PathBuf, PathBuf)> {
     let chrome = find(&["chromium", "chromium-browser", "google-chrome"]);
     match (driver, chrome) {
         (Some(d), Some(c)) => Some((d, c)),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "chromium and chromedriver are not installed, and CI must run the browser tests \
-                 (apt-get install chromium chromium-driver)"
-            );
-            println!("chromium or chromedriver not found: browser test skipped (apt-get install chromium chromium-driver)");
-            None
-        }
+        // The tests are ignored unless asked for; asked for, a missing browser is a failure.
+        _ => panic!("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"),
     }
 }
 
@@ -289,6 +282,7 @@ const A_BUSY_LEVEL: &str = "return Array.from(document.querySelectorAll('#levels
     .find((cells) => Number(cells[1]) > 0) || null";
 
 #[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
 fn the_dashboard_shows_live_levels_topics_and_messages_and_cancels_one() {
     let Some((driver, chrome)) = browser_tools() else { return };
     let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
@@ -400,6 +394,7 @@ fn the_dashboard_shows_live_levels_topics_and_messages_and_cancels_one() {
 }
 
 #[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
 fn with_a_token_the_page_asks_for_it_and_keeps_it_out_of_urls() {
     let Some((driver, chrome)) = browser_tools() else { return };
     let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
