@@ -10,6 +10,8 @@
 //!   either reads the rest of a small body first, so the connection stays usable, or says
 //!   `Connection: close` and keeps reading (and dropping) what the client still sends until the
 //!   body's deadline, so the close does not reset the connection under the answer;
+//! - a request whose declared body is larger than the request limit is answered 413 before any of
+//!   the body is read (and before any `100 Continue`);
 //! - hyper's own answers to requests it cannot parse (400, 414, 431) carry the JSON error shape.
 
 mod body;
@@ -22,8 +24,10 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, Request, Response};
+use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use axum::response::IntoResponse;
 use axum::Router;
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,10 +37,11 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 pub use body::BodyTimedOut;
-use body::{AnswerBody, RequestBody};
+use body::{AnswerBody, Leftover, RequestBody};
 use io::{ConnIo, Phase, PhaseCell};
 
 use crate::config::Config;
+use crate::http::ApiError;
 
 /// How long a new connection waits before the "every slot is taken" warning may repeat.
 const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
@@ -52,6 +57,11 @@ pub struct ServeConfig {
     pub body_timeout: Duration,
     /// Most connections served at once.
     pub max_connections: usize,
+    /// Largest request body: `max_body_bytes` plus the JSON envelope the router allows.
+    pub body_limit: u64,
+    /// The bearer token of `auth_token`: a request without it is left to the router, which
+    /// refuses it (401) before reading its body wherever a token is needed.
+    pub auth_token: Option<String>,
 }
 
 impl ServeConfig {
@@ -62,6 +72,8 @@ impl ServeConfig {
             idle_timeout: Duration::from_millis(cfg.http_idle_timeout),
             body_timeout: Duration::from_millis(cfg.http_body_timeout),
             max_connections: cfg.max_connections,
+            body_limit: cfg.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64),
+            auth_token: cfg.auth_token.clone(),
         }
     }
 }
@@ -145,7 +157,7 @@ async fn connection(
     _slot: OwnedSemaphorePermit,
 ) {
     let phase = Arc::new(PhaseCell::new(Phase::accepted()));
-    let service = ConnService { router, phase: phase.clone(), body_timeout: cfg.body_timeout };
+    let service = ConnService { router, phase: phase.clone(), cfg: cfg.clone() };
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The head and idle deadlines are kept by `Phase` below: hyper's header timer would also
     // run while a kept-alive connection is idle, closing it after the (shorter) header timeout.
@@ -190,7 +202,43 @@ async fn connection(
 struct ConnService {
     router: Router,
     phase: Arc<PhaseCell>,
-    body_timeout: Duration,
+    cfg: Arc<ServeConfig>,
+}
+
+impl ConnService {
+    /// Whether the request carries the bearer token, or none is needed.
+    fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
+        let Some(token) = &self.cfg.auth_token else { return true };
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(super::bearer);
+        given.is_some_and(|g| super::constant_time_eq(g.as_bytes(), token.as_bytes()))
+    }
+
+    /// Refuses a request that declares more body than the request limit before any of it is
+    /// read: the router would only refuse it after reading that much.
+    fn check_body(&self, size: http_body::SizeHint) -> Result<(), ApiError> {
+        let limit = self.cfg.body_limit;
+        if size.lower() > limit {
+            return Err(ApiError::too_large(format!(
+                "the request declares a body of {} bytes; the limit is {limit} (max_body_bytes plus 64KiB of envelope)",
+                size.lower()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An answer given without the router, in the shape the path's clients parse: the JSON error
+/// envelope, or on a compat path the `{code, message, data}` body with the same status (as its 401).
+fn refusal(path: &str, e: ApiError) -> Response<axum::body::Body> {
+    if !super::compat::is_compat_path(path) {
+        return e.into_response();
+    }
+    let body = serde_json::json!({"code": 1, "message": e.message, "data": null});
+    let mut resp = (e.status, axum::Json(body)).into_response();
+    if e.status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
 }
 
 impl hyper::service::Service<Request<Incoming>> for ConnService {
@@ -200,26 +248,48 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         self.phase.set(Phase::Serving { answered: None, body_done: false });
-        let deadline = Instant::now() + self.body_timeout;
+        let deadline = Instant::now() + self.cfg.body_timeout;
         let expects_continue = req
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        // A request without the token gets its 401 from the router before its body is read; it
+        // is not a too-large one, so a client without the token learns nothing of the limits.
+        let admitted =
+            if self.authorized(req.headers()) { self.check_body(req.body().size_hint()) } else { Ok(()) };
         let (parts, incoming) = req.into_parts();
         let (body, leftover) = RequestBody::new(incoming, deadline);
+        let phase = self.phase.clone();
+        if let Err(e) = admitted {
+            let resp = refusal(parts.uri.path(), e);
+            // Unread: hyper sends no `100 Continue`, and `settle` decides about the rest.
+            drop(body);
+            return Box::pin(answer(resp, leftover, expects_continue, deadline, phase));
+        }
         let req = Request::from_parts(parts, axum::body::Body::new(body));
         let router = self.router.clone();
-        let phase = self.phase.clone();
         Box::pin(async move {
-            let mut resp = match router.oneshot(req).await {
+            let resp = match router.oneshot(req).await {
                 Ok(resp) => resp,
                 Err(never) => match never {},
             };
-            if !leftover.settle(expects_continue, deadline).await {
-                resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            phase.apply(Phase::on_answer);
-            Ok(resp.map(|b| AnswerBody::new(b, phase)))
+            answer(resp, leftover, expects_continue, deadline, phase).await
         })
     }
+}
+
+/// Finishes an answer: `Connection: close` unless the request body was read (or can be), and the
+/// answer body under watch.
+async fn answer(
+    mut resp: Response<axum::body::Body>,
+    leftover: Arc<Leftover>,
+    expects_continue: bool,
+    deadline: Instant,
+    phase: Arc<PhaseCell>,
+) -> Result<Response<AnswerBody>, Infallible> {
+    if !leftover.settle(expects_continue, deadline).await {
+        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    phase.apply(Phase::on_answer);
+    Ok(resp.map(|b| AnswerBody::new(b, phase)))
 }
