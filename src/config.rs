@@ -117,10 +117,15 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "HOSTS",
         "Hosts push subscriptions may deliver to (space-separated); unset (the default): any",
     ),
+    key(
+        "max_body_memory",
+        "SIZE",
+        "Most request-body bytes in memory at once; past it, 503 with Retry-After",
+    ),
 ];
 
 /// How many keys there are.
-pub const KEY_COUNT: usize = 32;
+pub const KEY_COUNT: usize = 33;
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -321,6 +326,9 @@ pub struct Config {
     /// Hosts a push subscription may target; `None` (the default): any.
     #[serde(deserialize_with = "de_hosts")]
     pub push_allowed_hosts: Option<Vec<String>>,
+    /// Most bytes of request bodies held in memory at once, in bytes.
+    #[serde(deserialize_with = "de_size")]
+    pub max_body_memory: u64,
 }
 
 impl Default for Config {
@@ -358,6 +366,7 @@ impl Default for Config {
             max_topics: 10_000,
             open_queues: 1024,
             push_allowed_hosts: None,
+            max_body_memory: 256 << 20,
         }
     }
 }
@@ -453,6 +462,7 @@ impl Config {
             "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
             "auth_token" => self.auth_token = Some(v.to_string()),
             "max_connections" => self.max_connections = parse_count(v)?,
+            "max_body_memory" => self.max_body_memory = parse_size(v)?,
             "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
             "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
             "http_body_timeout" => self.http_body_timeout = parse_duration(v)?,
@@ -507,6 +517,7 @@ impl Config {
             "max_topics" => self.max_topics.to_string(),
             "open_queues" => self.open_queues.to_string(),
             "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
+            "max_body_memory" => fmt_size(self.max_body_memory),
             _ => return None,
         })
     }
@@ -593,6 +604,18 @@ impl Config {
         }
         if self.max_connections == 0 || self.max_connections > 1_000_000 {
             return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
+        }
+        // One request of the largest size must fit, or such a request could never be served.
+        let request_limit = self.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64);
+        if self.max_body_memory < request_limit || self.max_body_memory > 1 << 40 {
+            return bad(
+                "max_body_memory",
+                format!(
+                    "{} must hold at least one request of max_body_bytes plus 64KiB ({}) and be at most 1TiB",
+                    fmt_size(self.max_body_memory),
+                    fmt_size(request_limit)
+                ),
+            );
         }
         for (key, ms) in [
             ("http_header_timeout", self.http_header_timeout),
@@ -874,6 +897,7 @@ mod tests {
         assert_eq!(c.compat_max_wait, 178_000);
         assert_eq!(c.auth_token, None);
         assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.max_body_memory, 256 << 20);
     }
 
     #[test]
@@ -995,6 +1019,7 @@ mod tests {
             ("max_topics", "7"),
             ("open_queues", "3"),
             ("push_allowed_hosts", "Hooks.Example,127.0.0.1"),
+            ("max_body_memory", "1MiB"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -1035,6 +1060,7 @@ mod tests {
             max_topics: 7,
             open_queues: 3,
             push_allowed_hosts: Some(vec!["hooks.example".into(), "127.0.0.1".into()]),
+            max_body_memory: 1 << 20,
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
@@ -1049,6 +1075,7 @@ mod tests {
             ("auth_token", "t"),
             ("reclaim", "off"),
             ("push_allowed_hosts", "a.example b.example"),
+            ("max_body_memory", "64MiB"),
         ] {
             changed.set(key, value).unwrap();
         }
@@ -1169,6 +1196,7 @@ mod tests {
             ("max_batch", Box::new(|c| c.max_batch = 0)),
             ("open_queues", Box::new(|c| c.open_queues = 0)),
             ("max_connections", Box::new(|c| c.max_connections = 0)),
+            ("max_body_memory", Box::new(|c| c.max_body_memory = c.max_body_bytes)),
             ("http_header_timeout", Box::new(|c| c.http_header_timeout = 0)),
             ("http_idle_timeout", Box::new(|c| c.http_idle_timeout = 0)),
             ("http_body_timeout", Box::new(|c| c.http_body_timeout = DAY_MS + 1)),

@@ -12,6 +12,8 @@
 //!   body's deadline, so the close does not reset the connection under the answer;
 //! - a request whose declared body is larger than the request limit is answered 413 before any of
 //!   the body is read (and before any `100 Continue`);
+//! - request bodies in memory are bounded together by `max_body_memory`: a request whose body does
+//!   not fit in what is left is answered 503 with `Retry-After` before its body is read;
 //! - hyper's own answers to requests it cannot parse (400, 414, 431) carry the JSON error shape.
 
 mod body;
@@ -21,23 +23,26 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, Request, Response, StatusCode};
 use axum::response::IntoResponse;
-use axum::Router;
+use axum::{Extension, Router};
 use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
+use utoipa::ToSchema;
 
 pub use body::BodyTimedOut;
-use body::{AnswerBody, Leftover, RequestBody};
+use body::{AnswerBody, BodyBudget, BodyPermit, Leftover, RequestBody};
 use io::{ConnIo, Phase, PhaseCell};
 
 use crate::config::Config;
@@ -59,6 +64,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// Largest request body: `max_body_bytes` plus the JSON envelope the router allows.
     pub body_limit: u64,
+    /// Most request-body bytes held at once by the requests being served.
+    pub max_body_memory: u64,
     /// The bearer token of `auth_token`: a request without it is left to the router, which
     /// refuses it (401) before reading its body wherever a token is needed.
     pub auth_token: Option<String>,
@@ -73,6 +80,7 @@ impl ServeConfig {
             body_timeout: Duration::from_millis(cfg.http_body_timeout),
             max_connections: cfg.max_connections,
             body_limit: cfg.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64),
+            max_body_memory: cfg.max_body_memory,
             auth_token: cfg.auth_token.clone(),
         }
     }
@@ -89,6 +97,12 @@ pub async fn serve(
 ) {
     let cfg = Arc::new(cfg);
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let bodies = Arc::new(Bodies {
+        budget: BodyBudget::new(usize::try_from(cfg.max_body_memory).unwrap_or(usize::MAX)),
+        refused: Throttled::default(),
+        refused_total: AtomicU64::new(0),
+    });
+    let router = router.layer(Extension(ServerView { cfg: cfg.clone(), bodies: bodies.clone() }));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut shutdown = pin!(shutdown);
@@ -125,7 +139,9 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        connections.spawn(connection(stream, peer, router.clone(), cfg.clone(), stop_rx.clone(), slot));
+        let conn =
+            connection(stream, peer, router.clone(), cfg.clone(), bodies.clone(), stop_rx.clone(), slot);
+        connections.spawn(conn);
     }
     drop(listener);
     stop_tx.send_replace(true);
@@ -153,11 +169,12 @@ async fn connection(
     peer: SocketAddr,
     router: Router,
     cfg: Arc<ServeConfig>,
+    bodies: Arc<Bodies>,
     mut stop: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
 ) {
     let phase = Arc::new(PhaseCell::new(Phase::accepted()));
-    let service = ConnService { router, phase: phase.clone(), cfg: cfg.clone() };
+    let service = ConnService { router, phase: phase.clone(), cfg: cfg.clone(), bodies };
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The head and idle deadlines are kept by `Phase` below: hyper's header timer would also
     // run while a kept-alive connection is idle, closing it after the (shorter) header timeout.
@@ -196,6 +213,61 @@ async fn connection(
     }
 }
 
+/// The request bodies of every connection: their memory budget and the refusals past it.
+struct Bodies {
+    budget: BodyBudget,
+    refused: Throttled,
+    refused_total: AtomicU64,
+}
+
+/// What the HTTP server reports of itself in `/v1/stats` (as `http`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct HttpStats {
+    /// Request-body bytes reserved by the requests being served now.
+    pub body_memory_bytes: u64,
+    /// The most they may reserve together (`max_body_memory`).
+    pub max_body_memory: u64,
+    /// Requests answered 503 since start because the bodies in flight filled `max_body_memory`.
+    pub refused_bodies: u64,
+}
+
+/// A handle on the running server for `/v1/stats`; the server adds it to every request.
+#[derive(Clone)]
+pub struct ServerView {
+    cfg: Arc<ServeConfig>,
+    bodies: Arc<Bodies>,
+}
+
+impl ServerView {
+    /// The server's figures now.
+    pub fn stats(&self) -> HttpStats {
+        HttpStats {
+            body_memory_bytes: self.bodies.budget.in_use() as u64,
+            max_body_memory: self.cfg.max_body_memory,
+            refused_bodies: self.bodies.refused_total.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts events and says when a warning about them is due: the first time, then at most once
+/// per [`FULL_WARNING_EVERY`], with how many happened since the last warning.
+#[derive(Default)]
+struct Throttled(std::sync::Mutex<(Option<Instant>, u64)>);
+
+impl Throttled {
+    /// Counts one event; `Some(count)` when a warning is due now.
+    fn hit(&self) -> Option<u64> {
+        let mut g = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (warned, count) = &mut *g;
+        *count += 1;
+        if warned.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
+            *warned = Some(Instant::now());
+            return Some(std::mem::take(count));
+        }
+        None
+    }
+}
+
 /// The hyper service of one connection: the router, with the request body under a deadline and
 /// a `Connection: close` on answers given before the request body was read.
 #[derive(Clone)]
@@ -203,6 +275,7 @@ struct ConnService {
     router: Router,
     phase: Arc<PhaseCell>,
     cfg: Arc<ServeConfig>,
+    bodies: Arc<Bodies>,
 }
 
 impl ConnService {
@@ -213,9 +286,10 @@ impl ConnService {
         given.is_some_and(|g| super::constant_time_eq(g.as_bytes(), token.as_bytes()))
     }
 
-    /// Refuses a request that declares more body than the request limit before any of it is
-    /// read: the router would only refuse it after reading that much.
-    fn check_body(&self, size: http_body::SizeHint) -> Result<(), ApiError> {
+    /// Lets a request's body in, reserving its memory, or refuses the request before any of the
+    /// body is read: 413 when it declares more than the request limit (the router would only
+    /// refuse it after reading that much), 503 when the bodies in flight leave no room for it.
+    fn admit_body(&self, size: http_body::SizeHint) -> Result<Option<BodyPermit>, ApiError> {
         let limit = self.cfg.body_limit;
         if size.lower() > limit {
             return Err(ApiError::too_large(format!(
@@ -223,7 +297,27 @@ impl ConnService {
                 size.lower()
             )));
         }
-        Ok(())
+        // A chunked body says nothing of its size; it may grow to the limit.
+        let need = size.upper().unwrap_or(limit).min(limit);
+        if need == 0 {
+            return Ok(None);
+        }
+        if let Some(permit) = self.bodies.budget.try_reserve(need) {
+            return Ok(Some(permit));
+        }
+        self.bodies.refused_total.fetch_add(1, Ordering::Relaxed);
+        if let Some(refused) = self.bodies.refused.hit() {
+            tracing::warn!(
+                max_body_memory = self.cfg.max_body_memory,
+                refused,
+                "request bodies in flight fill max_body_memory; refusing requests with 503 until some finish"
+            );
+        }
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the request bodies being received fill the server's budget (max_body_memory); retry shortly",
+        ))
     }
 }
 
@@ -253,19 +347,23 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        // A request without the token gets its 401 from the router before its body is read; it
-        // is not a too-large one, so a client without the token learns nothing of the limits.
+        // A request without the token gets its 401 from the router before its body is read, and
+        // must not take budget that authorized requests need; it is not a too-large one either,
+        // so a client without the token learns nothing of the limits.
         let admitted =
-            if self.authorized(req.headers()) { self.check_body(req.body().size_hint()) } else { Ok(()) };
+            if self.authorized(req.headers()) { self.admit_body(req.body().size_hint()) } else { Ok(None) };
         let (parts, incoming) = req.into_parts();
         let (body, leftover) = RequestBody::new(incoming, deadline);
         let phase = self.phase.clone();
-        if let Err(e) = admitted {
-            let resp = refusal(parts.uri.path(), e);
-            // Unread: hyper sends no `100 Continue`, and `settle` decides about the rest.
-            drop(body);
-            return Box::pin(answer(resp, leftover, expects_continue, deadline, phase));
-        }
+        let permit = match admitted {
+            Ok(permit) => permit,
+            Err(e) => {
+                let resp = refusal(parts.uri.path(), e);
+                // Unread: hyper sends no `100 Continue`, and `settle` decides about the rest.
+                drop(body);
+                return Box::pin(answer(resp, leftover, expects_continue, deadline, phase));
+            }
+        };
         let req = Request::from_parts(parts, axum::body::Body::new(body));
         let router = self.router.clone();
         Box::pin(async move {
@@ -273,6 +371,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
                 Ok(resp) => resp,
                 Err(never) => match never {},
             };
+            // The handler has let go of the body it buffered.
+            drop(permit);
             answer(resp, leftover, expects_continue, deadline, phase).await
         })
     }
