@@ -88,7 +88,11 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "TOKEN",
         "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
     ),
-    key("max_connections", "N", "Most HTTP connections served at once; more wait in the listen backlog"),
+    key(
+        "max_connections",
+        "N",
+        "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room",
+    ),
     key(
         "http_header_timeout",
         "DURATION",
@@ -118,6 +122,11 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "Hosts push subscriptions may deliver to (space-separated); unset (the default): any",
     ),
     key(
+        "max_connections_per_ip",
+        "N",
+        "Most connections one client address may hold; unset (the default): half of max_connections",
+    ),
+    key(
         "max_body_memory",
         "SIZE",
         "Most request-body bytes in memory at once; past it, 503 with Retry-After",
@@ -125,7 +134,7 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
 ];
 
 /// How many keys there are.
-pub const KEY_COUNT: usize = 33;
+pub const KEY_COUNT: usize = 34;
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -326,6 +335,9 @@ pub struct Config {
     /// Hosts a push subscription may target; `None` (the default): any.
     #[serde(deserialize_with = "de_hosts")]
     pub push_allowed_hosts: Option<Vec<String>>,
+    /// Most connections one client address may hold; `None` (the default): half of the
+    /// connection cap, so one address can never take every slot.
+    pub max_connections_per_ip: Option<usize>,
     /// Most bytes of request bodies held in memory at once, in bytes.
     #[serde(deserialize_with = "de_size")]
     pub max_body_memory: u64,
@@ -353,7 +365,7 @@ impl Default for Config {
             compat_max_wait: 178_000,
             compat_max_attempts: None,
             auth_token: None,
-            max_connections: 1024,
+            max_connections: 10_000,
             http_header_timeout: 10_000,
             http_idle_timeout: 60_000,
             http_body_timeout: 30_000,
@@ -366,6 +378,7 @@ impl Default for Config {
             max_topics: 10_000,
             open_queues: 1024,
             push_allowed_hosts: None,
+            max_connections_per_ip: None,
             max_body_memory: 256 << 20,
         }
     }
@@ -462,6 +475,7 @@ impl Config {
             "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
             "auth_token" => self.auth_token = Some(v.to_string()),
             "max_connections" => self.max_connections = parse_count(v)?,
+            "max_connections_per_ip" => self.max_connections_per_ip = Some(parse_count(v)?),
             "max_body_memory" => self.max_body_memory = parse_size(v)?,
             "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
             "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
@@ -517,6 +531,7 @@ impl Config {
             "max_topics" => self.max_topics.to_string(),
             "open_queues" => self.open_queues.to_string(),
             "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
+            "max_connections_per_ip" => self.max_connections_per_ip?.to_string(),
             "max_body_memory" => fmt_size(self.max_body_memory),
             _ => return None,
         })
@@ -604,6 +619,11 @@ impl Config {
         }
         if self.max_connections == 0 || self.max_connections > 1_000_000 {
             return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
+        }
+        if let Some(n) = self.max_connections_per_ip {
+            if n == 0 || n > 1_000_000 {
+                return bad("max_connections_per_ip", format!("{n} is outside 1..=1000000"));
+            }
         }
         // One request of the largest size must fit, or such a request could never be served.
         let request_limit = self.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64);
@@ -897,6 +917,8 @@ mod tests {
         assert_eq!(c.compat_max_wait, 178_000);
         assert_eq!(c.auth_token, None);
         assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.max_connections_per_ip, None);
         assert_eq!(c.max_body_memory, 256 << 20);
     }
 
@@ -1019,6 +1041,7 @@ mod tests {
             ("max_topics", "7"),
             ("open_queues", "3"),
             ("push_allowed_hosts", "Hooks.Example,127.0.0.1"),
+            ("max_connections_per_ip", "4"),
             ("max_body_memory", "1MiB"),
         ];
         assert_eq!(values.len(), KEYS.len());
@@ -1060,6 +1083,7 @@ mod tests {
             max_topics: 7,
             open_queues: 3,
             push_allowed_hosts: Some(vec!["hooks.example".into(), "127.0.0.1".into()]),
+            max_connections_per_ip: Some(4),
             max_body_memory: 1 << 20,
         };
         assert_eq!(c, expected);
@@ -1075,6 +1099,7 @@ mod tests {
             ("auth_token", "t"),
             ("reclaim", "off"),
             ("push_allowed_hosts", "a.example b.example"),
+            ("max_connections_per_ip", "7"),
             ("max_body_memory", "64MiB"),
         ] {
             changed.set(key, value).unwrap();
@@ -1083,6 +1108,7 @@ mod tests {
             let mut c = Config {
                 auth_token: Some("other".into()),
                 push_allowed_hosts: Some(vec!["other".into()]),
+                max_connections_per_ip: Some(99),
                 ..Config::default()
             };
             // The keys that may be unset show nothing then.
@@ -1090,6 +1116,7 @@ mod tests {
                 match (original.get(key), key) {
                     (Some(v), _) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
                     (None, "auth_token") => c.auth_token = None,
+                    (None, "max_connections_per_ip") => c.max_connections_per_ip = None,
                     (None, _) => c.push_allowed_hosts = None,
                 }
             }
@@ -1196,6 +1223,7 @@ mod tests {
             ("max_batch", Box::new(|c| c.max_batch = 0)),
             ("open_queues", Box::new(|c| c.open_queues = 0)),
             ("max_connections", Box::new(|c| c.max_connections = 0)),
+            ("max_connections_per_ip", Box::new(|c| c.max_connections_per_ip = Some(0))),
             ("max_body_memory", Box::new(|c| c.max_body_memory = c.max_body_bytes)),
             ("http_header_timeout", Box::new(|c| c.http_header_timeout = 0)),
             ("http_idle_timeout", Box::new(|c| c.http_idle_timeout = 0)),

@@ -329,24 +329,35 @@ fn body_timeout_answers_408_and_closes() {
 }
 
 #[test]
-fn connections_past_max_connections_wait_for_a_free_slot() {
-    // Three slots: the test harness's own client keeps one (it checked /healthz at start and
-    // keeps that connection alive), two are held here.
-    let s = Server::start(&[("DELAYD_MAX_CONNECTIONS", "3"), ("DELAYD_HTTP_IDLE_TIMEOUT", "10m")]);
+fn connections_past_max_connections_wait_while_every_one_is_busy() {
+    // Three slots, all for this address. The harness's own client keeps one idle (it checked
+    // /healthz at start): at the cap it makes room for the third long poll.
+    let s = Server::start(&[
+        ("DELAYD_MAX_CONNECTIONS", "3"),
+        ("DELAYD_MAX_CONNECTIONS_PER_IP", "10"),
+        ("DELAYD_HTTP_IDLE_TIMEOUT", "10m"),
+    ]);
+    let poll = |wait_ms: u64| request("POST", &format!("/v1/topics/busy/pop?wait_ms={wait_ms}"), &[], b"");
+    let mut busy: Vec<Conn> = [1500, 20_000, 20_000]
+        .iter()
+        .map(|ms| {
+            let mut c = Conn::open(&s.base).expect("connect");
+            c.send(&poll(*ms)).unwrap();
+            c
+        })
+        .collect();
     let health = request("GET", "/healthz", &[], b"");
-    let mut held: Vec<Conn> = (0..2).map(|_| Conn::open(&s.base).expect("connect")).collect();
-    for c in &mut held {
-        assert_eq!(c.exchange(&health, false).unwrap().status, 200);
-    }
     let mut waiting = Conn::open(&s.base).expect("the kernel still completes the handshake");
     waiting.send(&health).unwrap();
-    assert!(!waiting.closed_within(Duration::from_millis(1500)), "the connection past the cap was dropped");
+    // Every connection is serving a request: nothing can make room until one ends.
+    assert!(!waiting.closed_within(Duration::from_millis(1000)), "the connection past the cap was dropped");
     assert!(waiting.unread().is_empty(), "a connection past max_connections was served");
-    // One held connection goes: the waiting one is taken and served.
-    drop(held.pop());
-    let a = waiting.answer(false).expect("served once a slot is free");
+    // The short poll ends; its connection, idle now, makes room for the waiting one.
+    let a = busy[0].answer(false).expect("the short poll's answer");
+    assert_eq!((a.status, a.json()), (200, json!({"messages": []})));
+    let a = waiting.answer(false).expect("served once a connection is idle");
     assert_eq!(a.status, 200);
-    assert_eq!(held[0].exchange(&health, false).unwrap().status, 200, "held connections still work");
+    assert!(busy[0].closed_within(NEVER_HANG), "the idle connection was closed to make room");
 }
 
 #[test]

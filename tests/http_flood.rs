@@ -1,8 +1,10 @@
-//! Floods against the real binary: many large request bodies at once against the memory budget for
-//! bodies (`max_body_memory`).
+//! Floods against the real binary: thousands of idle connections and long polls that must not
+//! keep a new client out, one address that must not take every connection, and many large
+//! request bodies at once against the memory budget for bodies (`max_body_memory`).
 
 mod common;
 
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use common::raw::{request, Conn};
@@ -139,4 +141,159 @@ fn request_bodies_past_max_body_memory_get_503_with_retry_after() {
     assert!(!log.contains("panicked"), "{log}");
     let warnings = log.matches("fill max_body_memory").count();
     assert_eq!(warnings, 1, "one warning, not one per refusal:\n{log}");
+}
+
+/// Sets this process' soft limit on open files (children inherit it) to `soft`, or to the hard
+/// limit; returns the limit set.
+fn set_open_files(soft: Option<u64>) -> u64 {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read or write one `rlimit` through a pointer to a live one.
+    #[allow(unsafe_code)]
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl), 0, "getrlimit");
+        rl.rlim_cur = soft.unwrap_or(rl.rlim_max).min(rl.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &rl), 0, "setrlimit");
+    }
+    rl.rlim_cur
+}
+
+/// A native long poll on `topic` with the token, sent and left waiting.
+fn long_poll(s: &Server, topic: &str) -> Conn {
+    let mut c = Conn::open(&s.base).expect("connect");
+    c.send(&request("POST", &format!("/v1/topics/{topic}/pop?wait_ms=20000"), &[AUTH], b"")).unwrap();
+    c
+}
+
+/// A connection that sent one `/healthz` (no token), got its answer and stays open.
+fn idle(s: &Server) -> Conn {
+    let mut c = Conn::open(&s.base).expect("connect");
+    let a = c.exchange(&request("GET", "/healthz", &[], b""), false).expect("healthz on a new connection");
+    assert_eq!(a.status, 200);
+    c
+}
+
+/// A produce with the token on a connection of its own; its status and how long it took.
+fn timed_produce(s: &Server, topic: &str) -> (u16, Duration) {
+    let body = serde_json::to_vec(&json!({"body": "through"})).unwrap();
+    let started = Instant::now();
+    let mut c = Conn::open(&s.base).expect("connect");
+    let a = c
+        .exchange(&request("POST", &format!("/v1/topics/{topic}/messages"), &[AUTH, JSON], &body), false)
+        .expect("an answer to the produce");
+    (a.status, started.elapsed())
+}
+
+#[test]
+fn idle_connections_and_long_polls_do_not_keep_out_a_new_produce() {
+    // The server starts with the soft limit many systems give a service (1024), under a hard
+    // limit with room for 4,000 connections: it must raise its own to serve them.
+    set_open_files(Some(1024));
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", TOKEN)]);
+    let hard = set_open_files(None);
+    assert!(
+        hard >= 10_000,
+        "this test needs 10000 open files (4,000 connections on both sides); the hard limit is {hard} (ulimit -Hn)"
+    );
+    let polls: Vec<Conn> = (0..2000).map(|_| long_poll(&s, "parked")).collect();
+    let mut idles: Vec<Conn> = (0..2000).map(|_| idle(&s)).collect();
+    let (status, took) = timed_produce(&s, "fresh");
+    assert_eq!(status, 201);
+    assert!(took < Duration::from_secs(1), "a produce from a new connection took {took:?}");
+    let v = wait_for_http_stats(&s, "every connection counted", |h| h["connections"].as_u64() >= Some(4001));
+    assert_eq!(v["http"]["max_connections"], 10_000, "{}", v["http"]);
+    assert_eq!(v["nofile_soft"], hard, "the server raised its soft limit to the hard one: {v}");
+    assert_eq!(v["nofile_hard"], hard, "{v}");
+    let log = s.log();
+    assert!(log.contains("open file limit (RLIMIT_NOFILE)") && log.contains("soft_at_start=1024"), "{log}");
+    // Below the pressure mark nothing was closed: the idle ones still serve, the polls still wait.
+    assert_eq!(v["http"]["closed_idle_connections"], 0, "{}", v["http"]);
+    for c in idles.iter_mut().step_by(250) {
+        assert_eq!(c.exchange(&request("GET", "/healthz", &[], b""), false).unwrap().status, 200);
+    }
+    s.http()
+        .post(s.url("/v1/topics/parked/messages"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"body": "for a poll"}))
+        .send()
+        .expect("produce");
+    drop(idles);
+    drop(polls);
+}
+
+#[test]
+fn at_the_cap_idle_connections_make_room_and_idle_only_briefly() {
+    let s = Server::start(&[
+        ("DELAYD_AUTH_TOKEN", TOKEN),
+        ("DELAYD_MAX_CONNECTIONS", "20"),
+        // Every client here is 127.0.0.1; its share must not be what limits it.
+        ("DELAYD_MAX_CONNECTIONS_PER_IP", "100"),
+        ("DELAYD_HTTP_IDLE_TIMEOUT", "10m"),
+        ("DELAYD_HTTP_HEADER_TIMEOUT", "10m"),
+    ]);
+    // With the harness's own connection, 10 long polls and 9 idle connections fill all 20.
+    let mut polls: Vec<Conn> = (0..10).map(|_| long_poll(&s, "parked")).collect();
+    let mut idles: Vec<Conn> = (0..9).map(|_| idle(&s)).collect();
+    let (status, took) = timed_produce(&s, "fresh");
+    assert_eq!(status, 201);
+    assert!(took < Duration::from_secs(1), "at the cap, a produce from a new connection took {took:?}");
+    let v =
+        wait_for_http_stats(&s, "an idle one closed", |h| h["closed_idle_connections"].as_u64() >= Some(1));
+    assert_eq!(v["http"]["max_connections"], 20, "{}", v["http"]);
+    // Under pressure the idle ones close after a brief idle time, not the 10 minutes configured.
+    for (i, c) in idles.iter_mut().enumerate() {
+        assert!(c.closed_within(NEVER_HANG), "idle connection {i} stayed open under pressure");
+        assert!(c.unread().is_empty(), "closed with bytes: {:?}", c.unread());
+    }
+    // The long polls were never cut: one of them gets the next message.
+    s.http()
+        .post(s.url("/v1/topics/parked/messages"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"body": "for a poll"}))
+        .send()
+        .expect("produce");
+    let got = polls.iter_mut().find_map(|c| {
+        if c.closed_within(Duration::from_millis(200)) {
+            panic!("a long poll was closed");
+        }
+        (!c.unread().is_empty()).then(|| c.answer(false).expect("the poll's answer"))
+    });
+    let a = got.expect("a long poll got the message");
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["messages"][0]["body"], "for a poll");
+}
+
+#[test]
+fn one_address_gets_only_its_share_of_the_connections() {
+    let s = Server::start(&[("DELAYD_MAX_CONNECTIONS_PER_IP", "5"), ("DELAYD_HTTP_IDLE_TIMEOUT", "10m")]);
+    let greedy = Ipv4Addr::new(127, 0, 0, 2);
+    let health = request("GET", "/healthz", &[], b"");
+    let mut held: Vec<Conn> = (0..5)
+        .map(|_| {
+            let mut c = Conn::open_from(&s.base, greedy).expect("connect");
+            assert_eq!(c.exchange(&health, false).unwrap().status, 200);
+            c
+        })
+        .collect();
+    for _ in 0..3 {
+        let mut c = Conn::open_from(&s.base, greedy).expect("the kernel completes the handshake");
+        let a = c.exchange(&health, false).expect("a refusal, not silence");
+        assert_eq!(a.status, 503, "{a:?}");
+        assert_eq!(a.json()["error"]["code"], "too_many_connections", "{a:?}");
+        assert_eq!(a.header("retry-after"), Some("1"), "{a:?}");
+        assert!(a.closes() && c.closed_within(NEVER_HANG), "{a:?}");
+    }
+    // Another address is served, and so are the greedy one's open connections.
+    let mut other = Conn::open_from(&s.base, Ipv4Addr::new(127, 0, 0, 3)).expect("connect");
+    assert_eq!(other.exchange(&health, false).unwrap().status, 200);
+    assert_eq!(held[0].exchange(&health, false).unwrap().status, 200);
+    // A connection closed gives its place back.
+    drop(held.pop());
+    let v = wait_for_http_stats(&s, "the close counted", |h| h["connections"].as_u64() <= Some(6));
+    assert_eq!(v["http"]["refused_connections"], 3, "{}", v["http"]);
+    assert_eq!(v["http"]["max_connections_per_ip"], 5, "{}", v["http"]);
+    let mut again = Conn::open_from(&s.base, greedy).expect("connect");
+    assert_eq!(again.exchange(&health, false).unwrap().status, 200);
+    let log = s.log();
+    assert_eq!(log.matches("holds its share of connections").count(), 1, "one warning for three:\n{log}");
+    assert!(log.contains("127.0.0.2"), "the warning names the address:\n{log}");
 }

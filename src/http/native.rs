@@ -599,6 +599,11 @@ pub(crate) struct StatsAnswer {
     /// Connections and request bodies; absent when the router is not served by delayd's server.
     #[serde(skip_serializing_if = "Option::is_none")]
     http: Option<HttpStats>,
+    /// The process' soft limit on open files (`RLIMIT_NOFILE`, raised to the hard one at start);
+    /// null when unlimited or unknown.
+    nofile_soft: Option<u64>,
+    /// The hard limit on open files; null when unlimited or unknown.
+    nofile_hard: Option<u64>,
 }
 
 /// `GET /v1/stats`
@@ -615,7 +620,13 @@ pub(crate) async fn stats(
     server: Option<Extension<ServerView>>,
 ) -> Result<Json<Value>, ApiError> {
     let store = st.broker().stats().await?;
-    let answer = StatsAnswer { store, http: server.map(|Extension(s)| s.stats()) };
+    let files = super::process::file_limit().ok();
+    let answer = StatsAnswer {
+        store,
+        http: server.map(|Extension(s)| s.stats()),
+        nofile_soft: files.and_then(|f| f.soft),
+        nofile_hard: files.and_then(|f| f.hard),
+    };
     serde_json::to_value(&answer).map(Json).map_err(|e| {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("cannot encode stats: {e}"))
     })
