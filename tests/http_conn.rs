@@ -331,18 +331,21 @@ fn body_timeout_answers_408_and_closes() {
 #[test]
 fn connections_past_max_connections_wait_while_every_one_is_busy() {
     // Three slots, all for this address. The harness's own client keeps one idle (it checked
-    // /healthz at start): at the cap it makes room for the third long poll.
+    // /healthz at start): at the cap it makes room for the third request below.
     let s = Server::start(&[
         ("DELAYD_MAX_CONNECTIONS", "3"),
         ("DELAYD_MAX_CONNECTIONS_PER_IP", "10"),
         ("DELAYD_HTTP_IDLE_TIMEOUT", "10m"),
+        ("DELAYD_HTTP_BODY_TIMEOUT", "10m"),
     ]);
-    let poll = |wait_ms: u64| request("POST", &format!("/v1/topics/busy/pop?wait_ms={wait_ms}"), &[], b"");
-    let mut busy: Vec<Conn> = [1500, 20_000, 20_000]
-        .iter()
-        .map(|ms| {
+    // Busy with something other than a long poll (which would be cut short): a body on its way.
+    let body = br#"{"body":"slow"}"#;
+    let produce = request("POST", "/v1/topics/busy/messages", &[JSON], body);
+    let head = produce.len() - body.len();
+    let mut busy: Vec<Conn> = (0..3)
+        .map(|_| {
             let mut c = Conn::open(&s.base).expect("connect");
-            c.send(&poll(*ms)).unwrap();
+            c.send(&produce[..head + 3]).unwrap();
             c
         })
         .collect();
@@ -352,12 +355,16 @@ fn connections_past_max_connections_wait_while_every_one_is_busy() {
     // Every connection is serving a request: nothing can make room until one ends.
     assert!(!waiting.closed_within(Duration::from_millis(1000)), "the connection past the cap was dropped");
     assert!(waiting.unread().is_empty(), "a connection past max_connections was served");
-    // The short poll ends; its connection, idle now, makes room for the waiting one.
-    let a = busy[0].answer(false).expect("the short poll's answer");
-    assert_eq!((a.status, a.json()), (200, json!({"messages": []})));
+    // One body ends; its connection, idle once answered, makes room for the waiting one.
+    busy[0].send(&produce[head + 3..]).unwrap();
+    assert_eq!(busy[0].answer(false).expect("the produce's answer").status, 201);
     let a = waiting.answer(false).expect("served once a connection is idle");
     assert_eq!(a.status, 200);
     assert!(busy[0].closed_within(NEVER_HANG), "the idle connection was closed to make room");
+    for c in &mut busy[1..] {
+        c.send(&produce[head + 3..]).unwrap();
+        assert_eq!(c.answer(false).expect("the other produces are served").status, 201);
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@ fn wait_for_http_stats(s: &Server, what: &str, ok: impl Fn(&serde_json::Value) -
         if ok(&v["http"]) {
             return v;
         }
-        assert!(Instant::now() < deadline, "{what}: stats never showed it: {}", v["http"]);
+        assert!(Instant::now() < deadline, "{what}: stats never showed it: {}\n{}", v["http"], s.log());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -296,4 +296,52 @@ fn one_address_gets_only_its_share_of_the_connections() {
     let log = s.log();
     assert_eq!(log.matches("holds its share of connections").count(), 1, "one warning for three:\n{log}");
     assert!(log.contains("127.0.0.2"), "the warning names the address:\n{log}");
+}
+
+#[test]
+fn at_the_cap_with_none_idle_the_longest_waiting_poll_makes_room() {
+    let s = Server::start(&[
+        ("DELAYD_AUTH_TOKEN", TOKEN),
+        ("DELAYD_MAX_CONNECTIONS", "10"),
+        ("DELAYD_MAX_CONNECTIONS_PER_IP", "100"),
+        ("DELAYD_COMPAT_MAX_WAIT", "20s"),
+    ]);
+    // A compat long poll first, then native ones: with the harness's own connection, 10.
+    let mut compat = Conn::open(&s.base).expect("connect");
+    compat.send(&request("POST", "/pop", &[AUTH, JSON], br#"{"topic":"parked"}"#)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut polls: Vec<Conn> = (0..8).map(|_| long_poll(&s, "parked")).collect();
+    // Counted over the harness's connection, which is idle again once answered.
+    wait_for_http_stats(&s, "ten connections", |h| h["connections"] == 10);
+    // One more poll: the harness's idle connection makes room for it.
+    polls.push(long_poll(&s, "parked"));
+    // Every connection waits in a poll now; a produce from a new one is answered at once.
+    let body = serde_json::to_vec(&json!({"body": "through"})).unwrap();
+    let started = Instant::now();
+    let mut producer = Conn::open(&s.base).expect("connect");
+    let a = producer
+        .exchange(&request("POST", "/v1/topics/fresh/messages", &[AUTH, JSON], &body), false)
+        .expect("an answer to the produce");
+    let took = started.elapsed();
+    assert_eq!(a.status, 201, "{a:?}");
+    assert!(took < Duration::from_secs(1), "with every connection in a poll, a produce took {took:?}");
+    // The poll that waited longest ended as if its wait had run out, and said close.
+    let a = compat.answer(false).expect("the compat poll's answer");
+    assert_eq!((a.status, a.json()), (200, json!({"code": 0, "message": "ok", "data": null})), "{a:?}");
+    assert!(a.closes(), "{a:?}");
+    assert!(compat.closed_within(NEVER_HANG));
+    for (i, c) in polls.iter_mut().enumerate() {
+        assert!(!c.closed_within(Duration::from_millis(20)), "native poll {i} was closed");
+        assert!(
+            c.unread().is_empty(),
+            "native poll {i} was answered: {:?}",
+            String::from_utf8_lossy(c.unread())
+        );
+    }
+    // A look at the stats on a new connection takes the producer's idle one, not another poll.
+    let mut look = Conn::open(&s.base).expect("connect");
+    let v = look.exchange(&request("GET", "/v1/stats", &[AUTH], b""), false).expect("stats").json();
+    assert_eq!(v["http"]["cut_long_polls"], 1, "{}", v["http"]);
+    assert_eq!(v["http"]["closed_idle_connections"], 2, "the harness's and the producer's: {}", v["http"]);
+    assert!(producer.closed_within(NEVER_HANG), "the idle producer made room");
 }

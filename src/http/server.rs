@@ -2,10 +2,11 @@
 //!
 //! What a connection may cost is bounded here, not in the handlers:
 //! - at most `max_connections` sockets are open at once (lowered at start to fit the file-handle
-//!   limit), and one client address holds at most its share of them; idle connections make room
-//!   for new ones at the cap and idle only briefly near it (see `admit`), so neither idle
-//!   keep-alives nor long polls, which cost a parked task each, keep new clients out; when every
-//!   connection is busy with a request, new ones wait in the kernel's listen backlog;
+//!   limit), and one client address holds at most its share of them; at the cap an idle
+//!   connection, or else the long poll that has waited longest, makes room for a new one, and near
+//!   it idle ones close after a brief idle time (see `admit`), so neither idle keep-alives nor
+//!   long polls (a parked task each) keep new clients out; when every connection is busy with
+//!   another request, new ones wait in the kernel's listen backlog;
 //! - a request head must arrive within `http_header_timeout` (counted from the accept, or from its
 //!   first byte on a kept-alive connection), a kept-alive connection may sit idle for
 //!   `http_idle_timeout`, and a request body must arrive within `http_body_timeout` of its head;
@@ -45,7 +46,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use utoipa::ToSchema;
 
-use admit::{Admission, Ticket, BRIEF_IDLE_AUTHENTICATED, BRIEF_IDLE_UNAUTHENTICATED};
+use admit::{Admission, LongPoll, Ticket, BRIEF_IDLE_AUTHENTICATED, BRIEF_IDLE_UNAUTHENTICATED};
 pub use body::BodyTimedOut;
 use body::{AnswerBody, BodyBudget, BodyPermit, Leftover, RequestBody};
 use io::{ConnIo, Phase, PhaseCell};
@@ -180,14 +181,15 @@ pub async fn serve(
             }
             // Every slot is taken and a client is waiting: an idle connection makes room at once
             // (its client loses nothing but a reconnect), the one idle longest, preferring those
-            // without an authenticated request. Without one, the client waits for a slot, and
-            // those behind it in the listen backlog.
-            if shared.admission.close_idle(1) == 0
-                && warned_full.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY)
-            {
+            // without an authenticated request; with none idle, the long poll that has waited
+            // longest ends, empty, as if its wait had run out. Without either, the client waits
+            // for a slot, and those behind it in the listen backlog.
+            let room = shared.admission.close_idle(1) > 0 || shared.admission.cut_long_poll();
+            if !room && warned_full.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
                 tracing::warn!(
                     max_connections = shared.cfg.max_connections,
-                    "every connection is busy with a request; new connections wait in the listen backlog"
+                    "every connection is busy with a request other than a long poll; new connections \
+                     wait in the listen backlog"
                 );
                 warned_full = Some(Instant::now());
             }
@@ -238,11 +240,13 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
 ) {
+    ticket.start();
     let authenticated = ticket.authenticated.clone();
     if shared.cfg.auth_token.is_none() {
         authenticated.store(true, Ordering::Relaxed);
     }
-    let service = ConnService { router, phase: phase.clone(), shared: shared.clone(), authenticated };
+    let poll = ticket.poll.clone();
+    let service = ConnService { router, phase: phase.clone(), shared: shared.clone(), authenticated, poll };
     // Kept to look for unread bytes; the socket stays open as long as `conn` below.
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -389,6 +393,8 @@ pub struct HttpStats {
     pub refused_connections: u64,
     /// Idle connections closed since start to make room for new ones.
     pub closed_idle_connections: u64,
+    /// Long polls answered early (empty) since start to make room for new connections.
+    pub cut_long_polls: u64,
     /// Request-body bytes reserved by the requests being served now.
     pub body_memory_bytes: u64,
     /// The most they may reserve together (`max_body_memory`).
@@ -411,6 +417,7 @@ impl ServerView {
             max_connections_per_ip: s.admission.per_ip() as u64,
             refused_connections: s.admission.refused(),
             closed_idle_connections: s.admission.closed_idle(),
+            cut_long_polls: s.admission.cut_polls(),
             body_memory_bytes: s.bodies.budget.in_use() as u64,
             max_body_memory: s.cfg.max_body_memory,
             refused_bodies: s.bodies.refused_total.load(Ordering::Relaxed),
@@ -446,6 +453,8 @@ struct ConnService {
     shared: Arc<Shared>,
     /// The connection's: set by its first request with the bearer token.
     authenticated: Arc<AtomicBool>,
+    /// The connection's long poll, which the accept loop may cut short.
+    poll: Arc<LongPoll>,
 }
 
 impl ConnService {
@@ -537,18 +546,55 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
                 return Box::pin(answer(resp, leftover, expects_continue, deadline, phase));
             }
         };
+        let poll = is_long_poll(&parts)
+            .then(|| (self.poll.clone(), super::compat::is_compat_path(parts.uri.path())));
         let req = Request::from_parts(parts, axum::body::Body::new(body));
         let router = self.router.clone();
         Box::pin(async move {
-            let resp = match router.oneshot(req).await {
-                Ok(resp) => resp,
-                Err(never) => match never {},
+            let served = async {
+                match router.oneshot(req).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                }
+            };
+            let resp = match poll {
+                None => served.await,
+                Some((poll, compat)) => match poll.run(served).await {
+                    Some(resp) => resp,
+                    // Cut short to make room: dropped as a graceful stop drops a waiting pop,
+                    // answered as if the wait had run out, and the connection goes.
+                    None => {
+                        let mut resp = poll_cut_answer(compat);
+                        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                        resp
+                    }
+                },
             };
             // The handler has let go of the body it buffered.
             drop(permit);
             answer(resp, leftover, expects_continue, deadline, phase).await
         })
     }
+}
+
+/// Whether a request is a pop that may wait: the native `POST /v1/topics/{topic}/pop`, or the
+/// compat `/pop` (any method, as its router takes).
+fn is_long_poll(parts: &axum::http::request::Parts) -> bool {
+    let path = parts.uri.path();
+    path == "/pop"
+        || (parts.method == axum::http::Method::POST
+            && path.starts_with("/v1/topics/")
+            && path.ends_with("/pop"))
+}
+
+/// The answer of a long poll cut short: what its wait running out gives.
+fn poll_cut_answer(compat: bool) -> Response<axum::body::Body> {
+    let body = if compat {
+        serde_json::json!({"code": 0, "message": "ok", "data": null})
+    } else {
+        serde_json::json!({"messages": []})
+    };
+    axum::Json(body).into_response()
 }
 
 /// Finishes an answer: `Connection: close` unless the request body was read (or can be), and the

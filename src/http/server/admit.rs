@@ -9,8 +9,10 @@
 //! - under pressure (from three quarters of the cap in use until it drops to half), a connection
 //!   waiting for its next request, or for its first, is closed after a brief idle time: 1 s if it
 //!   has not yet sent a request with the bearer token (when one is set), 5 s if it has;
-//! - at the cap, idle connections are closed at once to make room, those without an authenticated
-//!   request first, then the longest idle (as nginx reuses its idle keep-alive connections).
+//! - at the cap, an idle connection is closed at once to make room for a new one, those without an
+//!   authenticated request first, then the longest idle (as nginx reuses its idle keep-alive
+//!   connections); with none idle, the longest-waiting long poll is answered at once, empty, as
+//!   its wait running out would, and its connection closed.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -39,6 +41,7 @@ pub(crate) struct Admission {
     pressure: watch::Sender<bool>,
     refused: AtomicU64,
     closed_idle: AtomicU64,
+    cut_polls: AtomicU64,
 }
 
 #[derive(Default)]
@@ -50,9 +53,41 @@ struct State {
 
 /// What the admission knows of one open connection.
 struct Tracked {
+    /// Set when the connection is served: until then (while it waits for a slot) it cannot close
+    /// to make room, and must not be taken for an idle one.
+    started: Arc<AtomicBool>,
     phase: Arc<PhaseCell>,
     authenticated: Arc<AtomicBool>,
     close: Arc<Notify>,
+    poll: Arc<LongPoll>,
+}
+
+/// The long poll a connection may be waiting in, which can be cut short to make room.
+#[derive(Default)]
+pub(crate) struct LongPoll {
+    since: Mutex<Option<tokio::time::Instant>>,
+    cut: Notify,
+}
+
+impl LongPoll {
+    /// Runs `poll` as a long poll: `None` when it was cut short to make room for a new connection.
+    pub(crate) async fn run<F: std::future::Future>(&self, poll: F) -> Option<F::Output> {
+        let cut = self.cut.notified();
+        tokio::pin!(cut);
+        // Listening before the poll is visible, so no cut can fall between the two.
+        cut.as_mut().enable();
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = Some(tokio::time::Instant::now());
+        let out = tokio::select! {
+            out = poll => Some(out),
+            () = cut => None,
+        };
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        out
+    }
+
+    fn since(&self) -> Option<tokio::time::Instant> {
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// One admitted connection; dropping it gives its place back.
@@ -64,6 +99,9 @@ pub(crate) struct Ticket {
     pub(crate) close: Arc<Notify>,
     /// Set once the connection has sent a request with the bearer token (or when none is set).
     pub(crate) authenticated: Arc<AtomicBool>,
+    /// The long poll the connection may be serving.
+    pub(crate) poll: Arc<LongPoll>,
+    started: Arc<AtomicBool>,
 }
 
 impl Admission {
@@ -77,6 +115,7 @@ impl Admission {
             pressure: watch::channel(false).0,
             refused: AtomicU64::new(0),
             closed_idle: AtomicU64::new(0),
+            cut_polls: AtomicU64::new(0),
         }
     }
 
@@ -93,10 +132,17 @@ impl Admission {
         let id = state.next_id;
         state.next_id += 1;
         let (close, authenticated) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
-        let tracked = Tracked { phase, authenticated: authenticated.clone(), close: close.clone() };
+        let (poll, started) = (Arc::new(LongPoll::default()), Arc::new(AtomicBool::new(false)));
+        let tracked = Tracked {
+            started: started.clone(),
+            phase,
+            authenticated: authenticated.clone(),
+            close: close.clone(),
+            poll: poll.clone(),
+        };
         state.conns.insert(id, tracked);
         self.update_pressure(state.conns.len());
-        Some(Ticket { admission: self.clone(), id, ip, close, authenticated })
+        Some(Ticket { admission: self.clone(), id, ip, close, authenticated, poll, started })
     }
 
     /// Asks up to `n` idle connections to close, those without an authenticated request first,
@@ -106,6 +152,7 @@ impl Admission {
         let mut idle: Vec<_> = state
             .conns
             .values()
+            .filter(|t| t.started.load(Ordering::Relaxed))
             .filter_map(|t| {
                 let since = t.phase.get().idle_since()?;
                 Some((t.authenticated.load(Ordering::Relaxed), since, &t.close))
@@ -117,6 +164,26 @@ impl Admission {
             close.notify_one();
         }
         asked
+    }
+
+    /// Cuts short the long poll that has waited longest; false when no connection is in one.
+    pub(crate) fn cut_long_poll(&self) -> bool {
+        let state = self.lock();
+        let oldest = state
+            .conns
+            .values()
+            .filter_map(|t| Some((t.poll.since()?, &t.poll)))
+            .min_by_key(|(since, _)| *since);
+        let Some((_, poll)) = oldest else { return false };
+        // Only a poll waiting now hears it: one that just ended is not cut in its next.
+        poll.cut.notify_waiters();
+        self.cut_polls.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Long polls cut short since start to make room.
+    pub(crate) fn cut_polls(&self) -> u64 {
+        self.cut_polls.load(Ordering::Relaxed)
     }
 
     /// Counts a connection closed because it idled while others needed room.
@@ -166,6 +233,13 @@ impl Admission {
             };
             std::mem::replace(on, now) != now
         });
+    }
+}
+
+impl Ticket {
+    /// Marks the connection served: from now on it can close to make room.
+    pub(crate) fn start(&self) {
+        self.started.store(true, Ordering::Relaxed);
     }
 }
 
@@ -236,6 +310,11 @@ mod tests {
         t_old_authed.authenticated.store(true, Ordering::Relaxed);
         let t_new = a.admit(ip(1), waiting(Duration::from_secs(1))).unwrap();
         let t_old = a.admit(ip(1), waiting(Duration::from_secs(9))).unwrap();
+        // Waiting for a slot: it cannot close, so it is never asked.
+        let t_unstarted = a.admit(ip(1), waiting(Duration::from_secs(99))).unwrap();
+        for t in [&t_busy, &t_old_authed, &t_new, &t_old] {
+            t.start();
+        }
         assert_eq!(a.close_idle(2), 2);
         let asked = |t: &Ticket| {
             let n = t.close.notified();
@@ -246,6 +325,29 @@ mod tests {
         assert!(!asked(&t_old_authed) && !asked(&t_busy));
         assert_eq!(a.close_idle(10), 3, "a busy connection is never asked");
         assert!(asked(&t_old_authed));
-        assert!(!asked(&t_busy));
+        assert!(!asked(&t_busy) && !asked(&t_unstarted));
+    }
+
+    #[tokio::test]
+    async fn the_longest_waiting_poll_is_cut_and_only_while_it_waits() {
+        let a = Arc::new(Admission::new(100, 100));
+        let (t1, t2) = (
+            a.admit(ip(1), waiting(Duration::ZERO)).unwrap(),
+            a.admit(ip(1), waiting(Duration::ZERO)).unwrap(),
+        );
+        assert!(!a.cut_long_poll(), "no poll to cut");
+        let (p1, p2) = (t1.poll.clone(), t2.poll.clone());
+        let first = tokio::spawn(async move { p1.run(std::future::pending::<()>()).await });
+        tokio::task::yield_now().await;
+        let second = tokio::spawn(async move { p2.run(std::future::pending::<()>()).await });
+        tokio::task::yield_now().await;
+        assert!(a.cut_long_poll());
+        assert_eq!(first.await.unwrap(), None, "the older poll was cut");
+        assert!(!second.is_finished());
+        // A poll that finishes on its own is not cut in the next one on its connection.
+        assert_eq!(t1.poll.run(async { 7 }).await, Some(7));
+        assert!(a.cut_long_poll());
+        assert_eq!(second.await.unwrap(), None);
+        assert_eq!(a.cut_polls(), 2);
     }
 }
