@@ -88,7 +88,11 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "TOKEN",
         "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
     ),
-    key("max_connections", "N", "Most HTTP connections served at once; more wait in the listen backlog"),
+    key(
+        "max_connections",
+        "N",
+        "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room",
+    ),
     key(
         "http_header_timeout",
         "DURATION",
@@ -123,10 +127,20 @@ pub const KEY_TABLE: [Key; KEY_COUNT] = [
         "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit",
     ),
     key("max_push_subscriptions", "N", "Most push subscriptions; a PUT of a new one past it answers 429"),
+    key(
+        "max_connections_per_ip",
+        "N",
+        "Most connections one client address may hold; unset (the default): half of max_connections",
+    ),
+    key(
+        "max_body_memory",
+        "SIZE",
+        "Most request-body bytes in memory at once; past it, 503 with Retry-After",
+    ),
 ];
 
 /// How many keys there are.
-pub const KEY_COUNT: usize = 34;
+pub const KEY_COUNT: usize = 36;
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -338,6 +352,12 @@ pub struct Config {
     pub push_max_in_flight: Option<usize>,
     /// Most push subscriptions; setting one on a new topic past it is refused.
     pub max_push_subscriptions: usize,
+    /// Most connections one client address may hold; `None` (the default): half of the
+    /// connection cap, so one address can never take every slot.
+    pub max_connections_per_ip: Option<usize>,
+    /// Most bytes of request bodies held in memory at once, in bytes.
+    #[serde(deserialize_with = "de_size")]
+    pub max_body_memory: u64,
 }
 
 impl Default for Config {
@@ -362,7 +382,7 @@ impl Default for Config {
             compat_max_wait: 178_000,
             compat_max_attempts: None,
             auth_token: None,
-            max_connections: 1024,
+            max_connections: 10_000,
             http_header_timeout: 10_000,
             http_idle_timeout: 60_000,
             http_body_timeout: 30_000,
@@ -377,6 +397,8 @@ impl Default for Config {
             push_allowed_hosts: None,
             push_max_in_flight: None,
             max_push_subscriptions: 1000,
+            max_connections_per_ip: None,
+            max_body_memory: 256 << 20,
         }
     }
 }
@@ -484,6 +506,8 @@ impl Config {
             "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
             "auth_token" => self.auth_token = Some(v.to_string()),
             "max_connections" => self.max_connections = parse_count(v)?,
+            "max_connections_per_ip" => self.max_connections_per_ip = Some(parse_count(v)?),
+            "max_body_memory" => self.max_body_memory = parse_size(v)?,
             "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
             "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
             "http_body_timeout" => self.http_body_timeout = parse_duration(v)?,
@@ -542,6 +566,8 @@ impl Config {
             "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
             "push_max_in_flight" => self.push_max_in_flight.map_or("auto".into(), |n| n.to_string()),
             "max_push_subscriptions" => self.max_push_subscriptions.to_string(),
+            "max_connections_per_ip" => self.max_connections_per_ip?.to_string(),
+            "max_body_memory" => fmt_size(self.max_body_memory),
             _ => return None,
         })
     }
@@ -628,6 +654,23 @@ impl Config {
         }
         if self.max_connections == 0 || self.max_connections > 1_000_000 {
             return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
+        }
+        if let Some(n) = self.max_connections_per_ip {
+            if n == 0 || n > 1_000_000 {
+                return bad("max_connections_per_ip", format!("{n} is outside 1..=1000000"));
+            }
+        }
+        // One request of the largest size must fit, or such a request could never be served.
+        let request_limit = self.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64);
+        if self.max_body_memory < request_limit || self.max_body_memory > 1 << 40 {
+            return bad(
+                "max_body_memory",
+                format!(
+                    "{} must hold at least one request of max_body_bytes plus 64KiB ({}) and be at most 1TiB",
+                    fmt_size(self.max_body_memory),
+                    fmt_size(request_limit)
+                ),
+            );
         }
         for (key, ms) in [
             ("http_header_timeout", self.http_header_timeout),
@@ -968,6 +1011,9 @@ mod tests {
         assert_eq!(c.compat_max_wait, 178_000);
         assert_eq!(c.auth_token, None);
         assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.max_connections_per_ip, None);
+        assert_eq!(c.max_body_memory, 256 << 20);
     }
 
     #[test]
@@ -1106,6 +1152,8 @@ mod tests {
             ("push_allowed_hosts", "Hooks.Example,127.0.0.1"),
             ("push_max_in_flight", "64"),
             ("max_push_subscriptions", "9"),
+            ("max_connections_per_ip", "4"),
+            ("max_body_memory", "1MiB"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -1148,6 +1196,8 @@ mod tests {
             push_allowed_hosts: Some(vec!["hooks.example".into(), "127.0.0.1".into()]),
             push_max_in_flight: Some(64),
             max_push_subscriptions: 9,
+            max_connections_per_ip: Some(4),
+            max_body_memory: 1 << 20,
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
@@ -1164,6 +1214,8 @@ mod tests {
             ("push_allowed_hosts", "a.example b.example"),
             ("push_max_in_flight", "12"),
             ("max_push_subscriptions", "5"),
+            ("max_connections_per_ip", "7"),
+            ("max_body_memory", "64MiB"),
         ] {
             changed.set(key, value).unwrap();
         }
@@ -1171,6 +1223,7 @@ mod tests {
             let mut c = Config {
                 auth_token: Some("other".into()),
                 push_allowed_hosts: Some(vec!["other".into()]),
+                max_connections_per_ip: Some(99),
                 ..Config::default()
             };
             // The keys that may be unset show nothing then.
@@ -1178,6 +1231,7 @@ mod tests {
                 match (original.get(key), key) {
                     (Some(v), _) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
                     (None, "auth_token") => c.auth_token = None,
+                    (None, "max_connections_per_ip") => c.max_connections_per_ip = None,
                     (None, _) => c.push_allowed_hosts = None,
                 }
             }
@@ -1301,6 +1355,8 @@ mod tests {
             ("max_batch", Box::new(|c| c.max_batch = 0)),
             ("open_queues", Box::new(|c| c.open_queues = 0)),
             ("max_connections", Box::new(|c| c.max_connections = 0)),
+            ("max_connections_per_ip", Box::new(|c| c.max_connections_per_ip = Some(0))),
+            ("max_body_memory", Box::new(|c| c.max_body_memory = c.max_body_bytes)),
             ("http_header_timeout", Box::new(|c| c.http_header_timeout = 0)),
             ("http_idle_timeout", Box::new(|c| c.http_idle_timeout = 0)),
             ("http_body_timeout", Box::new(|c| c.http_body_timeout = DAY_MS + 1)),

@@ -162,12 +162,15 @@ fn a_large_early_rejected_body_closes_and_says_so_every_time() {
     let s = Server::start(&[("DELAYD_AUTH_TOKEN", TOKEN)]);
     // Larger than the request limit (64KiB + 64KiB here), and than what is read to keep a connection.
     let big = serde_json::to_vec(&json!({"body": "x".repeat(300 << 10)})).unwrap();
+    // Under the request limit, but more than is read to keep a connection.
+    let large = serde_json::to_vec(&json!({"body": "x".repeat(100 << 10)})).unwrap();
     let cases = [
         ("too large", request("POST", "/v1/topics/big/messages", &[AUTH, JSON], &big), 413, "too_large"),
         ("no token", request("POST", "/v1/topics/big/messages", &[JSON], &big), 401, "unauthorized"),
         (
+            // Within the request limit, or the declared size alone would be refused (413) first.
             "not JSON",
-            request("POST", "/v1/topics/big/messages", &[AUTH, ("content-type", "text/plain")], &big),
+            request("POST", "/v1/topics/big/messages", &[AUTH, ("content-type", "text/plain")], &large),
             415,
             "unsupported_media_type",
         ),
@@ -196,6 +199,68 @@ fn an_early_answer_to_expect_continue_does_not_wait_for_the_body() {
     check_error(&a, 401, "unauthorized", "expect-continue without a token");
     assert!(a.closes(), "the body was never sent, so the connection cannot be reused: {a:?}");
     assert!(conn.closed_within(NEVER_HANG));
+}
+
+/// Runs `f` on a thread of its own and returns its result, failing the test if it takes longer
+/// than `limit` (a server that waits for a body nobody sends would otherwise hold the test for
+/// the client's whole read timeout).
+fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what}: no answer within {limit:?}"))
+}
+
+#[test]
+fn a_declared_oversize_body_is_refused_at_once_without_100_continue() {
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", TOKEN), ("DELAYD_HTTP_BODY_TIMEOUT", "10m")]);
+    for path in ["/v1/topics/big/messages", "/v1/topics/big/messages/batch", "/push"] {
+        for expect in [true, false] {
+            let what = format!("{path}, expect 100-continue: {expect}");
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {TOKEN}\r\n\
+                 content-type: application/json\r\n{}content-length: 1000000000\r\n\r\n",
+                if expect { "expect: 100-continue\r\n" } else { "" }
+            );
+            let mut conn = Conn::open(&s.base).expect("connect");
+            // Only the head goes out, and a few body bytes when the client does not wait for
+            // `100 Continue`: a server that reads the body before refusing never answers.
+            let mut req = head.into_bytes();
+            if !expect {
+                req.extend_from_slice(b"{\"body\": \"xxxx");
+            }
+            let (a, mut conn) = within(Duration::from_secs(1), &what, move || {
+                let a = conn.exchange(&req, false);
+                (a, conn)
+            });
+            let a = a.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_ne!(a.status, 100, "{what}: the server invited a body it will refuse");
+            if path == "/push" {
+                // A compat client parses {code, message, data}, as with its 401.
+                assert_eq!(a.status, 413, "{what}: {a:?}");
+                assert_eq!(a.json()["code"], 1, "{what}: {a:?}");
+            } else {
+                check_error(&a, 413, "too_large", &what);
+            }
+            let message = a.json().to_string();
+            assert!(
+                message.contains("1000000000") && message.contains("max_body_bytes"),
+                "{what}: {message}"
+            );
+            assert!(a.closes(), "{what}: the body never came whole, so the connection cannot go on: {a:?}");
+            if expect {
+                // Without `Expect`, what the client sends is read and dropped until the body's
+                // deadline, so the close does not reset the connection under the answer.
+                assert!(conn.closed_within(NEVER_HANG), "{what}: said close, stayed open");
+            }
+        }
+    }
+    // A declared length within the limit is still read and served.
+    let body = serde_json::to_vec(&json!({"body": "x".repeat(60_000)})).unwrap();
+    let mut conn = Conn::open(&s.base).expect("connect");
+    let a = conn.exchange(&request("POST", "/v1/topics/big/messages", &[AUTH, JSON], &body), false).unwrap();
+    assert_eq!(a.status, 201, "{a:?}");
 }
 
 #[test]
@@ -264,24 +329,42 @@ fn body_timeout_answers_408_and_closes() {
 }
 
 #[test]
-fn connections_past_max_connections_wait_for_a_free_slot() {
-    // Three slots: the test harness's own client keeps one (it checked /healthz at start and
-    // keeps that connection alive), two are held here.
-    let s = Server::start(&[("DELAYD_MAX_CONNECTIONS", "3"), ("DELAYD_HTTP_IDLE_TIMEOUT", "10m")]);
+fn connections_past_max_connections_wait_while_every_one_is_busy() {
+    // Three slots, all for this address. The harness's own client keeps one idle (it checked
+    // /healthz at start): at the cap it makes room for the third request below.
+    let s = Server::start(&[
+        ("DELAYD_MAX_CONNECTIONS", "3"),
+        ("DELAYD_MAX_CONNECTIONS_PER_IP", "10"),
+        ("DELAYD_HTTP_IDLE_TIMEOUT", "10m"),
+        ("DELAYD_HTTP_BODY_TIMEOUT", "10m"),
+    ]);
+    // Busy with something other than a long poll (which would be cut short): a body on its way.
+    let body = br#"{"body":"slow"}"#;
+    let produce = request("POST", "/v1/topics/busy/messages", &[JSON], body);
+    let head = produce.len() - body.len();
+    let mut busy: Vec<Conn> = (0..3)
+        .map(|_| {
+            let mut c = Conn::open(&s.base).expect("connect");
+            c.send(&produce[..head + 3]).unwrap();
+            c
+        })
+        .collect();
     let health = request("GET", "/healthz", &[], b"");
-    let mut held: Vec<Conn> = (0..2).map(|_| Conn::open(&s.base).expect("connect")).collect();
-    for c in &mut held {
-        assert_eq!(c.exchange(&health, false).unwrap().status, 200);
-    }
     let mut waiting = Conn::open(&s.base).expect("the kernel still completes the handshake");
     waiting.send(&health).unwrap();
-    assert!(!waiting.closed_within(Duration::from_millis(1500)), "the connection past the cap was dropped");
+    // Every connection is serving a request: nothing can make room until one ends.
+    assert!(!waiting.closed_within(Duration::from_millis(1000)), "the connection past the cap was dropped");
     assert!(waiting.unread().is_empty(), "a connection past max_connections was served");
-    // One held connection goes: the waiting one is taken and served.
-    drop(held.pop());
-    let a = waiting.answer(false).expect("served once a slot is free");
+    // One body ends; its connection, idle once answered, makes room for the waiting one.
+    busy[0].send(&produce[head + 3..]).unwrap();
+    assert_eq!(busy[0].answer(false).expect("the produce's answer").status, 201);
+    let a = waiting.answer(false).expect("served once a connection is idle");
     assert_eq!(a.status, 200);
-    assert_eq!(held[0].exchange(&health, false).unwrap().status, 200, "held connections still work");
+    assert!(busy[0].closed_within(NEVER_HANG), "the idle connection was closed to make room");
+    for c in &mut busy[1..] {
+        c.send(&produce[head + 3..]).unwrap();
+        assert_eq!(c.answer(false).expect("the other produces are served").status, 201);
+    }
 }
 
 #[test]

@@ -77,6 +77,7 @@ async fn run(cfg: Config) -> Result<()> {
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let serve_cfg = serve_config(&cfg);
     let dir = cfg.data_dir.display();
     let broker =
         Broker::open(cfg.broker_config()).map_err(|e| format!("cannot open data directory {dir}: {e}"))?;
@@ -87,7 +88,7 @@ async fn run(cfg: Config) -> Result<()> {
     // Push delivery runs beside the server and stops with it (a delivery cut short comes back
     // when its reservation runs out).
     let pusher = tokio::spawn(delayd::push::run(broker.clone()));
-    let served = serve(&cfg, listener, broker.clone()).await;
+    let served = serve(&cfg, serve_cfg, listener, broker.clone()).await;
     pusher.abort();
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
@@ -103,7 +104,50 @@ fn notify_systemd(state: &[sd_notify::NotifyState]) {
     }
 }
 
-async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) -> Result<()> {
+/// Raises the soft limit on open files to the hard one and fits the connection cap to it, saying
+/// what it found and did.
+fn serve_config(cfg: &Config) -> ServeConfig {
+    let mut serve_cfg = ServeConfig::from_config(cfg);
+    let show = |v: Option<u64>| v.map_or("unlimited".to_string(), |n| n.to_string());
+    let limit = match delayd::http::process::raise_file_limit() {
+        Ok((before, after)) => {
+            tracing::info!(
+                soft = %show(after.soft),
+                hard = %show(after.hard),
+                soft_at_start = %show(before.soft),
+                "open file limit (RLIMIT_NOFILE)"
+            );
+            after
+        }
+        Err(e) => match delayd::http::process::file_limit() {
+            Ok(now) => {
+                tracing::warn!(soft = %show(now.soft), hard = %show(now.hard), "cannot raise the open file limit: {e}");
+                now
+            }
+            Err(e) => {
+                tracing::warn!("cannot read the open file limit: {e}; max_connections is not fitted to it");
+                return serve_cfg;
+            }
+        },
+    };
+    if let Some(cap) = serve_cfg.fit_to_file_handles(limit.soft_or_max(), cfg.open_queues) {
+        tracing::warn!(
+            max_connections = cfg.max_connections,
+            lowered_to = cap,
+            open_files = %show(limit.soft),
+            "max_connections lowered to fit the open file limit beside the store's files and push \
+             deliveries; raise the limit (LimitNOFILE= under systemd, ulimit -n) to serve more"
+        );
+    }
+    serve_cfg
+}
+
+async fn serve(
+    cfg: &Config,
+    serve_cfg: ServeConfig,
+    listener: tokio::net::TcpListener,
+    broker: Broker,
+) -> Result<()> {
     let state = AppState::new(broker, Limits::from_config(cfg));
     let signalled = Arc::new(Notify::new());
     let on_signal = {
@@ -117,8 +161,7 @@ async fn serve(cfg: &Config, listener: tokio::net::TcpListener, broker: Broker) 
             signalled.notify_one();
         }
     };
-    let mut server =
-        tokio::spawn(serve_http(listener, router(state), ServeConfig::from_config(cfg), on_signal));
+    let mut server = tokio::spawn(serve_http(listener, router(state), serve_cfg, on_signal));
     tokio::select! {
         res = &mut server => return joined(res),
         _ = signalled.notified() => {}

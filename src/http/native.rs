@@ -3,7 +3,7 @@
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{from_raw, JsonBody, PathParam};
 use super::openapi::{BackoffValue, LevelValue};
+use super::server::{HttpStats, ServerView};
 use super::{now_ms, validate, AppState, Limits};
 use crate::message::{
     Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
@@ -590,6 +591,21 @@ pub(crate) async fn cancel(
     Ok(Json(CancelAnswer { id, state: MessageState::Cancelled }))
 }
 
+/// The answer of `/v1/stats`: the store's figures, and the HTTP server's.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StatsAnswer {
+    #[serde(flatten)]
+    store: Stats,
+    /// Connections and request bodies; absent when the router is not served by delayd's server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http: Option<HttpStats>,
+    /// The process' soft limit on open files (`RLIMIT_NOFILE`, raised to the hard one at start);
+    /// null when unlimited or unknown.
+    nofile_soft: Option<u64>,
+    /// The hard limit on open files; null when unlimited or unknown.
+    nofile_hard: Option<u64>,
+}
+
 /// `GET /v1/stats`
 #[utoipa::path(
     get,
@@ -597,11 +613,21 @@ pub(crate) async fn cancel(
     tag = "operations",
     operation_id = "stats",
     summary = "Levels, topics, storage and reclaim counters",
-    responses((status = 200, description = "A snapshot", body = Stats))
+    responses((status = 200, description = "A snapshot", body = StatsAnswer))
 )]
-pub(crate) async fn stats(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let stats = st.broker().stats().await?;
-    serde_json::to_value(&stats).map(Json).map_err(|e| {
+pub(crate) async fn stats(
+    State(st): State<AppState>,
+    server: Option<Extension<ServerView>>,
+) -> Result<Json<Value>, ApiError> {
+    let store = st.broker().stats().await?;
+    let files = super::process::file_limit().ok();
+    let answer = StatsAnswer {
+        store,
+        http: server.map(|Extension(s)| s.stats()),
+        nofile_soft: files.and_then(|f| f.soft),
+        nofile_hard: files.and_then(|f| f.hard),
+    };
+    serde_json::to_value(&answer).map(Json).map_err(|e| {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("cannot encode stats: {e}"))
     })
 }

@@ -90,6 +90,64 @@ fn parse_max_open_files(s: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The limit on open file descriptors (`RLIMIT_NOFILE`): soft (what the process may open now)
+/// and hard (what it may raise the soft limit to); `None` for unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimit {
+    /// The limit in force.
+    pub soft: Option<u64>,
+    /// The most the soft limit may be raised to.
+    pub hard: Option<u64>,
+}
+
+impl FileLimit {
+    /// The soft limit as a number of handles, unlimited as `u64::MAX`.
+    pub fn soft_or_max(&self) -> u64 {
+        self.soft.unwrap_or(u64::MAX)
+    }
+}
+
+fn limit(v: libc::rlim_t) -> Option<u64> {
+    (v != libc::RLIM_INFINITY).then_some(v)
+}
+
+fn getrlimit_nofile() -> std::io::Result<libc::rlimit> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one `rlimit` through a pointer to a live, writable one.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(rl)
+}
+
+/// This process' limit on open file descriptors now.
+pub fn file_limit() -> std::io::Result<FileLimit> {
+    let rl = getrlimit_nofile()?;
+    Ok(FileLimit { soft: limit(rl.rlim_cur), hard: limit(rl.rlim_max) })
+}
+
+/// Raises the soft limit on open file descriptors to the hard limit, as Redis, nginx and Go
+/// programs do: every connection and every open queue costs one, and the soft limit many systems
+/// start a service with (1024) is far below what the hard limit allows. Returns the limit before
+/// and after.
+pub fn raise_file_limit() -> std::io::Result<(FileLimit, FileLimit)> {
+    let before = getrlimit_nofile()?;
+    if before.rlim_cur == before.rlim_max {
+        let same = FileLimit { soft: limit(before.rlim_cur), hard: limit(before.rlim_max) };
+        return Ok((same, same));
+    }
+    let raised = libc::rlimit { rlim_cur: before.rlim_max, rlim_max: before.rlim_max };
+    // SAFETY: setrlimit reads one `rlimit` through a pointer to a live one.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((FileLimit { soft: limit(before.rlim_cur), hard: limit(before.rlim_max) }, file_limit()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +178,13 @@ mod tests {
             None
         );
         assert_eq!(parse_boot_time("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n"), Some(1_700_000_000));
+    }
+
+    #[test]
+    fn reads_the_file_limit() {
+        let l = file_limit().expect("getrlimit");
+        assert!(l.soft.is_some_and(|s| s >= 3) || l.soft.is_none(), "{l:?}");
+        assert!(l.soft_or_max() <= l.hard.unwrap_or(u64::MAX), "{l:?}");
     }
 
     #[test]

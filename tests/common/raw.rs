@@ -149,3 +149,24 @@ impl Conn {
         Ok(())
     }
 }
+
+impl Conn {
+    /// Connects to `base` from the loopback address `source` (any of 127.0.0.0/8 on Linux), so a
+    /// test can be several client addresses.
+    pub fn open_from(base: &str, source: std::net::Ipv4Addr) -> std::io::Result<Conn> {
+        let addr: std::net::SocketAddr = base
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, format!("{base}: {e}")))?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        let stream = rt.block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind((source, 0).into())?;
+            socket.connect(addr).await?.into_std()
+        })?;
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(NEVER_HANG))?;
+        stream.set_write_timeout(Some(NEVER_HANG))?;
+        Ok(Conn { stream, buf: Vec::new() })
+    }
+}

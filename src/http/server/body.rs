@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use super::io::{Phase, PhaseCell};
@@ -192,5 +193,38 @@ impl Body for AnswerBody {
 impl Drop for AnswerBody {
     fn drop(&mut self) {
         self.phase.apply(Phase::on_body_done);
+    }
+}
+
+/// The memory that request bodies being served may hold at once, in bytes: each request with a
+/// body reserves what it declares (a chunked one, the whole request limit, since nobody knows its
+/// size yet) before the router sees it, and gives it back once answered. A body is buffered whole
+/// before it is parsed, so without this a burst of large bodies holds `connections x limit`.
+pub(crate) struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+}
+
+/// A reservation in a [`BodyBudget`], given back when dropped.
+pub(crate) struct BodyPermit {
+    _held: OwnedSemaphorePermit,
+}
+
+impl BodyBudget {
+    /// A budget of `total` bytes.
+    pub(crate) fn new(total: usize) -> BodyBudget {
+        let total = total.min(Semaphore::MAX_PERMITS);
+        BodyBudget { bytes: Arc::new(Semaphore::new(total)), total }
+    }
+
+    /// Bytes reserved now.
+    pub(crate) fn in_use(&self) -> usize {
+        self.total.saturating_sub(self.bytes.available_permits())
+    }
+
+    /// Reserves `n` bytes at once, or `None` when the budget cannot hold them now.
+    pub(crate) fn try_reserve(&self, n: u64) -> Option<BodyPermit> {
+        let n = u32::try_from(n).ok()?;
+        self.bytes.clone().try_acquire_many_owned(n).ok().map(|held| BodyPermit { _held: held })
     }
 }

@@ -34,12 +34,28 @@ impl Phase {
         Phase::Waiting { since: Instant::now(), kept_alive: false }
     }
 
-    /// When the connection is to be closed if the phase has not changed by then.
-    pub(crate) fn deadline(&self, header: Duration, idle: Duration) -> Option<Instant> {
+    /// When the connection is to be closed if the phase has not changed by then. `brief`, when
+    /// the server is short of connection slots, shortens the wait for a request to begin.
+    pub(crate) fn deadline(
+        &self,
+        header: Duration,
+        idle: Duration,
+        brief: Option<Duration>,
+    ) -> Option<Instant> {
+        let waiting = |timeout: Duration| brief.map_or(timeout, |b| b.min(timeout));
         match *self {
-            Phase::Waiting { since, kept_alive: false } | Phase::Head { since } => Some(since + header),
-            Phase::Waiting { since, kept_alive: true } => Some(since + idle),
+            Phase::Waiting { since, kept_alive: false } => Some(since + waiting(header)),
+            Phase::Head { since } => Some(since + header),
+            Phase::Waiting { since, kept_alive: true } => Some(since + waiting(idle)),
             Phase::Serving { answered, .. } => answered.map(|at| at + idle),
+        }
+    }
+
+    /// Since when the connection has waited for a request to begin, if it is waiting.
+    pub(crate) fn idle_since(&self) -> Option<Instant> {
+        match *self {
+            Phase::Waiting { since, .. } => Some(since),
+            _ => None,
         }
     }
 
@@ -47,11 +63,18 @@ impl Phase {
     /// than `now` plus the shorter timeout. A phase that begins later has a deadline at least that
     /// far from its start, so looking this often misses no deadline, while a phase change itself
     /// never has to wake the watcher (see [`PhaseCell`]).
-    pub(crate) fn next_check(&self, now: Instant, header: Duration, idle: Duration) -> Instant {
+    pub(crate) fn next_check(
+        &self,
+        now: Instant,
+        header: Duration,
+        idle: Duration,
+        brief: Option<Duration>,
+    ) -> Instant {
         // Configuration keeps both timeouts at 1 ms or more; the floor only keeps a zero from
         // ever turning the watcher into a busy loop.
-        let soonest = now + header.min(idle).max(Duration::from_millis(1));
-        self.deadline(header, idle).map_or(soonest, |d| d.min(soonest))
+        let shortest = brief.map_or(header.min(idle), |b| b.min(header).min(idle));
+        let soonest = now + shortest.max(Duration::from_millis(1));
+        self.deadline(header, idle, brief).map_or(soonest, |d| d.min(soonest))
     }
 
     fn is_serving(&self) -> bool {
@@ -221,6 +244,19 @@ impl AsyncWrite for ConnIo {
     }
 }
 
+/// Whether bytes wait unread on the socket `fd`: a connection that looks idle from its phase may
+/// have a request in the kernel's buffer that hyper has not read yet (a new connection whose task
+/// has not run, or a request that just arrived); closing it then would reset it under the client.
+pub(crate) fn has_unread_bytes(fd: std::os::fd::RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: recv writes at most 1 byte into `byte`, which lives across the call; MSG_PEEK leaves
+    // the byte in the socket and MSG_DONTWAIT keeps the call from blocking. `fd` is the caller's
+    // open socket for the duration of the call.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n > 0
+}
+
 /// The JSON answer for hyper's own error answer starting `buf` (`HTTP/1.x 4xx ...`), if it is one.
 fn parser_error_answer(buf: &[u8]) -> Option<Vec<u8>> {
     let version = buf.get(..8).filter(|v| v.starts_with(b"HTTP/1."))?;
@@ -282,23 +318,23 @@ mod tests {
         let (h, i) = (Duration::from_secs(10), Duration::from_secs(60));
         let mut p = Phase::accepted();
         let Phase::Waiting { since, .. } = p else { panic!("{p:?}") };
-        assert_eq!(p.deadline(h, i), Some(since + h), "a new connection gets the header timeout");
+        assert_eq!(p.deadline(h, i, None), Some(since + h), "a new connection gets the header timeout");
         assert!(p.on_bytes());
         assert!(!p.on_bytes(), "only the first bytes start a head");
         let Phase::Head { since } = p else { panic!("{p:?}") };
-        assert_eq!(p.deadline(h, i), Some(since + h));
+        assert_eq!(p.deadline(h, i, None), Some(since + h));
         p = Phase::Serving { answered: None, body_done: false };
-        assert_eq!(p.deadline(h, i), None, "no deadline while the router works");
+        assert_eq!(p.deadline(h, i, None), None, "no deadline while the router works");
         assert!(!p.on_flushed(), "a flush before the answer changes nothing");
         p.on_answer();
         assert!(!p.on_bytes(), "request body bytes do not start a head");
         let Phase::Serving { answered: Some(at), .. } = p else { panic!("{p:?}") };
-        assert_eq!(p.deadline(h, i), Some(at + i));
+        assert_eq!(p.deadline(h, i, None), Some(at + i));
         assert!(!p.on_flushed(), "hyper still holds the answer body");
         assert!(p.on_body_done());
         assert!(p.on_flushed());
         let Phase::Waiting { since, kept_alive: true } = p else { panic!("{p:?}") };
-        assert_eq!(p.deadline(h, i), Some(since + i), "a kept-alive connection gets the idle timeout");
+        assert_eq!(p.deadline(h, i, None), Some(since + i), "a kept-alive connection gets the idle timeout");
     }
 
     #[test]
@@ -307,27 +343,30 @@ mod tests {
         let now = Instant::now();
         // Kept alive: its own deadline is 60 s away, but a head may start at once and is due in 10.
         let idle = Phase::Waiting { since: now, kept_alive: true };
-        assert_eq!(idle.next_check(now, h, i), now + h);
+        assert_eq!(idle.next_check(now, h, i, None), now + h);
         // A head that started 4 s ago is due in 6, sooner than any later phase could be.
         let head = Phase::Head { since: now - Duration::from_secs(4) };
-        assert_eq!(head.next_check(now, h, i), now + Duration::from_secs(6));
+        assert_eq!(head.next_check(now, h, i, None), now + Duration::from_secs(6));
         // Serving has no deadline of its own; the answer's starts the idle timeout later.
         let serving = Phase::Serving { answered: None, body_done: false };
-        assert_eq!(serving.next_check(now, h, i), now + h);
+        assert_eq!(serving.next_check(now, h, i, None), now + h);
         // With the idle timeout the shorter one, that is the bound.
-        assert_eq!(serving.next_check(now, i, h), now + h);
+        assert_eq!(serving.next_check(now, i, h, None), now + h);
         // Never a zero wait, which would spin the watcher while a request is served.
-        assert_eq!(serving.next_check(now, Duration::ZERO, Duration::ZERO), now + Duration::from_millis(1));
+        assert_eq!(
+            serving.next_check(now, Duration::ZERO, Duration::ZERO, None),
+            now + Duration::from_millis(1)
+        );
         // Whatever phase follows a check, its deadline is no sooner than the next check.
         for p in [idle, head, serving] {
-            let check = p.next_check(now, h, i);
+            let check = p.next_check(now, h, i, None);
             for later in [
                 Phase::Waiting { since: now, kept_alive: false },
                 Phase::Waiting { since: now, kept_alive: true },
                 Phase::Head { since: now },
                 Phase::Serving { answered: Some(now), body_done: true },
             ] {
-                assert!(later.deadline(h, i).is_some_and(|d| d >= check), "{p:?} then {later:?}");
+                assert!(later.deadline(h, i, None).is_some_and(|d| d >= check), "{p:?} then {later:?}");
             }
         }
     }
