@@ -1115,13 +1115,28 @@ impl Engine {
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
         let Some((msg_offset, hash, seq, target)) = self.timer_of(entry.offset)? else { return Ok(()) };
-        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(()) };
-        let action = match slot.state {
-            _ if slot.seq != seq => return Ok(()),
-            State::Delayed => TimerAction::MakeReady,
-            State::Reserved => TimerAction::Expire,
-            _ => return Ok(()),
+        // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
+        // fire again after a crash, and the Hops they wrote then were replayed: an entry older
+        // than such a Hop already hopped, and hopping again would start a second chain.
+        let timer = (msg_offset, seq);
+        if let Some(&(_, newest)) = self.store.replayed_hops.get(&timer) {
+            if entry.offset < newest {
+                return Ok(());
+            }
+        }
+        let action = match self.store.find_offset(hash, msg_offset) {
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Delayed => {
+                (slot, TimerAction::MakeReady)
+            }
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => {
+                (slot, TimerAction::Expire)
+            }
+            _ => {
+                self.store.replayed_hops.remove(&timer);
+                return Ok(());
+            }
         };
+        let (slot, action) = action;
         if target > now {
             let route = plan_hop(&self.cfg.levels_ms, now, target - now);
             debug!(msg_offset, target, ?route, "hop");
@@ -1135,6 +1150,7 @@ impl Engine {
             inc(&self.metrics.hops);
             return Ok(());
         }
+        self.store.replayed_hops.remove(&timer);
         match action {
             TimerAction::MakeReady => {
                 self.metrics.lateness_ms.observe(now - target);

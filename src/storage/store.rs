@@ -149,6 +149,12 @@ pub struct Store {
     pub(super) durable_serial: u64,
     /// Where reclaiming the oldest segment stands.
     pub(super) reclaim: super::reclaim::Reclaim,
+    /// The id hash and offset of the newest Hop of each timer, by (msg_offset, seq), among the records re-dispatched at
+    /// open. A level entry fired after the checkpoint fires again after a crash; the Hop it wrote
+    /// then is in the replayed records, so a timer record older than that Hop is superseded and
+    /// must not hop again (see `Engine::fire`). Only the replay fills it: in a running broker each
+    /// entry fires once. Emptied as those timers fire or end.
+    pub(crate) replayed_hops: HashMap<(u64, u32), (u64, u64)>,
     /// Damaged records met outside the recovery scan (reads take `&self`, hence atomic).
     corrupt_records: std::sync::atomic::AtomicU64,
     /// The store's health and durable offsets, shared with every thread that syncs its files.
@@ -351,6 +357,7 @@ impl Store {
             snapshots: 0,
             durable_serial: 0,
             reclaim: Default::default(),
+            replayed_hops: HashMap::new(),
             corrupt_records: Default::default(),
             durability,
             reserve,
@@ -404,6 +411,13 @@ impl Store {
         store.recovering = true;
         report.redispatched = store.dispatch()?;
         store.recovering = false;
+        // Only timers still running need their newest Hop remembered.
+        let index = &store.index;
+        store.replayed_hops.retain(|&(msg_offset, seq), &mut (hash, _)| {
+            index.find(hash, |m| m == msg_offset).is_some_and(|(_, slot)| {
+                slot.seq == seq && matches!(slot.state, State::Delayed | State::Reserved)
+            })
+        });
         for q in store.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.len());
         }
@@ -1084,6 +1098,10 @@ impl Store {
                 let hash = format::id_hash(c.put.id);
                 let topic = String::from_utf8_lossy(c.put.topic).into_owned();
                 let (prev, route, deliver_at) = (c.prev_msg_offset, c.put.route, c.deliver_at_ms);
+                if self.recovering && !self.replayed_hops.is_empty() {
+                    // The message's timer restarts from the Carry; records naming `prev` are stale.
+                    self.replayed_hops.remove(&(prev, c.seq));
+                }
                 let slot = Slot {
                     hash,
                     msg_offset: offset,
@@ -1131,6 +1149,10 @@ impl Store {
             Record::Transition(t) if t.msg_offset < self.log.start() => {}
             Record::Hop(h) if h.msg_offset < self.log.start() => {}
             Record::Transition(t) => {
+                if self.recovering && !self.replayed_hops.is_empty() {
+                    // The timer of the previous seq ended with this change.
+                    self.replayed_hops.remove(&(t.msg_offset, t.seq.wrapping_sub(1)));
+                }
                 let topic = self.topic_of(t.msg_offset)?;
                 if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
                     if slot.last_offset < offset {
@@ -1166,6 +1188,9 @@ impl Store {
                 self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })?;
             }
             Record::Hop(h) => {
+                if self.recovering {
+                    self.replayed_hops.insert((h.msg_offset, h.seq), (h.id_hash, offset));
+                }
                 self.route(h.route, "", Entry { offset, size, tag: 0 })?;
             }
             Record::Pause(p) => {
