@@ -316,8 +316,7 @@ impl Engine {
         let now = self.now();
         let r = self.store.expire(self.expired_at(), until);
         self.poison_on_io(r)?;
-        let policy =
-            ReclaimPolicy { segment_bytes: self.cfg.segment_bytes, expired_at_ms: self.expired_at() };
+        let policy = self.reclaim_policy();
         let levels = &self.cfg.levels_ms;
         let plan = |now: u64, target: u64| plan_hop(levels, now, target.saturating_sub(now));
         let r = self.store.reclaim_step(now, &policy, &plan, until);
@@ -327,7 +326,12 @@ impl Engine {
     /// True when [`maintain`](Self::maintain) has work it could do at once.
     pub fn maintenance_due(&self) -> bool {
         !self.durability.is_poisoned()
-            && (self.store.index.is_copying() || self.cfg.reclaim && self.store.reclaim_busy(self.now()))
+            && (self.store.index.is_copying()
+                || self.cfg.reclaim && self.store.reclaim_busy(self.now(), &self.reclaim_policy()))
+    }
+
+    fn reclaim_policy(&self) -> ReclaimPolicy {
+        ReclaimPolicy { segment_bytes: self.cfg.segment_bytes, expired_at_ms: self.expired_at() }
     }
 
     /// A checkpoint became durable: reclaim may now delete what it no longer needs.
