@@ -1128,7 +1128,7 @@ impl Engine {
                 return Ok(());
             }
         }
-        let action = match self.store.find_offset(hash, msg_offset) {
+        let (slot, action) = match self.store.find_offset(hash, msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Delayed => {
                 (slot, TimerAction::MakeReady)
             }
@@ -1140,7 +1140,6 @@ impl Engine {
                 return Ok(());
             }
         };
-        let (slot, action) = action;
         if target > now {
             let route = plan_hop(&self.cfg.levels_ms, now, target - now);
             debug!(msg_offset, target, ?route, "hop");

@@ -52,8 +52,9 @@ enum Phase {
     /// Carries written for them and the expiry of their final messages from the index.
     Free { need: u64, upto: u64 },
     /// A scan found the head pinned (a timer about to fire, a reservation made meanwhile) or not
-    /// worth carrying although its counts said it was: scan again at `until_ms` or once the
-    /// head's `changes` count moved, whichever comes first, and only if its counts still say so.
+    /// worth carrying although its counts said it was (the log changed while it ran): scan again
+    /// at `until_ms` or once the head's `changes` count moved, whichever comes first, and only if
+    /// its counts still say so.
     Rest { until_ms: u64, changes: u64 },
 }
 
@@ -516,10 +517,10 @@ impl Store {
             debug!(base, live, "carrying the head segment's live messages forward");
             Phase::Carry { pos: base }
         } else {
-            // A pinned message (a timer about to fire) is gone within moments; otherwise the
-            // head's counts disagreed with the scan, and only a change in it can alter that.
-            let until_ms = if pinned > 0 { now_ms + RESCAN_MS } else { u64::MAX };
-            Phase::Rest { until_ms, changes: self.segs.get(base).changes }
+            // Pinned (a timer about to fire, a reservation made during the scan), or the log
+            // changed while the scan ran: look again a second later, or once the head changes,
+            // and then only if its counts still say a scan could free or carry it.
+            Phase::Rest { until_ms: now_ms + RESCAN_MS, changes: self.segs.get(base).changes }
         })
     }
 
