@@ -320,8 +320,7 @@ impl Engine {
         let now = self.now();
         let r = self.store.expire(self.expired_at(), until);
         self.poison_on_io(r)?;
-        let policy =
-            ReclaimPolicy { segment_bytes: self.cfg.segment_bytes, expired_at_ms: self.expired_at() };
+        let policy = self.reclaim_policy();
         let levels = &self.cfg.levels_ms;
         let plan = |now: u64, target: u64| plan_hop(levels, now, target.saturating_sub(now));
         let r = self.store.reclaim_step(now, &policy, &plan, until);
@@ -331,7 +330,12 @@ impl Engine {
     /// True when [`maintain`](Self::maintain) has work it could do at once.
     pub fn maintenance_due(&self) -> bool {
         !self.durability.is_poisoned()
-            && (self.store.index.is_copying() || self.cfg.reclaim && self.store.reclaim_busy(self.now()))
+            && (self.store.index.is_copying()
+                || self.cfg.reclaim && self.store.reclaim_busy(self.now(), &self.reclaim_policy()))
+    }
+
+    fn reclaim_policy(&self) -> ReclaimPolicy {
+        ReclaimPolicy { segment_bytes: self.cfg.segment_bytes, expired_at_ms: self.expired_at() }
     }
 
     /// A checkpoint became durable: reclaim may now delete what it no longer needs.
@@ -1114,12 +1118,26 @@ impl Engine {
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
         let Some((msg_offset, hash, seq, target)) = self.timer_of(entry.offset)? else { return Ok(()) };
-        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(()) };
-        let action = match slot.state {
-            _ if slot.seq != seq => return Ok(()),
-            State::Delayed => TimerAction::MakeReady,
-            State::Reserved => TimerAction::Expire,
-            _ => return Ok(()),
+        // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
+        // fire again after a crash, and the Hops they wrote then were replayed: an entry older
+        // than such a Hop already hopped, and hopping again would start a second chain.
+        let timer = (msg_offset, seq);
+        if let Some(&(_, newest)) = self.store.replayed_hops.get(&timer) {
+            if entry.offset < newest {
+                return Ok(());
+            }
+        }
+        let (slot, action) = match self.store.find_offset(hash, msg_offset) {
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Delayed => {
+                (slot, TimerAction::MakeReady)
+            }
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => {
+                (slot, TimerAction::Expire)
+            }
+            _ => {
+                self.store.replayed_hops.remove(&timer);
+                return Ok(());
+            }
         };
         if target > now {
             let route = plan_hop(&self.cfg.levels_ms, now, target - now);
@@ -1134,6 +1152,7 @@ impl Engine {
             inc(&self.metrics.hops);
             return Ok(());
         }
+        self.store.replayed_hops.remove(&timer);
         match action {
             TimerAction::MakeReady => {
                 self.metrics.lateness_ms.observe(now - target);

@@ -559,3 +559,33 @@ fn a_cancelled_timer_that_already_hopped_counts_until_its_hop_falls_due() {
     while e.run_due(usize::MAX).unwrap() > 0 {}
     assert_eq!(level_backlog(&mut e, 1_000), 0);
 }
+
+#[test]
+fn timers_fired_again_after_a_crash_do_not_hop_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    // 3h 7s: 2 h on the 2 h level, 1 h on the 1 h level, then 5 s, then 1 s twice.
+    e.produce("t", req("h", When::DelayMs(3 * 3_600_000 + 7_000))).unwrap();
+    e.produce("t", req("other", When::DelayMs(3 * 3_600_000 + 7_000))).unwrap();
+    e.checkpoint().unwrap();
+    clock.set_ms(T0 + 2 * 3_600_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    clock.set_ms(T0 + 3 * 3_600_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    e.cancel("other").unwrap();
+    assert_eq!(hops_of(&e, "h"), vec![7_200_000, 3_600_000, 5_000]);
+    // A crash: no checkpoint since the produce, so both level entries fire again after the
+    // restart; the Hops they wrote before it are replayed.
+    drop(e);
+    let mut e = open(dir.path(), &clock);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert_eq!(hops_of(&e, "h"), vec![7_200_000, 3_600_000, 5_000], "no second chain");
+    let got = run_until(&mut e, &clock, T0 + 3 * 3_600_000 + 20_000, 1_000);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "h");
+    assert_eq!(got[0].1, T0 + 3 * 3_600_000 + 7_000);
+    assert_eq!(hops_of(&e, "h"), vec![7_200_000, 3_600_000, 5_000, 1_000, 1_000]);
+    // Every timer ended, so nothing is remembered for them any more.
+    assert!(e.store_for_tests().replayed_hops.is_empty());
+}

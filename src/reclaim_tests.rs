@@ -477,6 +477,9 @@ proptest! {
             // Carries, expiry, crashes and rebuilds from a reclaimed log keep the state counts exact.
             let store = e.store_for_tests();
             prop_assert_eq!(store.state_counts(), store.recount_states().unwrap(), "after {}", op_name);
+            // So do the per-segment counts that decide whether reclaim scans at all.
+            let differ = store.segment_counts_differ();
+            prop_assert!(differ.is_none(), "segment counts after {}: {:?}", op_name, differ);
             // Every remembered id answers as the model says.
             let now = clock.now_ms();
             for (id, exp) in &model {
@@ -682,4 +685,51 @@ fn redrive_and_purge_change_exactly_their_messages_in_slices() {
     drop(e);
     let e = open(dir.path(), &clock);
     check(&e);
+}
+
+/// A head segment full of messages pending for days cannot be freed or carried: reclaim must not
+/// read it again and again (it did every second, which cost a large backlog its timers' lateness
+/// and an idle server a share of a core), only once something there changes.
+#[test]
+fn a_head_of_pending_messages_is_not_scanned_while_nothing_in_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let day = 86_400_000;
+    let mut n = 0;
+    while e.store_for_tests().log.segment_count() < 4 {
+        e.produce("t", req(&format!("p{n}"), 100, When::DelayMs(3 * day))).unwrap();
+        n += 1;
+    }
+    settle(&mut e);
+    let scanned = |e: &Engine| e.store_for_tests().reclaim_stats().scanned_records;
+    let before = scanned(&e);
+    for _ in 0..120 {
+        clock.advance_ms(1_000);
+        settle(&mut e);
+        assert!(!e.maintenance_due());
+    }
+    assert_eq!(scanned(&e), before, "nothing changed in the head, so nothing was read again");
+    assert!(e.store_for_tests().segment_counts_differ().is_none());
+
+    // Cancelling most of the head makes it worth carrying: now it is scanned, carried and freed.
+    let head = e.store_for_tests().log.start();
+    for i in 0..n {
+        let id = format!("p{i}");
+        if i % 8 != 0
+            && e.store_for_tests()
+                .find_id(id.as_bytes(), 0)
+                .is_some_and(|(_, s)| s.msg_offset < head + (64 << 10))
+        {
+            e.cancel(&id).unwrap();
+        }
+    }
+    clock.advance_ms(RETENTION_MS + 1);
+    settle(&mut e);
+    assert!(scanned(&e) > before);
+    assert!(e.store_for_tests().reclaim_stats().segments_deleted >= 1);
+    assert!(e.store_for_tests().segment_counts_differ().is_none());
+    for i in (0..n).step_by(8) {
+        assert_eq!(e.get(&format!("p{i}")).unwrap().state, MessageState::Delayed);
+    }
 }

@@ -363,6 +363,11 @@ impl CommitLog {
         (offset < seg.end()).then(|| (i, (offset - seg.base) as usize))
     }
 
+    /// Base of the segment holding `offset`, if it is still in the log.
+    pub fn segment_base(&self, offset: u64) -> Option<u64> {
+        self.locate(offset).map(|(i, _)| self.segments[i].base)
+    }
+
     fn next_segment_base(&self, offset: u64) -> Option<u64> {
         let (i, _) = self.locate(offset)?;
         self.segments.get(i + 1).map(|s| s.base)

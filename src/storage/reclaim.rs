@@ -6,11 +6,13 @@
 //! and every deletion waits for a durable checkpoint that covers what replaces the deleted bytes:
 //! recovery never needs a file that is gone. See storage-format.md, "Reclaim".
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tracing::{debug, info};
 
 use super::checkpoint::{Checkpoint, QueueKind};
+use super::commitlog::CommitLog;
 use super::format::{self, Carry, Put, Record, Route, State};
 use super::index::{Slot, SlotRef};
 use super::store::Store;
@@ -49,9 +51,11 @@ enum Phase {
     /// checkpoint with serial `need` (the first taken after the decision) is durable. It covers the
     /// Carries written for them and the expiry of their final messages from the index.
     Free { need: u64, upto: u64 },
-    /// Something pinned the head (a reservation, a final message within retention, a timer about
-    /// to fire) or carrying would not pay yet: look again at `until_ms`.
-    Rest { until_ms: u64 },
+    /// A scan found the head pinned (a timer about to fire, a reservation made meanwhile) or not
+    /// worth carrying although its counts said it was (the log changed while it ran): scan again
+    /// at `until_ms` or once the head's `changes` count moved, whichever comes first, and only if
+    /// its counts still say so.
+    Rest { until_ms: u64, changes: u64 },
 }
 
 /// Progress and totals of reclaim.
@@ -61,6 +65,9 @@ pub struct Reclaim {
     phase: Phase,
     /// The last expiry pass stopped on its budget, not on a record too young to expire.
     expiry_behind: bool,
+    /// The record too young to expire that stopped the last pass, and its time: nothing can
+    /// expire before the cutoff reaches that time, so the walk waits for it without reading.
+    expiry_young: Option<(u64, u64)>,
     /// Totals since start, for metrics and the write-amplification figure.
     pub stats: ReclaimStats,
 }
@@ -82,6 +89,66 @@ pub struct ReclaimStats {
     pub expired: u64,
     /// Emptied topics forgotten: files and directory deleted, no longer counted in `max_topics`.
     pub topics_forgotten: u64,
+    /// Records read by scans of the oldest segments (a scan runs only when the segments' counts
+    /// say it could free or carry something, and again only once something there changed).
+    pub scanned_records: u64,
+}
+
+/// What one segment holds that reclaim must keep: the Put and Carry records of its indexed
+/// messages and the Pause and Push records in effect, and how many of its messages are reserved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SegLive {
+    /// Bytes of those records.
+    pub bytes: u64,
+    /// Its messages now Reserved (a reservation pins its segment).
+    pub reserved: u64,
+    /// Bumped by every change to its messages, so a scan that found nothing to do is repeated
+    /// only once something in the segment changed.
+    pub changes: u64,
+}
+
+/// [`SegLive`] of every segment, by base offset. Dispatch keeps it (every change of the index
+/// goes through it), so deciding whether the head segment is worth scanning costs nothing.
+#[derive(Debug, Default)]
+pub struct SegCounts(BTreeMap<u64, SegLive>);
+
+impl SegCounts {
+    fn at(&mut self, log: &CommitLog, offset: u64) -> Option<&mut SegLive> {
+        let base = log.segment_base(offset)?;
+        let c = self.0.entry(base).or_default();
+        c.changes += 1;
+        Some(c)
+    }
+
+    /// The record at `offset` (`len` bytes) is now needed.
+    pub(crate) fn add(&mut self, log: &CommitLog, offset: u64, len: u64) {
+        if let Some(c) = self.at(log, offset) {
+            c.bytes += len;
+        }
+    }
+
+    /// The record at `offset` (`len` bytes) is no longer needed.
+    pub(crate) fn sub(&mut self, log: &CommitLog, offset: u64, len: u64) {
+        if let Some(c) = self.at(log, offset) {
+            c.bytes = c.bytes.saturating_sub(len);
+        }
+    }
+
+    /// The message whose record is at `msg_offset` went from `from` to `to`.
+    pub(crate) fn state(&mut self, log: &CommitLog, msg_offset: u64, from: State, to: State) {
+        if let Some(c) = self.at(log, msg_offset) {
+            match (from == State::Reserved, to == State::Reserved) {
+                (false, true) => c.reserved += 1,
+                (true, false) => c.reserved = c.reserved.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+
+    /// The counts of the segment starting at `base`.
+    pub(crate) fn get(&self, base: u64) -> SegLive {
+        self.0.get(&base).copied().unwrap_or_default()
+    }
 }
 
 /// What a message at the head still needs.
@@ -126,16 +193,70 @@ impl Store {
         self.reclaim.stats
     }
 
-    /// True when a reclaim step has work it could do right now.
-    pub fn reclaim_busy(&self, now_ms: u64) -> bool {
+    /// True when a reclaim step has work it could do right now. Costs no scan: a head segment
+    /// that its counts say cannot be freed or carried is not work.
+    pub fn reclaim_busy(&self, now_ms: u64, policy: &ReclaimPolicy) -> bool {
         if self.reclaim.expiry_behind {
             return true;
         }
+        let Some((base, end)) = self.log.sealed_head() else { return false };
         match self.reclaim.phase {
-            Phase::Start | Phase::Scan { .. } | Phase::Carry { .. } => self.log.sealed_head().is_some(),
+            _ if self.reclaim.head != base => self.head_worth_scanning(policy, base, end),
+            Phase::Scan { .. } | Phase::Carry { .. } => true,
             Phase::Free { need, .. } => self.durable_serial >= need,
-            Phase::Rest { until_ms } => now_ms >= until_ms,
+            Phase::Start => self.head_worth_scanning(policy, base, end),
+            Phase::Rest { until_ms, changes } => {
+                (now_ms >= until_ms || self.segs.get(base).changes != changes)
+                    && self.head_worth_scanning(policy, base, end)
+            }
         }
+    }
+
+    /// Whether the counts of the head segment `[base, end)` say a scan could free or carry it:
+    /// nothing in it is needed, or nothing is reserved and carrying would pay. Reclaim scans
+    /// only then, so a head full of messages pending for days costs nothing while it stays so.
+    fn head_worth_scanning(&self, policy: &ReclaimPolicy, base: u64, end: u64) -> bool {
+        let c = self.segs.get(base);
+        c.bytes == 0
+            || c.reserved == 0
+                && policy.should_carry(end - base, c.bytes, self.log.disk_bytes(), self.live_bytes)
+    }
+
+    /// Counts what every segment holds from the index and the topic settings in effect (at open;
+    /// dispatch keeps the counts from then on).
+    pub(crate) fn recount_segments(&mut self) {
+        let mut segs = SegCounts::default();
+        let log = &self.log;
+        self.index.for_each(|s| {
+            segs.add(log, s.msg_offset, log.record_len(s.msg_offset));
+            segs.state(log, s.msg_offset, State::Delayed, s.state);
+        });
+        for &at in self.paused.values().chain(self.push.values()) {
+            segs.add(log, at, log.record_len(at));
+        }
+        self.segs = segs;
+    }
+
+    /// How the kept counts of the segments differ from a recount, if they do (for tests).
+    #[cfg(test)]
+    pub(crate) fn segment_counts_differ(&self) -> Option<String> {
+        let mut fresh = SegCounts::default();
+        let log = &self.log;
+        self.index.for_each(|s| {
+            fresh.add(log, s.msg_offset, log.record_len(s.msg_offset));
+            fresh.state(log, s.msg_offset, State::Delayed, s.state);
+        });
+        for &at in self.paused.values().chain(self.push.values()) {
+            fresh.add(log, at, log.record_len(at));
+        }
+        let counts = |c: &SegCounts| -> Vec<(u64, u64, u64)> {
+            c.0.iter()
+                .filter(|(_, l)| l.bytes > 0 || l.reserved > 0)
+                .map(|(b, l)| (*b, l.bytes, l.reserved))
+                .collect()
+        };
+        let (kept, want) = (counts(&self.segs), counts(&fresh));
+        (kept != want).then(|| format!("kept {kept:?}, recounted {want:?}"))
     }
 
     /// Called once a checkpoint is durable: nothing before its dispatch position is replayed any
@@ -195,6 +316,12 @@ impl Store {
     /// until caught up or `until`; returns how many records it looked at (0 when caught up).
     pub fn expire(&mut self, cutoff_ms: u64, until: Instant) -> Result<usize> {
         self.expiry = self.expiry.max(self.log.start());
+        if let Some((at, time_ms)) = self.reclaim.expiry_young {
+            if at == self.expiry && cutoff_ms < time_ms {
+                return Ok(0);
+            }
+        }
+        self.reclaim.expiry_young = None;
         let (mut seen, mut bytes) = (0, 0u64);
         self.reclaim.expiry_behind = false;
         loop {
@@ -214,9 +341,18 @@ impl Store {
                 }
                 // Records are otherwise appended in time order, so the first too-young one ends
                 // the pass.
-                Record::Transition(t) if t.time_ms > cutoff_ms => break,
-                Record::Put(p) if p.created_ms > cutoff_ms => break,
-                Record::Carry(c) if c.time_ms > cutoff_ms => break,
+                Record::Transition(t) if t.time_ms > cutoff_ms => {
+                    self.reclaim.expiry_young = Some((offset, t.time_ms));
+                    break;
+                }
+                Record::Put(p) if p.created_ms > cutoff_ms => {
+                    self.reclaim.expiry_young = Some((offset, p.created_ms));
+                    break;
+                }
+                Record::Carry(c) if c.time_ms > cutoff_ms => {
+                    self.reclaim.expiry_young = Some((offset, c.time_ms));
+                    break;
+                }
                 Record::Transition(t) if t.state.is_final() => Some((t.id_hash, t.msg_offset)),
                 _ => None,
             };
@@ -241,6 +377,7 @@ impl Store {
         let len = self.log.record_len(msg_offset);
         self.index.remove(at);
         self.live_bytes = self.live_bytes.saturating_sub(len);
+        self.segs.sub(&self.log, msg_offset, len);
         self.reclaim.stats.expired += 1;
     }
 
@@ -278,8 +415,15 @@ impl Store {
         }
         let head = Phase::Scan { seg: base, pos: base, live: 0, pinned: 0 };
         self.reclaim.phase = match self.reclaim.phase {
+            Phase::Start | Phase::Rest { .. } if !self.head_worth_scanning(policy, base, end) => {
+                return Ok(())
+            }
             Phase::Start => head,
-            Phase::Rest { until_ms } if now_ms < until_ms => return Ok(()),
+            Phase::Rest { until_ms, changes }
+                if now_ms < until_ms && self.segs.get(base).changes == changes =>
+            {
+                return Ok(())
+            }
             Phase::Rest { .. } => head,
             Phase::Scan { seg, pos, live, pinned } => {
                 self.scan(now_ms, policy, until, base, seg, pos, live, pinned)?
@@ -293,6 +437,7 @@ impl Store {
                     self.reclaim.stats.segment_bytes_deleted += freed;
                     info!(base, end, freed, "commit-log segment reclaimed");
                 }
+                self.segs.0.retain(|&b, _| b >= self.log.start());
                 match self.log.sealed_head() {
                     Some((next, next_end)) if freed > 0 && next_end <= upto => {
                         self.reclaim.head = next;
@@ -350,13 +495,15 @@ impl Store {
             pos = next;
             seen += 1;
         }
+        self.reclaim.stats.scanned_records += seen as u64;
         if pos < end && self.log.next(pos)?.is_some_and(|(o, _, _)| o < end) {
             return Ok(Phase::Scan { seg, pos, live, pinned });
         }
         if live == 0 && pinned == 0 {
             debug!(seg, "segment holds nothing live");
             let run_full = end - base >= FREE_RUN.saturating_mul(policy.segment_bytes);
-            if !run_full && self.log.sealed_at(end).is_some() {
+            // The next segment is scanned only if its counts say nothing in it is needed.
+            if !run_full && self.log.sealed_at(end).is_some() && self.segs.get(end).bytes == 0 {
                 return Ok(Phase::Scan { seg: end, pos: end, live: 0, pinned: 0 });
             }
             return Ok(Phase::Free { need: self.snapshots + 1, upto: end });
@@ -370,7 +517,10 @@ impl Store {
             debug!(base, live, "carrying the head segment's live messages forward");
             Phase::Carry { pos: base }
         } else {
-            Phase::Rest { until_ms: now_ms + RESCAN_MS }
+            // Pinned (a timer about to fire, a reservation made during the scan), or the log
+            // changed while the scan ran: look again a second later, or once the head changes,
+            // and then only if its counts still say a scan could free or carry it.
+            Phase::Rest { until_ms: now_ms + RESCAN_MS, changes: self.segs.get(base).changes }
         })
     }
 

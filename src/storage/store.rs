@@ -149,6 +149,14 @@ pub struct Store {
     pub(super) durable_serial: u64,
     /// Where reclaiming the oldest segment stands.
     pub(super) reclaim: super::reclaim::Reclaim,
+    /// What each segment holds that reclaim must keep, kept by dispatch (recounted at open).
+    pub(super) segs: super::reclaim::SegCounts,
+    /// The id hash and offset of the newest Hop of each timer, by (msg_offset, seq), among the records re-dispatched at
+    /// open. A level entry fired after the checkpoint fires again after a crash; the Hop it wrote
+    /// then is in the replayed records, so a timer record older than that Hop is superseded and
+    /// must not hop again (see `Engine::fire`). Only the replay fills it: in a running broker each
+    /// entry fires once. Emptied as those timers fire or end.
+    pub(crate) replayed_hops: HashMap<(u64, u32), (u64, u64)>,
     /// Damaged records met outside the recovery scan (reads take `&self`, hence atomic).
     corrupt_records: std::sync::atomic::AtomicU64,
     /// The store's health and durable offsets, shared with every thread that syncs its files.
@@ -351,6 +359,8 @@ impl Store {
             snapshots: 0,
             durable_serial: 0,
             reclaim: Default::default(),
+            segs: Default::default(),
+            replayed_hops: HashMap::new(),
             corrupt_records: Default::default(),
             durability,
             reserve,
@@ -404,6 +414,13 @@ impl Store {
         store.recovering = true;
         report.redispatched = store.dispatch()?;
         store.recovering = false;
+        // Only timers still running need their newest Hop remembered.
+        let index = &store.index;
+        store.replayed_hops.retain(|&(msg_offset, seq), &mut (hash, _)| {
+            index.find(hash, |m| m == msg_offset).is_some_and(|(_, slot)| {
+                slot.seq == seq && matches!(slot.state, State::Delayed | State::Reserved)
+            })
+        });
         for q in store.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.len());
         }
@@ -421,6 +438,7 @@ impl Store {
             );
         }
         store.live_bytes = store.count_live_bytes();
+        store.recount_segments();
         store.expiry = store.log.start();
         if report.rebuilt {
             // The checkpoint on disk describes the derived files the rebuild replaced: until one
@@ -1074,6 +1092,7 @@ impl Store {
                         home: Home::Main,
                     })?;
                     self.live_bytes += u64::from(size);
+                    self.segs.add(&self.log, offset, u64::from(size));
                 }
                 // Counters move by the record alone (a replay starts from the checkpoint's counts).
                 let state = if route == Route::Topic { State::Ready } else { State::Delayed };
@@ -1084,6 +1103,10 @@ impl Store {
                 let hash = format::id_hash(c.put.id);
                 let topic = String::from_utf8_lossy(c.put.topic).into_owned();
                 let (prev, route, deliver_at) = (c.prev_msg_offset, c.put.route, c.deliver_at_ms);
+                if self.recovering && !self.replayed_hops.is_empty() {
+                    // The message's timer restarts from the Carry; records naming `prev` are stale.
+                    self.replayed_hops.remove(&(prev, c.seq));
+                }
                 let slot = Slot {
                     hash,
                     msg_offset: offset,
@@ -1103,6 +1126,8 @@ impl Store {
                             self.index.update(at, slot);
                             let prev_len = self.log.record_len(prev);
                             self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
+                            self.segs.sub(&self.log, prev, prev_len);
+                            self.segs.add(&self.log, offset, u64::from(size));
                         }
                     }
                     None if here => {}
@@ -1111,6 +1136,7 @@ impl Store {
                     None => {
                         self.index.insert(slot)?;
                         self.live_bytes += u64::from(size);
+                        self.segs.add(&self.log, offset, u64::from(size));
                     }
                 }
                 let queue = match c.home {
@@ -1131,9 +1157,14 @@ impl Store {
             Record::Transition(t) if t.msg_offset < self.log.start() => {}
             Record::Hop(h) if h.msg_offset < self.log.start() => {}
             Record::Transition(t) => {
+                if self.recovering && !self.replayed_hops.is_empty() {
+                    // The timer of the previous seq ended with this change.
+                    self.replayed_hops.remove(&(t.msg_offset, t.seq.wrapping_sub(1)));
+                }
                 let topic = self.topic_of(t.msg_offset)?;
                 if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
                     if slot.last_offset < offset {
+                        self.segs.state(&self.log, slot.msg_offset, slot.state, t.state);
                         slot.last_offset = offset;
                         slot.seq = t.seq;
                         slot.attempt = t.attempt.min(u16::MAX as u32) as u16;
@@ -1166,22 +1197,35 @@ impl Store {
                 self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })?;
             }
             Record::Hop(h) => {
+                if self.recovering {
+                    self.replayed_hops.insert((h.msg_offset, h.seq), (h.id_hash, offset));
+                }
                 self.route(h.route, "", Entry { offset, size, tag: 0 })?;
             }
             Record::Pause(p) => {
                 let topic = String::from_utf8_lossy(p.topic).into_owned();
-                if p.paused {
-                    self.paused.insert(topic, offset);
+                let prev = if p.paused {
+                    self.segs.add(&self.log, offset, u64::from(size));
+                    self.paused.insert(topic, offset)
                 } else {
-                    self.paused.remove(&topic);
+                    self.paused.remove(&topic)
+                };
+                if let Some(prev) = prev {
+                    let len = self.log.record_len(prev);
+                    self.segs.sub(&self.log, prev, len);
                 }
             }
             Record::Push(p) => {
                 let topic = String::from_utf8_lossy(p.topic).into_owned();
-                if p.target == format::PushTarget::None {
-                    self.push.remove(&topic);
+                let prev = if p.target == format::PushTarget::None {
+                    self.push.remove(&topic)
                 } else {
-                    self.push.insert(topic, offset);
+                    self.segs.add(&self.log, offset, u64::from(size));
+                    self.push.insert(topic, offset)
+                };
+                if let Some(prev) = prev {
+                    let len = self.log.record_len(prev);
+                    self.segs.sub(&self.log, prev, len);
                 }
                 self.push_changes += 1;
             }
@@ -1223,7 +1267,9 @@ impl Store {
                 warn!(offset, old = old.msg_offset, state = ?old.state, "a replacing put met a live message with its id");
             }
             self.index.remove(at);
-            self.live_bytes = self.live_bytes.saturating_sub(self.log.record_len(old.msg_offset));
+            let len = self.log.record_len(old.msg_offset);
+            self.live_bytes = self.live_bytes.saturating_sub(len);
+            self.segs.sub(&self.log, old.msg_offset, len);
         }
     }
 

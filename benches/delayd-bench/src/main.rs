@@ -4,6 +4,7 @@
 //! `cargo build --release -p delayd -p delayd-bench && target/release/delayd-bench` runs the default
 //! comparison (a few minutes); `--quick` is a seconds-long smoke run. See docs/benchmarks.md.
 
+mod backlog;
 mod chart;
 mod http;
 mod pin;
@@ -121,6 +122,22 @@ struct Cli {
     /// Soak: DELAYD_DONE_RETENTION for the soak servers (default: the --delayd-env value, else 60s).
     #[arg(long)]
     soak_done_retention: Option<String>,
+    /// Backlog: delayd binaries to compare as LABEL=PATH, comma-separated (default: the one
+    /// delayd, as "delayd"); each round runs them in this order.
+    #[arg(long, value_delimiter = ',', value_name = "LABEL=PATH")]
+    backlog_bins: Vec<String>,
+    /// Backlog: sizes of the backlog, messages due in days (default 100000,1000000).
+    #[arg(long, value_delimiter = ',')]
+    backlog_pending: Vec<usize>,
+    /// Backlog: rounds (each runs every binary once per size).
+    #[arg(long, default_value_t = 2)]
+    backlog_rounds: usize,
+    /// Backlog: seconds of idle whose server CPU is measured.
+    #[arg(long, default_value_t = 60.0)]
+    backlog_idle_secs: f64,
+    /// Backlog: seconds the 1,000 msgs/s stream of 1-2 s delays is produced.
+    #[arg(long, default_value_t = 20.0)]
+    backlog_stream_secs: f64,
 }
 
 fn params(cli: &Cli) -> Params {
@@ -364,11 +381,18 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
     let mut systems = selected(&cli.systems, &all_systems)?;
     let all_workloads: Vec<(String, &str)> =
-        ["produce", "e2e", "capacity", "crash", "push", "soak"].iter().map(|w| (w.to_string(), *w)).collect();
+        ["produce", "e2e", "capacity", "crash", "push", "soak", "backlog"]
+            .iter()
+            .map(|w| (w.to_string(), *w))
+            .collect();
     let mut workloads = selected(&cli.workloads, &all_workloads)?;
-    // The soak takes an hour at its defaults: only when asked for.
+    // The soak takes an hour at its defaults, the backlog compares builds of delayd: only when
+    // asked for.
     if cli.workloads.is_empty() {
-        workloads.retain(|w| *w != "soak");
+        workloads.retain(|w| *w != "soak" && *w != "backlog");
+    }
+    if workloads.contains(&"backlog") && workloads.len() > 1 {
+        return Err("the backlog workload runs alone: name only it in --workloads".to_string());
     }
     // Soak compares reclaim on and off on delayd alone: delayd-sync unless --systems names others.
     let soak_systems: Vec<System> = if cli.systems.is_empty() {
@@ -425,6 +449,9 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
         server_cpus: pinning.server.clone(),
     };
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("cannot create {}: {e}", cli.out.display()))?;
+    if workloads.contains(&"backlog") {
+        return run_backlog(&cli, &p, &progs, &pinning).await;
+    }
     let results_path = cli.out.join("results.md");
     let chart_path = cli.out.join("bench.png");
     let soak_chart_path = cli.out.join("soak.png");
@@ -642,6 +669,78 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
         println!("soak chart: {}", soak_chart_path.display());
     }
     Ok(all_ok)
+}
+
+/// The backlog workload: every size, round and binary, then `backlog.md` in the output directory.
+async fn run_backlog(
+    cli: &Cli,
+    p: &Params,
+    progs: &Programs,
+    pinning: &pin::Pinning,
+) -> Result<bool, String> {
+    let started = std::time::Instant::now();
+    let mut bins = Vec::new();
+    for b in &cli.backlog_bins {
+        let (label, path) =
+            b.split_once('=').ok_or_else(|| format!("--backlog-bins wants LABEL=PATH, got {b:?}"))?;
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            return Err(format!("--backlog-bins: no binary at {}", path.display()));
+        }
+        bins.push((label.to_string(), path));
+    }
+    if bins.is_empty() {
+        bins.push(("delayd".to_string(), progs.delayd.clone()));
+    }
+    let secs = |v: f64, what: &str| {
+        (v.is_finite() && v > 0.0)
+            .then(|| Duration::from_secs_f64(v))
+            .ok_or(format!("{what} must be positive"))
+    };
+    let bp = backlog::BacklogParams {
+        bins,
+        pending: if cli.backlog_pending.is_empty() {
+            vec![100_000, 1_000_000]
+        } else {
+            cli.backlog_pending.clone()
+        },
+        rounds: cli.backlog_rounds.max(1),
+        idle: secs(cli.backlog_idle_secs, "--backlog-idle-secs")?,
+        rate: 1_000,
+        delay_ms: (1_000, 2_000),
+        stream_secs: secs(cli.backlog_stream_secs, "--backlog-stream-secs")?.as_secs_f64(),
+    };
+    let mut header = vec![
+        format!("Date: {}", utc_now()),
+        format!("Machine: {}", machine()),
+        format!("1-minute load average at start: {}", loadavg()),
+        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+        format!(
+            "delayd settings: defaults + DELAYD_FLUSH=sync{}",
+            progs.delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
+        ),
+        format!("CPU pinning: {}", pinning.note),
+    ];
+    let path = cli.out.join("backlog.md");
+    let outcome = backlog::run(progs, p, &bp).await;
+    let (runs, ok) = match outcome {
+        Ok(runs) => (runs, true),
+        Err(e) => {
+            eprintln!("delayd-bench: backlog FAILED: {e}");
+            header.push(format!("FAILED: {e}"));
+            (Vec::new(), false)
+        }
+    };
+    header.push(format!(
+        "1-minute load average at end: {}; whole run took {:.0} s",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    ));
+    let md = backlog::markdown(&header, &runs, &bp);
+    std::fs::write(&path, &md).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("{md}");
+    println!("results: {}", path.display());
+    Ok(ok)
 }
 
 /// One repeat of a comparison workload on a fresh server: every throughput case, every end-to-end

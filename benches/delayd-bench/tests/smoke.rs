@@ -203,3 +203,34 @@ fn quick_soak_writes_samples_summary_and_a_png() {
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
     assert!(png.len() > 10_000, "suspiciously small PNG: {} bytes", png.len());
 }
+
+#[test]
+fn quick_backlog_compares_binaries_and_writes_its_table() {
+    let bin = delayd_bin();
+    let bins = format!("a={},b={}", bin.display(), bin.display());
+    let (out, stdout) = run_quick(&[
+        "--workloads",
+        "backlog",
+        "--backlog-bins",
+        &bins,
+        "--backlog-pending",
+        "500",
+        "--backlog-rounds",
+        "1",
+        "--backlog-idle-secs",
+        "0.5",
+        "--backlog-stream-secs",
+        "0.5",
+    ]);
+    let path = out.path().join("backlog.md");
+    assert!(stdout.contains(&format!("results: {}", path.display())), "{stdout}");
+    let md = std::fs::read_to_string(&path).expect("backlog.md");
+    // One row per binary in the runs table, one in the medians: the stream delivered everything.
+    for label in ["a", "b"] {
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with(&format!("| 500 | {label} |"))).collect();
+        assert_eq!(rows.len(), 2, "{label}:\n{md}");
+        let cells: Vec<&str> = rows[0].split('|').map(str::trim).collect();
+        assert_eq!(cells[6], "500", "delivered: {}", rows[0]);
+        assert_eq!((cells[7], cells[8]), ("0", "0"), "missing, early: {}", rows[0]);
+    }
+}
