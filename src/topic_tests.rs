@@ -112,7 +112,9 @@ fn open_queue_files_stay_within_open_queues_while_every_topic_works() {
         assert!(open <= k, "{open} topic queues open");
         // Each open queue holds at most three files here (4 entries per file): its two newest and,
         // once reopened from disk, the empty one made ahead for its next append; or, while a
-        // helper is making that one, two files and the helper's two handles (it maps nothing).
+        // helper is making that one, those and the helper's one handle at a time (it maps
+        // nothing). The helper used to hold the previous file, the new one and their directory at
+        // once, which took this over the bound when it was slow (seen under load).
         let (fds, maps) = held_under(&topic_root);
         assert!(fds <= 4 * k && maps <= 3 * k, "{fds} handles and {maps} mappings under cq/topic");
     };

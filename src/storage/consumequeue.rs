@@ -322,6 +322,8 @@ impl ConsumeQueue {
         let (path, bytes) = (self.file_path(k), self.new_file_bytes());
         self.next = MadeAhead::start("delayd-cq-next", k, move || {
             prev.sync_all()?;
+            // One handle at a time (see `create_durably`).
+            drop(prev);
             create_durably(&path, bytes)
         });
     }

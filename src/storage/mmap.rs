@@ -377,6 +377,9 @@ fn open_preallocated(path: &Path, len: u64) -> Result<File> {
 pub fn create_durably(path: &Path, len: u64) -> Result<()> {
     let file = open_preallocated(path, len)?;
     io::sync_all(&file, path).map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
+    // Closed before the directory is opened: a helper making a file ahead holds one handle at a
+    // time, which is what `open_queues` budgets for.
+    drop(file);
     match path.parent() {
         Some(dir) => sync_dir(dir),
         None => Ok(()),
