@@ -2050,6 +2050,14 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         let (status, v) = s.post("/push", &job);
         assert_eq!((status, &v["code"]), (200, &json!(0)), "compat push: {v}");
     }
+    // A message nacked for an hour: once carried, its Carry holds the due time of its last record
+    // (the Nack), not its Put's.
+    s.produce("nacked", &json!({"id": "nacked", "body": "back in an hour"}));
+    let (got, _) = s.pop("nacked", 1, 2000, Some(60_000));
+    assert_eq!(got.len(), 1);
+    let (status, v) = s.post("/v1/nack", &json!({"receipt": got[0]["receipt"], "delay_ms": 3_600_000}));
+    assert_eq!(status, 200, "nack: {v}");
+    let nacked_at = v["deliver_at_ms"].as_u64().unwrap();
 
     // Short-lived messages (half ready at once, half after a few hundred ms), popped and acked, until
     // the first segment and some read queue files are gone. Each deletion waits for a durable
@@ -2154,6 +2162,12 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     );
     assert_eq!(msg.route, Route::Topic, "idle: carried into its topic queue");
     assert!(r.queues[&QKey::Topic("idle".into())].entries.contains(&(idle_c.offset, idle_c.len, idle_at)));
+
+    let nacked_c = carries_of(&r, "nacked");
+    assert!(!nacked_c.is_empty(), "nacked was not carried");
+    let Rec::Carry { state, deliver_at_ms, msg, .. } = &nacked_c[0].rec else { unreachable!() };
+    assert_eq!((*state, *deliver_at_ms), (reader::STATE_DELAYED, nacked_at), "nacked: the Carry's due time");
+    assert!(msg.deliver_at_ms < nacked_at, "nacked: its Put was due at once");
 
     // Compat jobs as stored: the escaped topic names the message and its queue directory.
     for (id, topic, value) in [("cj-now", "order%3Aclose", 0), ("cj-later", "50%25", 3_600_000)] {
