@@ -1878,6 +1878,34 @@ fn reader_primitives_match_the_documented_vectors() {
     assert_eq!(id_hash("订单-42".as_bytes()), 0xf765_2255_494d_b662);
 }
 
+#[test]
+fn a_checkpoint_listing_nothing_is_32_bytes() {
+    // magic, version 3, reserved, dispatched, Q = 0, P = 0, S = 0, then the CRC.
+    let mut b = b"DLCK".to_vec();
+    b.extend_from_slice(&3u16.to_le_bytes());
+    b.extend_from_slice(&[0; 2]);
+    b.extend_from_slice(&4096u64.to_le_bytes());
+    b.extend_from_slice(&[0; 12]);
+    let crc = crc32(&[&b]);
+    b.extend_from_slice(&crc.to_le_bytes());
+    assert_eq!(b.len(), 32);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("checkpoint");
+    std::fs::write(&path, &b).unwrap();
+    let (dispatched, queues, paused, push) = reader::read_checkpoint(&path);
+    assert_eq!((dispatched, queues.len(), paused.len(), push.len()), (4096, 0, 0, 0));
+    // Without S it is 28 bytes, which the document says no version 3 checkpoint is.
+    let mut short = b[..24].to_vec();
+    let crc = crc32(&[&short]);
+    short.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &short).unwrap();
+    let err = std::panic::catch_unwind(|| reader::read_checkpoint(&path)).err();
+    let msg = err.and_then(|e| {
+        e.downcast_ref::<String>().cloned().or(e.downcast_ref::<&str>().map(|s| s.to_string()))
+    });
+    assert!(msg.is_some_and(|m| m.contains("shorter than 32 bytes")));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_dir_parses_with_only_the_format_document() {
     let tmp = tempfile::tempdir().unwrap();
