@@ -211,8 +211,9 @@ mod reader {
     pub const KIND_PUSH: u8 = 6;
     pub const KIND_EOS: u8 = 0x7F;
 
-    /// Record versions: Carry is version 2; Put is 1 or 2 (2 replaces); Transition 1 or 2 (2 ends
-    /// with a Reserve's due time); every other kind 1.
+    /// Record versions (validity rules 7 and 8): Carry, Pause and Push are version 2; Put is 1 or 2
+    /// (2 replaces); Transition 1, 2 (ends with a due time) or 3 (a due time and a link; delayd
+    /// writes every Transition so); Hop and EndOfSegment 1.
     pub const VERSION: u8 = 1;
     pub const VERSION_CARRY: u8 = 2;
     pub const VERSION_LINKED: u8 = 3;
@@ -223,6 +224,7 @@ mod reader {
     pub const STATE_DONE: u8 = 4;
     pub const STATE_CANCELLED: u8 = 5;
     pub const STATE_DEAD: u8 = 6;
+    pub const CAUSE_DUE: u8 = 1;
     pub const CAUSE_RESERVE: u8 = 2;
     pub const CAUSE_DEAD_LETTER: u8 = 6;
     pub const CAUSE_REDRIVE: u8 = 8;
@@ -235,6 +237,8 @@ mod reader {
     struct Cur<'a> {
         b: &'a [u8],
         pos: usize,
+        /// Where the bytes are valid (rule 9 does not check them) but not what delayd writes.
+        unwritten: Vec<String>,
     }
 
     impl<'a> Cur<'a> {
@@ -269,9 +273,11 @@ mod reader {
             let tag = self.u8()?;
             let a = self.u64()?;
             let b = self.u64()?;
+            if matches!(tag, 0 | 1) && (a != 0 || b != 0) {
+                // Ignored on read; delayd writes zeros there.
+                self.unwritten.push(format!("non-zero unused route fields after tag {tag}"));
+            }
             match tag {
-                // The document says writers put zeros in unused route fields.
-                0 | 1 if a != 0 || b != 0 => Err("non-zero unused route fields".into()),
                 0 => Ok(Route::None),
                 1 => Ok(Route::Topic),
                 2 => Ok(Route::Level { level_ms: a, due_ms: b }),
@@ -284,7 +290,11 @@ mod reader {
             let deliver_at_ms = self.u64()?;
             let ttr_ms = self.u64()?;
             let max_attempts = self.u32()?;
-            let request_kind = self.enum_u8("request kind", 0..=3)?;
+            // Not checked on read (rule 9); delayd writes 0 to 3.
+            let request_kind = self.u8()?;
+            if request_kind > 3 {
+                self.unwritten.push(format!("request kind {request_kind}"));
+            }
             let request_value = self.u64()?;
             let route = self.route()?;
             let n = self.u16()? as usize;
@@ -315,6 +325,22 @@ mod reader {
     /// Decodes the record at the start of `buf` with the document's validity rules, in its order:
     /// the record and its length, or None for the end of data (an empty header).
     pub fn parse_record(buf: &[u8]) -> Result<Option<(Rec, usize)>, String> {
+        Ok(parse(buf)?.map(|(rec, len, _)| (rec, len)))
+    }
+
+    /// [`parse_record`], and also what the document says delayd writes in the bytes validity does
+    /// not check (`request_kind` 0 to 3, zeros in unused route fields).
+    pub fn parse_record_as_written(buf: &[u8]) -> Result<Option<(Rec, usize)>, String> {
+        match parse(buf)? {
+            Some((_, _, unwritten)) if !unwritten.is_empty() => {
+                Err(format!("valid, but not as delayd writes it: {}", unwritten.join(", ")))
+            }
+            other => Ok(other.map(|(rec, len, _)| (rec, len))),
+        }
+    }
+
+    /// The record, its length and where it departs from what delayd writes.
+    fn parse(buf: &[u8]) -> Result<Option<(Rec, usize, Vec<String>)>, String> {
         // 1-2: a header's worth of bytes, or the end of data.
         if buf.len() < 12 {
             return if all_zero(buf) { Ok(None) } else { Err("truncated header".into()) };
@@ -353,12 +379,12 @@ mod reader {
             || (version == VERSION_LINKED && kind != KIND_TRANSITION)
         {
             return Err(format!(
-                "kind {kind} with record version {version} (Carry and Pause are 2, Put 1 or 2, \
-                 Transition 1 to 3, every other kind 1)"
+                "kind {kind} with record version {version} (Carry, Pause and Push are 2, Put 1 or 2, \
+                 Transition 1 to 3, Hop and EndOfSegment 1)"
             ));
         }
         // 9: the payload decodes exactly.
-        let mut c = Cur { b: rec, pos: 12 };
+        let mut c = Cur { b: rec, pos: 12, unwritten: vec![] };
         let out = match kind {
             KIND_EOS => Rec::EndOfSegment,
             KIND_PUT => Rec::Put(Msg { replaces: version == VERSION_CARRY, ..c.msg()? }),
@@ -430,7 +456,7 @@ mod reader {
         if c.pos != len {
             return Err(format!("{} trailing bytes", len - c.pos));
         }
-        Ok(Some((out, len)))
+        Ok(Some((out, len, c.unwritten)))
     }
 
     // ---- commit log -------------------------------------------------------------------------
@@ -453,6 +479,10 @@ mod reader {
         pub end: u64,
         /// Segment bases (file names), ascending.
         pub bases: Vec<u64>,
+        /// Segment file sizes, in the order of `bases`.
+        pub sizes: Vec<u64>,
+        /// Global offsets of the EndOfSegment markers.
+        pub markers: Vec<u64>,
         pub segments: usize,
         pub end_of_segment_markers: usize,
     }
@@ -467,6 +497,8 @@ mod reader {
             start: segs[0].0,
             end: 0,
             bases: segs.iter().map(|(base, _)| *base).collect(),
+            sizes: vec![],
+            markers: vec![],
             segments: segs.len(),
             end_of_segment_markers: 0,
         };
@@ -478,6 +510,7 @@ mod reader {
             let bytes = fs::read(path).unwrap();
             assert_eq!(*base, expect_base, "segment {} does not follow the previous one", path.display());
             expect_base = base + bytes.len() as u64;
+            log.sizes.push(bytes.len() as u64);
             let last = i + 1 == segs.len();
             if ended {
                 // "The next segment is made ahead": only zeroes, past the end of the log.
@@ -487,7 +520,7 @@ mod reader {
             let mut pos = 0usize;
             loop {
                 let at = base + pos as u64;
-                match parse_record(&bytes[pos..]) {
+                match parse_record_as_written(&bytes[pos..]) {
                     Ok(None) => {
                         assert!(
                             last || i + 2 == segs.len(),
@@ -503,6 +536,7 @@ mod reader {
                         assert!(!last, "end-of-segment marker in the last segment at {at}");
                         assert!(all_zero(&bytes[pos + 12..]), "non-zero bytes after the marker at {at}");
                         log.end_of_segment_markers += 1;
+                        log.markers.push(at);
                         break;
                     }
                     Ok(Some((rec, len))) => {
@@ -515,6 +549,44 @@ mod reader {
             }
         }
         log
+    }
+
+    /// The EndOfSegment and tail-reserve rules, for a log whose every run had `segment_bytes`: each
+    /// record leaves room for a marker after it, each message (Put, Carry) not at a segment's start
+    /// also the tail reserve, and the record after a marker did not fit before it.
+    pub fn check_segment_fill(log: &Log, segment_bytes: u64) {
+        let reserve = (segment_bytes / 16).min(4 << 20);
+        let message = |r: &Rec| matches!(r, Rec::Put(_) | Rec::Carry { .. });
+        let segment = |at: u64| {
+            let i = log.bases.partition_point(|b| *b <= at) - 1;
+            (log.bases[i], log.sizes[i])
+        };
+        for r in &log.records {
+            let (base, size) = segment(r.offset);
+            let (p, need) = (r.offset - base, u64::from(r.len) + 12);
+            assert!(p + need <= size, "record at {} leaves no room for an EndOfSegment", r.offset);
+            if message(&r.rec) && p > 0 {
+                assert!(
+                    p + need + reserve <= size,
+                    "message at {} eats into the segment's tail reserve of {reserve} bytes",
+                    r.offset
+                );
+            }
+        }
+        for &at in &log.markers {
+            let (base, size) = segment(at);
+            let next = base + size;
+            let Some(&i) = log.by_offset.get(&next) else {
+                assert!(log.markers.contains(&next), "nothing follows the marker at {at}");
+                continue;
+            };
+            let r = &log.records[i];
+            let keep = if message(&r.rec) { reserve } else { 0 };
+            assert!(
+                (at - base) + u64::from(r.len) + 12 + keep > size,
+                "marker at {at}, yet the record at {next} would have fit before it"
+            );
+        }
     }
 
     // ---- replay (the document's dispatch rules) ----------------------------------------------
@@ -605,6 +677,79 @@ mod reader {
         }
     }
 
+    /// The `deliver_at_ms` a Put, Transition or Carry holds.
+    fn deliver_at_of(rec: &Rec) -> u64 {
+        match rec {
+            Rec::Put(m) => m.deliver_at_ms,
+            Rec::Transition { deliver_at_ms, .. } | Rec::Carry { deliver_at_ms, .. } => *deliver_at_ms,
+            other => panic!("{other:?} is no message's record"),
+        }
+    }
+
+    /// A Put's due time and route from its request and `created_ms`, by the document's table of
+    /// times (delay_policy chain, the default): `created_ms` is the clock rounded down, and a delay
+    /// or a level counts from it rounded up (the same millisecond, or the next).
+    fn check_put_plan(levels: &[u64], o: u64, m: &Msg) {
+        let now = m.created_ms;
+        let ready_now = (m.deliver_at_ms, m.route) == (now, Route::Topic);
+        let rounded_up = |from: Option<u64>| from.is_some_and(|f| f == now || f == now + 1);
+        match (m.request_kind, m.request_value) {
+            (0, 0) | (1, 0) => assert!(ready_now, "put at {o}: ready at once, due at created_ms"),
+            (0, v) => panic!("put at {o}: request_kind 0 with value {v}"),
+            (1, d) => {
+                let from = m.deliver_at_ms.checked_sub(d);
+                assert!(rounded_up(from), "put at {o}: a delay counts from created_ms rounded up: {m:?}");
+                assert_eq!(m.route, plan_hop(levels, m.deliver_at_ms - d, d), "put at {o}: a delay's route");
+            }
+            (2, t) if t <= now => assert!(ready_now, "put at {o}: a time already past is ready at once"),
+            (2, t) => {
+                assert_eq!(m.deliver_at_ms, t, "put at {o}: due at the time asked for");
+                assert_eq!(m.route, plan_hop(levels, now, t - now), "put at {o}: a time's route");
+            }
+            (3, i) => {
+                let l = levels[(i as usize).checked_sub(1).expect("levels count from 1")];
+                let from = m.deliver_at_ms.checked_sub(l);
+                assert!(rounded_up(from), "put at {o}: a level counts from created_ms rounded up");
+                assert_eq!(m.route, Route::Level { level_ms: l, due_ms: m.deliver_at_ms }, "put at {o}");
+            }
+            (k, _) => panic!("put at {o}: request_kind {k}"),
+        }
+    }
+
+    /// A Transition's due time and route from its `time_ms`, by the document's table of times.
+    fn check_transition_plan(
+        levels: &[u64],
+        o: u64,
+        cause: u8,
+        state: u8,
+        time_ms: u64,
+        deliver_at_ms: u64,
+        route: Route,
+    ) {
+        let (t, d) = (time_ms, deliver_at_ms);
+        match (cause, state) {
+            (CAUSE_RESERVE, _) => {
+                assert!(d > t, "reserve at {o}: expires after it was made");
+                assert_eq!(route, plan_hop(levels, t, d - t), "reserve at {o}: the expiry timer's route");
+            }
+            // Only a nack with a delay makes a message Delayed; the delay counts from the clock
+            // rounded up.
+            (_, STATE_DELAYED) => assert!(
+                [t, t + 1].iter().any(|&from| d > from && route == plan_hop(levels, from, d - from)),
+                "nack at {o}: due {d} by {route:?} is no delay counted from {t} rounded up"
+            ),
+            (CAUSE_DUE, _) => {
+                assert!(d <= t, "due at {o}: fired before its time");
+                assert_eq!(route, Route::Topic, "due at {o}");
+            }
+            // A nack without delay, an expiry, a dead-lettering, a redrive: due at the change.
+            (_, STATE_READY | STATE_DEAD) => {
+                assert_eq!((d, route), (t, Route::Topic), "transition at {o}: ready at its time_ms")
+            }
+            _ => assert_eq!(route, Route::None, "transition at {o} to a final state"),
+        }
+    }
+
     /// Replays the log from its first record, checking the cross-record rules as it goes.
     pub fn replay(log: &Log, levels: &[u64]) -> Model {
         let mut m = Model::default();
@@ -619,6 +764,7 @@ mod reader {
                 Rec::Put(msg) => {
                     assert!(!msg.id.is_empty() && !msg.topic.is_empty(), "empty id or topic at {o}");
                     assert_ne!(msg.route, Route::None, "a Put without a queue entry at {o}");
+                    check_put_plan(levels, o, msg);
                     if msg.replaces {
                         // The message the id named is final (its Cancel came first) and leaves the index.
                         if let Some(old) = m.ids.remove(&msg.id) {
@@ -671,6 +817,7 @@ mod reader {
                         let was = m.slots.get(msg_offset).is_none_or(|s| s.dead_letter_home);
                         assert!(was, "redrive at {o} of a message not dead-lettered");
                     }
+                    check_transition_plan(levels, o, *cause, *state, *time_ms, *deliver_at_ms, *route);
                     m.causes_seen.insert(*cause);
                     if *msg_offset < log.start {
                         // Its message was carried forward or expired: no index change, no counter,
@@ -747,6 +894,15 @@ mod reader {
                         panic!("hop at {o} is not routed to a level")
                     };
                     assert!(due_ms <= target_ms, "hop at {o} is due after its timer's final time");
+                    // The largest level that fits what is left of the timer at the time the hop was
+                    // planned (due - level), or the smallest one landing on the final time.
+                    let Route::Level { level_ms, .. } = *route else { unreachable!() };
+                    let planned = due_ms.checked_sub(level_ms).expect("a hop planned before 1970");
+                    assert_eq!(
+                        *route,
+                        plan_hop(levels, planned, target_ms - planned),
+                        "hop at {o}: its level"
+                    );
                     m.hops += 1;
                     if *msg_offset < log.start {
                         orphans.entry(*msg_offset).or_default().push(r);
@@ -817,6 +973,13 @@ mod reader {
                             .remove(prev)
                             .unwrap_or_else(|| panic!("carry at {o}: no message lives at {prev}"));
                         assert!(old.last_offset < o, "carry at {o}: the slot is ahead of it");
+                        let last = &log.records[log.by_offset[&old.last_offset]].rec;
+                        assert_eq!(
+                            *deliver_at_ms,
+                            deliver_at_of(last),
+                            "carry at {o}: deliver_at_ms is not that of the message's last record ({})",
+                            old.last_offset
+                        );
                         assert_eq!(
                             Slot { msg_offset: o, last_offset: o, ..old },
                             carried,
@@ -880,7 +1043,7 @@ mod reader {
                     _ => unreachable!(),
                 },
             };
-            let mut last: Option<(u32, u8, u8, u32)> = None;
+            let mut last: Option<(u32, u8, u8, u32, u64)> = None;
             for r in recs {
                 if let Some(c) = carry {
                     assert!(
@@ -894,28 +1057,61 @@ mod reader {
                     Rec::Hop { id_hash: h, .. } => {
                         assert_eq!(h, hash, "hop at {}: another message", r.offset)
                     }
-                    Rec::Transition { id_hash: h, seq, prev_state, state, home, attempt, .. } => {
+                    Rec::Transition {
+                        id_hash: h,
+                        seq,
+                        prev_state,
+                        state,
+                        home,
+                        attempt,
+                        deliver_at_ms,
+                        ..
+                    } => {
                         assert_eq!(h, hash, "transition at {}: another message", r.offset);
-                        if let Some((s, st, _, _)) = last {
+                        if let Some((s, st, ..)) = last {
                             assert_eq!(seq, s + 1, "transition at {}: seq is not dense", r.offset);
                             assert_eq!(prev_state, st, "transition at {}: prev_state", r.offset);
                         }
-                        last = Some((seq, state, home, attempt));
+                        last = Some((seq, state, home, attempt, deliver_at_ms));
                     }
                     _ => unreachable!(),
                 }
             }
             match (carry, last) {
-                (Some(LogRec { offset, rec: Rec::Carry { seq, state, home, attempt, .. }, .. }), Some(t)) => {
-                    assert_eq!((*seq, *state, *home, *attempt), t, "carry at {offset}: the state it carries")
-                }
-                (None, Some((_, state, _, _))) => {
+                (
+                    Some(LogRec {
+                        offset,
+                        rec: Rec::Carry { seq, state, home, attempt, deliver_at_ms, .. },
+                        ..
+                    }),
+                    Some(t),
+                ) => assert_eq!(
+                    (*seq, *state, *home, *attempt, *deliver_at_ms),
+                    t,
+                    "carry at {offset}: the state it carries, and its last record's deliver_at_ms"
+                ),
+                (None, Some((_, state, ..))) => {
                     assert!(
                         is_final(state),
                         "the message at {p} is gone, yet its last transition left it {state}"
                     )
                 }
                 _ => {}
+            }
+        }
+
+        // Level tags: up to 1 ms below an earlier entry's (planned from the clock rounded up, then
+        // down), on the smallest level up to its duration (sub-level remainders).
+        for (key, entries) in &m.queues {
+            let QKey::Level(l) = key else { continue };
+            let slack = if *l <= levels[0] { *l } else { 1 };
+            let mut highest = 0;
+            for &(off, _, tag) in entries {
+                assert!(
+                    tag + slack >= highest,
+                    "{key:?}: entry at {off} due {tag}, more than {slack} ms below {highest}"
+                );
+                highest = highest.max(tag);
             }
         }
         m
@@ -1225,7 +1421,8 @@ mod reader {
     /// push subscriptions with their Push record's offset).
     pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>, BTreeMap<String, u64>, BTreeMap<String, u64>) {
         let b = fs::read(path).unwrap();
-        assert!(b.len() >= 24, "checkpoint too short");
+        // The header, P, S and the CRC: a version 3 checkpoint listing nothing.
+        assert!(b.len() >= 32, "checkpoint shorter than 32 bytes");
         let (body, crc) = b.split_at(b.len() - 4);
         assert_eq!(crc32(&[body]), le32(crc, 0), "checkpoint crc");
         assert_eq!(&body[0..4], b"DLCK", "checkpoint magic");
@@ -1233,7 +1430,7 @@ mod reader {
         assert_eq!(le16(body, 6), 0, "checkpoint reserved");
         let dispatched = le64(body, 8);
         let n = le32(body, 16);
-        let mut c = Cur { b: body, pos: 20 };
+        let mut c = Cur { b: body, pos: 20, unwritten: vec![] };
         let mut queues = vec![];
         for _ in 0..n {
             let kind = c.u8().unwrap();
@@ -1305,6 +1502,8 @@ mod reader {
         pub pid: u32,
         /// `done_retention` in ms: only messages final for that long may have left the index.
         pub done_retention_ms: u64,
+        /// `segment_bytes` of every run that wrote the log, which sets the tail reserve.
+        pub segment_bytes: u64,
     }
 
     /// What a full check found, for the scenario's own assertions.
@@ -1356,6 +1555,7 @@ mod reader {
         assert_eq!(pid, writer.pid, "LOCK holds the pid of the broker that wrote the directory");
 
         let log = read_log(dir);
+        check_segment_fill(&log, writer.segment_bytes);
         let model = replay(&log, writer.levels);
 
         // Queues on disk: at least the ones the replay touched (exactly those while the log is
@@ -1504,16 +1704,18 @@ use common::Server;
 use reader::{check_data_dir, crc32, id_hash, QKey, Rec, Route, Writer};
 
 const LEVELS: [u64; 3] = [50, 200, 1000];
+/// Segment size of the in-process broker.
+const SEGMENT_BYTES: u64 = 64 << 10;
 
 /// How the in-process broker of the first scenario was configured, for the reader.
 fn in_process() -> Writer<'static> {
     let done_retention_ms = BrokerConfig::with_defaults(Path::new("unused")).done_retention_ms;
-    Writer { levels: &LEVELS, pid: std::process::id(), done_retention_ms }
+    Writer { levels: &LEVELS, pid: std::process::id(), done_retention_ms, segment_bytes: SEGMENT_BYTES }
 }
 
 fn config(dir: &Path) -> BrokerConfig {
     let mut c = BrokerConfig::with_defaults(dir);
-    c.segment_bytes = 64 << 10;
+    c.segment_bytes = SEGMENT_BYTES;
     c.cq_entries_per_file = 8;
     c.index_initial_slots = 64;
     c.levels_ms = LEVELS.to_vec();
@@ -1674,6 +1876,34 @@ fn reader_primitives_match_the_documented_vectors() {
     assert_eq!(id_hash(b"a"), 0x02c0_bdbf_4814_20f8);
     assert_eq!(id_hash(b"order-1"), 0xedf2_3fc2_e07f_a9d3);
     assert_eq!(id_hash("订单-42".as_bytes()), 0xf765_2255_494d_b662);
+}
+
+#[test]
+fn a_checkpoint_listing_nothing_is_32_bytes() {
+    // magic, version 3, reserved, dispatched, Q = 0, P = 0, S = 0, then the CRC.
+    let mut b = b"DLCK".to_vec();
+    b.extend_from_slice(&3u16.to_le_bytes());
+    b.extend_from_slice(&[0; 2]);
+    b.extend_from_slice(&4096u64.to_le_bytes());
+    b.extend_from_slice(&[0; 12]);
+    let crc = crc32(&[&b]);
+    b.extend_from_slice(&crc.to_le_bytes());
+    assert_eq!(b.len(), 32);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("checkpoint");
+    std::fs::write(&path, &b).unwrap();
+    let (dispatched, queues, paused, push) = reader::read_checkpoint(&path);
+    assert_eq!((dispatched, queues.len(), paused.len(), push.len()), (4096, 0, 0, 0));
+    // Without S it is 28 bytes, which the document says no version 3 checkpoint is.
+    let mut short = b[..24].to_vec();
+    let crc = crc32(&[&short]);
+    short.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &short).unwrap();
+    let err = std::panic::catch_unwind(|| reader::read_checkpoint(&path)).err();
+    let msg = err.and_then(|e| {
+        e.downcast_ref::<String>().cloned().or(e.downcast_ref::<&str>().map(|s| s.to_string()))
+    });
+    assert!(msg.is_some_and(|m| m.contains("shorter than 32 bytes")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1841,6 +2071,21 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     let long_at = long["deliver_at_ms"].as_u64().unwrap();
     let idle = s.produce("idle", &json!({"id": "idle", "body": "nobody pops this topic"}));
     let idle_at = idle["deliver_at_ms"].as_u64().unwrap();
+    // Compat jobs: a topic outside [A-Za-z0-9._-] is stored escaped, a delay in seconds as ms
+    // under request_kind 1.
+    for (topic, id, delay) in [("order:close", "cj-now", 0), ("50%", "cj-later", 3600)] {
+        let job = json!({"topic": topic, "id": id, "delay": delay, "ttr": 30, "body": "compat"});
+        let (status, v) = s.post("/push", &job);
+        assert_eq!((status, &v["code"]), (200, &json!(0)), "compat push: {v}");
+    }
+    // A message nacked for an hour: once carried, its Carry holds the due time of its last record
+    // (the Nack), not its Put's.
+    s.produce("nacked", &json!({"id": "nacked", "body": "back in an hour"}));
+    let (got, _) = s.pop("nacked", 1, 2000, Some(60_000));
+    assert_eq!(got.len(), 1);
+    let (status, v) = s.post("/v1/nack", &json!({"receipt": got[0]["receipt"], "delay_ms": 3_600_000}));
+    assert_eq!(status, 200, "nack: {v}");
+    let nacked_at = v["deliver_at_ms"].as_u64().unwrap();
 
     // Short-lived messages (half ready at once, half after a few hundred ms), popped and acked, until
     // the first segment and some read queue files are gone. Each deletion waits for a durable
@@ -1872,7 +2117,7 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     }
     let pid = s.pid();
     assert!(s.terminate().success(), "clean shutdown; log:\n{}", s.log());
-    let writer = Writer { levels: &RECLAIM_LEVELS, pid, done_retention_ms: 1_000 };
+    let writer = Writer { levels: &RECLAIM_LEVELS, pid, done_retention_ms: 1_000, segment_bytes: 64 << 10 };
     let r = check_data_dir(&data, &writer);
 
     // Segments were deleted from the front; the ones left follow on from the first.
@@ -1946,6 +2191,23 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     assert_eq!(msg.route, Route::Topic, "idle: carried into its topic queue");
     assert!(r.queues[&QKey::Topic("idle".into())].entries.contains(&(idle_c.offset, idle_c.len, idle_at)));
 
+    let nacked_c = carries_of(&r, "nacked");
+    assert!(!nacked_c.is_empty(), "nacked was not carried");
+    let Rec::Carry { state, deliver_at_ms, msg, .. } = &nacked_c[0].rec else { unreachable!() };
+    assert_eq!((*state, *deliver_at_ms), (reader::STATE_DELAYED, nacked_at), "nacked: the Carry's due time");
+    assert!(msg.deliver_at_ms < nacked_at, "nacked: its Put was due at once");
+
+    // Compat jobs as stored: the escaped topic names the message and its queue directory.
+    for (id, topic, value) in [("cj-now", "order%3Aclose", 0), ("cj-later", "50%25", 3_600_000)] {
+        let msg = reader::msg_of(&r.log, r.model.ids[id.as_bytes()]);
+        assert_eq!(
+            (&msg.topic[..], msg.request_kind, msg.request_value, msg.max_attempts),
+            (topic.as_bytes(), 1, value, u32::MAX),
+            "{id}: a compat job as stored"
+        );
+    }
+    assert!(r.queues.contains_key(&QKey::Topic("order%3Aclose".into())), "the escaped topic's directory");
+
     // Their index slots moved to the Carries.
     for (id, c, state) in [("long", long_c, reader::STATE_DELAYED), ("idle", idle_c, reader::STATE_READY)] {
         assert_eq!(r.model.ids[id.as_bytes()], c.offset);
@@ -1961,8 +2223,8 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         assert_eq!(r.index.used.get(&c.offset), Some(&want), "{id}: index slot");
     }
 
-    // The reader tells record versions apart: a Carry is version 2, a Put or Transition 1 or 2, the
-    // rest 1.
+    // The reader tells record versions apart: a Carry is version 2, a Put 1 or 2, a Transition 1 to
+    // 3 (delayd writes 3), a Hop 1.
     let carry = record_bytes(&data, &r.log, long_c.offset, long_c.len);
     assert!(matches!(reader::parse_record(&carry), Ok(Some((Rec::Carry { .. }, _)))));
     let put = r.log.records.iter().find(|x| matches!(x.rec, Rec::Put(_))).unwrap();
@@ -1970,6 +2232,17 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     assert!(matches!(reader::parse_record(&put), Ok(Some((Rec::Put(m), _))) if !m.replaces));
     // A Put of version 2 is the same layout and replaces the message its id named.
     assert!(matches!(reader::parse_record(&reframe(&put, 2)), Ok(Some((Rec::Put(m), _))) if m.replaces));
+    // request_kind (offset 40) is not checked on read: another value is valid, only not what
+    // delayd writes.
+    let mut odd = put.clone();
+    odd[40] = 9;
+    let odd = reframe(&odd, odd[6]);
+    assert!(
+        matches!(reader::parse_record(&odd), Ok(Some((Rec::Put(m), _))) if m.request_kind == 9),
+        "validity rule 9 does not check request_kind"
+    );
+    let err = reader::parse_record_as_written(&odd).err();
+    assert!(err.as_deref().is_some_and(|e| e.contains("request kind 9")), "{err:?}");
     let transition =
         r.log.records.iter().find(|x| matches!(x.rec, Rec::Transition { due_ms: None, .. })).unwrap();
     let transition = record_bytes(&data, &r.log, transition.offset, transition.len);
