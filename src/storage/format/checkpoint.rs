@@ -296,4 +296,45 @@ mod tests {
             let _ = decode_clean_marker(&b);
         }
     }
+
+    /// The bytes storage-format.md gives, written out by hand: the layout did not move with the code.
+    #[test]
+    fn checkpoint_and_marker_bytes_are_the_documented_ones() {
+        let cp = Checkpoint {
+            dispatched: 5,
+            queues: vec![QueueState {
+                kind: QueueKind::Topic,
+                name: "ab".into(),
+                len: 1,
+                cursor: 2,
+                reserved: 3,
+                dead: 4,
+                delayed: 5,
+                ready: 6,
+            }],
+            paused: vec![("p".into(), 7)],
+            push: vec![],
+            serial: 9,
+        };
+        let mut want = b"DLCK\x03\x00\x00\x00".to_vec();
+        want.extend(5u64.to_le_bytes());
+        want.extend(1u32.to_le_bytes());
+        want.extend([1, 2, 0, b'a', b'b']);
+        for v in 1..=6u64 {
+            want.extend(v.to_le_bytes());
+        }
+        want.extend(1u32.to_le_bytes());
+        want.extend([1, 0, b'p']);
+        want.extend(7u64.to_le_bytes());
+        want.extend(0u32.to_le_bytes());
+        let crc = crc32fast::hash(&want);
+        want.extend(crc.to_le_bytes());
+        assert_eq!(cp.encode(), want);
+        assert_eq!(Checkpoint::default().encode().len(), 32, "an empty version 3 checkpoint");
+
+        let mut marker = b"DLCS\x03\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01".to_vec();
+        let crc = crc32fast::hash(&marker);
+        marker.extend(crc.to_le_bytes());
+        assert_eq!(encode_clean_marker(0x0102_0304_0506_0708)[..], marker[..]);
+    }
 }

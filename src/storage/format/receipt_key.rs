@@ -63,4 +63,15 @@ mod tests {
             let _ = decode_receipt_key(&b);
         }
     }
+
+    /// The bytes storage-format.md gives, written out by hand: the layout did not move with the code.
+    #[test]
+    fn receipt_key_bytes_are_the_documented_ones() {
+        let key = [0xAB; KEY_BYTES];
+        let mut want = b"DLRK\x01\x00\x00\x00".to_vec();
+        want.extend(key);
+        let crc = crc32fast::hash(&want);
+        want.extend(crc.to_le_bytes());
+        assert_eq!(encode_receipt_key(&key)[..], want[..]);
+    }
 }

@@ -225,4 +225,26 @@ mod tests {
         assert!(Slot::decode(&b).is_err());
         assert_eq!(Slot::decode(&[0u8; SLOT_BYTES]), Err(DecodeError::Empty));
     }
+
+    /// The bytes storage-format.md gives, written out by hand: the layout did not move with the code.
+    #[test]
+    fn slot_and_header_bytes_are_the_documented_ones() {
+        let s = Slot {
+            hash: 0x0102_0304_0506_0708,
+            msg_offset: 0x1112_1314_1516_1718,
+            last_offset: 0x2122_2324_2526_2728,
+            seq: 0x3132_3334,
+            attempt: 0x4142,
+            state: State::Reserved,
+            home: Home::DeadLetter,
+        };
+        let mut want = vec![8, 7, 6, 5, 4, 3, 2, 1, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11];
+        want.extend([
+            0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21, 0x34, 0x33, 0x32, 0x31, 0x42, 0x41, 3, 3,
+        ]);
+        assert_eq!(s.encode()[..], want[..]);
+        let mut header = b"DLYI\x02\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00".to_vec();
+        header.resize(INDEX_HEADER_BYTES, 0);
+        assert_eq!(encode_index_header(64)[..], header[..]);
+    }
 }
