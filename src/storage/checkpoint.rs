@@ -1,5 +1,6 @@
 //! The checkpoint (dispatcher position, queue lengths, reader offsets, counters) and the clean-shutdown
-//! marker. Both are replaced atomically: write temp, fsync, rename, fsync the directory.
+//! marker. Both are replaced atomically: write temp, fsync, rename, fsync the directory. Their bytes
+//! are encoded and decoded in [`super::format::checkpoint`].
 
 use std::fs;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -10,6 +11,7 @@ use super::mmap::{sync_dir, sync_path};
 use crate::error::{Error, Result};
 
 use super::format::checkpoint::{decode_clean_marker, encode_clean_marker};
+// The layout is storage::format's; these names stay here for the checkpoint's users.
 pub use super::format::checkpoint::{
     Checkpoint, CheckpointDamage, QueueKind, QueueState, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CLEAN_MAGIC,
 };

@@ -17,17 +17,19 @@
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
-use super::format::DecodeError;
-use super::mmap::{sync_dir, MappedFile, WriteHeat};
-use crate::error::{Error, Result};
-
 use super::format::slot::{
     decode_index_header, encode_index_header, slot_hash, slot_is_live, slot_is_occupied, slot_msg_offset,
     slot_removed_flags, SLOT_FLAGS_AT,
 };
+use super::format::DecodeError;
+use super::mmap::{sync_dir, MappedFile, WriteHeat};
+use crate::error::{Error, Result};
+
+// The layout is storage::format's; these names stay here for the index's users.
 pub use super::format::slot::{
     Slot, INDEX_HEADER_BYTES as HEADER_BYTES, INDEX_MAGIC, INDEX_VERSION, SLOT_BYTES,
 };
+
 /// Smallest table, in slots.
 pub const MIN_SLOTS: u64 = 64;
 /// Fewest old slots copied per insert or remove while a migration runs (the rate actually used is
@@ -88,7 +90,7 @@ impl Table {
     fn raw(&self, i: u64) -> &[u8; SLOT_BYTES] {
         let pos = HEADER_BYTES + i as usize * SLOT_BYTES;
         // Slot positions are below `slots`, which `open` matched to the file size.
-        self.file.bytes()[pos..].first_chunk().unwrap_or(&[0; SLOT_BYTES])
+        self.file.bytes()[pos..pos + SLOT_BYTES].first_chunk().unwrap_or(&[0; SLOT_BYTES])
     }
 
     fn write(&mut self, i: u64, b: &[u8; SLOT_BYTES]) {
