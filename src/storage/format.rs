@@ -606,11 +606,12 @@ fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8>
 
 fn frame_v(kind: Kind, version: u8, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
     let mut e = Enc(Vec::with_capacity(HEADER_BYTES + payload_len));
-    let mut h = RecordHeader { len: 0, magic: RECORD_MAGIC, version, kind: kind as u8, crc: 0 };
-    e.0.extend_from_slice(&h.encode());
+    e.0.extend_from_slice(&[0; HEADER_BYTES]);
     fill(&mut e);
     let mut buf = e.0;
-    h.len = buf.len() as u32;
+    // The CRC covers the header's first 8 bytes, so they go in before it is computed.
+    let mut h =
+        RecordHeader { len: buf.len() as u32, magic: RECORD_MAGIC, version, kind: kind as u8, crc: 0 };
     buf[..HEADER_BYTES].copy_from_slice(&h.encode());
     h.crc = frame_crc(&buf);
     buf[..HEADER_BYTES].copy_from_slice(&h.encode());
