@@ -635,7 +635,7 @@ impl CommitLog {
     /// Length of the record at `offset` from its header alone (no CRC check); 0 if none is there.
     pub fn record_len(&self, offset: u64) -> u64 {
         match self.raw(offset, HEADER_BYTES) {
-            Some(h) => u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]])),
+            Some(h) => h.first_chunk().map_or(0, |h| u64::from(format::RecordHeader::from_bytes(h).len)),
             None => 0,
         }
     }
@@ -657,7 +657,7 @@ fn count_frames(bytes: &[u8], pos: &mut usize) -> u64 {
         if *pos + HEADER_BYTES > bytes.len() {
             break;
         }
-        if bytes[*pos + 4..*pos + 6] == format::RECORD_MAGIC.to_le_bytes() {
+        if format::has_record_magic(&bytes[*pos..]) {
             if let Ok((len, _)) = format::check_frame(&bytes[*pos..]) {
                 found += 1;
                 *pos += len;
@@ -674,7 +674,8 @@ fn next_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
     let mut i = 0;
     // Word-at-a-time over the zero-filled preallocated space keeps recovery scans fast.
     while i + 8 <= rest.len() {
-        let w = u64::from_ne_bytes([
+        // Only compared with zero, so the byte order does not matter; little-endian as everywhere.
+        let w = u64::from_le_bytes([
             rest[i],
             rest[i + 1],
             rest[i + 2],

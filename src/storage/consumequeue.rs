@@ -13,42 +13,10 @@ use super::commitlog::{list_numbered, segment_name};
 use super::mmap::{create_durably, sync_dir, sync_path, MadeAhead, MappedFile, SyncFile};
 use crate::error::{Error, Result};
 
-/// Bytes per entry: log offset u64, record size u32, tag u64.
-pub const ENTRY_BYTES: usize = 20;
+pub use super::format::entry::{Entry, ENTRY_BYTES};
 
 /// Entries a new queue file is preallocated for: 20,480 bytes, five 4 KiB pages exactly.
 pub const INITIAL_FILE_ENTRIES: u64 = 1024;
-
-/// One consume-queue entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
-    /// Commit-log offset of the record.
-    pub offset: u64,
-    /// Size of that record in bytes; never zero for a written entry.
-    pub size: u32,
-    /// Level queues: the due time in unix ms. Topic queues: the time the message became due.
-    pub tag: u64,
-}
-
-impl Entry {
-    fn encode(&self) -> [u8; ENTRY_BYTES] {
-        let mut b = [0u8; ENTRY_BYTES];
-        b[0..8].copy_from_slice(&self.offset.to_le_bytes());
-        b[8..12].copy_from_slice(&self.size.to_le_bytes());
-        b[12..20].copy_from_slice(&self.tag.to_le_bytes());
-        b
-    }
-
-    fn decode(b: &[u8]) -> Entry {
-        let mut o = [0u8; 8];
-        o.copy_from_slice(&b[0..8]);
-        let mut s = [0u8; 4];
-        s.copy_from_slice(&b[8..12]);
-        let mut t = [0u8; 8];
-        t.copy_from_slice(&b[12..20]);
-        Entry { offset: u64::from_le_bytes(o), size: u32::from_le_bytes(s), tag: u64::from_le_bytes(t) }
-    }
-}
 
 /// An append-only array of entries with O(1) access by index; files wholly behind the reader are
 /// deleted from the front, so entry indexes keep counting from the first entry ever appended.
@@ -230,7 +198,7 @@ impl ConsumeQueue {
         debug_assert!(self.mapped, "reading a closed consume queue");
         let f = self.files.get((i / self.per_file).checked_sub(self.first_file)? as usize)?;
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
-        f.bytes().get(pos..pos + ENTRY_BYTES).map(Entry::decode)
+        f.bytes().get(pos..pos + ENTRY_BYTES).and_then(|b| b.first_chunk()).map(Entry::from_bytes)
     }
 
     /// Number of entries.

@@ -1,9 +1,19 @@
-//! Every byte layout of the commit log lives here: the record frame, each record kind and the id hash.
+//! Every byte layout delayd writes lives here, encoded and decoded nowhere else: the record frame
+//! and header, each record kind and the id hash (this file), the consume-queue entry
+//! ([`entry`]), the id index slot and header ([`slot`]), the checkpoint and the clean-shutdown
+//! marker ([`checkpoint`]) and the receipt key file ([`receipt_key`]).
 //!
-//! All integers are little-endian. `storage-format.md` documents the same layouts for outside readers;
-//! change both together.
+//! All integers are little-endian; host- and big-endian conversions are denied crate-wide (see
+//! `Cargo.toml`). `storage-format.md` documents the same layouts for outside readers; change both
+//! together. Fixed-size layouts encode to arrays and decode without allocating, so the hot paths
+//! (queue reads, index probes) cost what the hand-written parsers did.
 
 use crate::error::{Error, Result};
+
+pub mod checkpoint;
+pub mod entry;
+pub mod receipt_key;
+pub mod slot;
 
 /// First two bytes after the length of every record; never zero so a zero-filled region never decodes.
 pub const RECORD_MAGIC: u16 = 0xD71A;
@@ -374,6 +384,88 @@ pub fn id_hash(id: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// The little-endian integer at `at` in a fixed-size layout (offsets are constants within `N`).
+fn u16_at<const N: usize>(b: &[u8; N], at: usize) -> u16 {
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[at..at + 2]);
+    u16::from_le_bytes(a)
+}
+
+/// See [`u16_at`].
+fn u32_at<const N: usize>(b: &[u8; N], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+/// See [`u16_at`].
+fn u64_at<const N: usize>(b: &[u8; N], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// The 12-byte frame header every record starts with: `len u32, magic u16, version u8, kind u8,
+/// crc u32`. Version and kind are raw bytes: whether they are valid (and go together) is decided
+/// after the CRC, by [`check_frame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Length of the whole record, header included.
+    pub len: u32,
+    /// Always [`RECORD_MAGIC`] in a header that decodes.
+    pub magic: u16,
+    /// Record version byte.
+    pub version: u8,
+    /// Record kind byte.
+    pub kind: u8,
+    /// CRC32 of the first 8 header bytes and the payload.
+    pub crc: u32,
+}
+
+impl RecordHeader {
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&self.len.to_le_bytes());
+        b[4..6].copy_from_slice(&self.magic.to_le_bytes());
+        b[6] = self.version;
+        b[7] = self.kind;
+        b[8..12].copy_from_slice(&self.crc.to_le_bytes());
+        b
+    }
+
+    /// Reads exactly [`HEADER_BYTES`] bytes: `Empty` for zeroes (unwritten log space),
+    /// `Truncated` for fewer bytes, `Invalid` for more or for a wrong magic. Nothing is said about
+    /// the record behind it: [`check_frame`] checks its length, CRC, version and kind.
+    pub fn decode(b: &[u8]) -> Result<RecordHeader, DecodeError> {
+        if b.len() < HEADER_BYTES {
+            return Err(if b.iter().all(|x| *x == 0) { DecodeError::Empty } else { DecodeError::Truncated });
+        }
+        let b: &[u8; HEADER_BYTES] =
+            b.try_into().map_err(|_| DecodeError::Invalid("bytes after the header"))?;
+        if b.iter().all(|x| *x == 0) {
+            return Err(DecodeError::Empty);
+        }
+        let h = RecordHeader::from_bytes(b);
+        if h.magic != RECORD_MAGIC {
+            return Err(DecodeError::Invalid("bad magic"));
+        }
+        Ok(h)
+    }
+
+    /// Reads the fields without checking anything (for a header a queue or the index points at,
+    /// whose record was checked when it was dispatched).
+    pub fn from_bytes(b: &[u8; HEADER_BYTES]) -> RecordHeader {
+        RecordHeader { len: u32_at(b, 0), magic: u16_at(b, 4), version: b[6], kind: b[7], crc: u32_at(b, 8) }
+    }
+}
+
+/// Whether `b` has the record magic where a header at its start would: a cheap filter before
+/// [`check_frame`] when scanning for records.
+pub fn has_record_magic(b: &[u8]) -> bool {
+    b.get(4..6) == Some(&RECORD_MAGIC.to_le_bytes()[..])
+}
+
 struct Enc(Vec<u8>);
 
 impl Enc {
@@ -514,17 +606,15 @@ fn frame(kind: Kind, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8>
 
 fn frame_v(kind: Kind, version: u8, payload_len: usize, fill: impl FnOnce(&mut Enc)) -> Vec<u8> {
     let mut e = Enc(Vec::with_capacity(HEADER_BYTES + payload_len));
-    e.u32(0);
-    e.u16(RECORD_MAGIC);
-    e.u8(version);
-    e.u8(kind as u8);
-    e.u32(0);
+    e.0.extend_from_slice(&[0; HEADER_BYTES]);
     fill(&mut e);
     let mut buf = e.0;
-    let len = buf.len() as u32;
-    buf[0..4].copy_from_slice(&len.to_le_bytes());
-    let crc = frame_crc(&buf);
-    buf[8..12].copy_from_slice(&crc.to_le_bytes());
+    // The CRC covers the header's first 8 bytes, so they go in before it is computed.
+    let mut h =
+        RecordHeader { len: buf.len() as u32, magic: RECORD_MAGIC, version, kind: kind as u8, crc: 0 };
+    buf[..HEADER_BYTES].copy_from_slice(&h.encode());
+    h.crc = frame_crc(&buf);
+    buf[..HEADER_BYTES].copy_from_slice(&h.encode());
     buf
 }
 
@@ -703,41 +793,29 @@ pub fn encode_end_of_segment() -> Vec<u8> {
 
 /// Reads the frame at the start of `buf`: returns its total length after checking magic, version and CRC.
 pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
-    if buf.len() < HEADER_BYTES {
-        if buf.iter().all(|b| *b == 0) {
-            return Err(DecodeError::Empty);
-        }
-        return Err(DecodeError::Truncated);
-    }
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if len == 0 && buf[..HEADER_BYTES].iter().all(|b| *b == 0) {
-        return Err(DecodeError::Empty);
-    }
-    if u16::from_le_bytes([buf[4], buf[5]]) != RECORD_MAGIC {
-        return Err(DecodeError::Invalid("bad magic"));
-    }
+    let h = RecordHeader::decode(buf.get(..HEADER_BYTES).unwrap_or(buf))?;
+    let len = h.len as usize;
     if !(HEADER_BYTES..=MAX_RECORD_BYTES).contains(&len) {
         return Err(DecodeError::Invalid("bad record length"));
     }
     if buf.len() < len {
         return Err(DecodeError::Truncated);
     }
-    let crc = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
-    if frame_crc(&buf[..len]) != crc {
+    if frame_crc(&buf[..len]) != h.crc {
         return Err(DecodeError::Invalid("crc mismatch"));
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
-    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED].contains(&buf[6]) {
+    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED].contains(&h.version) {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
-    let kind = Kind::from_u8(buf[7]).ok_or(DecodeError::Invalid("unknown record kind"))?;
+    let kind = Kind::from_u8(h.kind).ok_or(DecodeError::Invalid("unknown record kind"))?;
     // Carry and Pause exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
     // 1, 2 (it ends with a due time) or 3 (a due time and a link to the record before it); the rest
     // only 1.
-    let v2 = buf[6] == RECORD_VERSION_CARRY;
+    let v2 = h.version == RECORD_VERSION_CARRY;
     let only_v2 = matches!(kind, Kind::Carry | Kind::Pause | Kind::Push);
-    let v3 = buf[6] == RECORD_VERSION_LINKED;
+    let v3 = h.version == RECORD_VERSION_LINKED;
     if (only_v2 && !v2)
         || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Push | Kind::Put | Kind::Transition))
         || (v3 && kind != Kind::Transition)
@@ -854,6 +932,91 @@ mod tests {
         (1u8..=6).prop_map(|v| State::from_u8(v).expect("1..=6 are states"))
     }
 
+    /// The encoded bytes of a record of any kind.
+    fn any_record() -> impl Strategy<Value = Vec<u8>> {
+        let bytes = |n: std::ops::Range<usize>| proptest::collection::vec(any::<u8>(), n);
+        fn put<'a>(id: &'a [u8], body: &'a [u8], route: Route, replaces: bool) -> Put<'a> {
+            Put {
+                created_ms: 1,
+                deliver_at_ms: 2,
+                ttr_ms: 3,
+                max_attempts: 4,
+                request_kind: 1,
+                request_value: 5,
+                route,
+                id,
+                topic: b"t",
+                backoff_ms: vec![7],
+                body,
+                replaces,
+            }
+        }
+        prop_oneof![
+            (bytes(1..20), bytes(0..100), route(), any::<bool>())
+                .prop_map(|(id, body, r, rp)| encode_put(&put(&id, &body, r, rp)).unwrap()),
+            (
+                any::<u64>(),
+                state(),
+                route(),
+                proptest::option::of(1..u64::MAX),
+                proptest::option::of(any::<u64>())
+            )
+                .prop_map(|(mo, s, r, due_ms, prev_offset)| encode_transition(&Transition {
+                    msg_offset: mo,
+                    id_hash: 9,
+                    seq: 2,
+                    prev_state: State::Ready,
+                    state: s,
+                    cause: Cause::Nack,
+                    home: Home::Main,
+                    attempt: 1,
+                    time_ms: 3,
+                    deliver_at_ms: 4,
+                    route: r,
+                    due_ms,
+                    prev_offset,
+                })),
+            (any::<u64>(), route()).prop_map(|(mo, r)| encode_hop(&Hop {
+                msg_offset: mo,
+                id_hash: 1,
+                seq: 2,
+                target_ms: 3,
+                route: r,
+            })),
+            (bytes(1..20), bytes(0..100), state(), route()).prop_map(|(id, body, s, r)| encode_carry(
+                &Carry {
+                    prev_msg_offset: 1,
+                    seq: 2,
+                    attempt: 3,
+                    state: s,
+                    home: Home::DeadLetter,
+                    time_ms: 4,
+                    deliver_at_ms: 5,
+                    put: put(&id, &body, r, false),
+                }
+            )
+            .unwrap()),
+            (any::<bool>(), bytes(1..40)).prop_map(|(paused, topic)| encode_pause(&Pause {
+                paused,
+                time_ms: 1,
+                topic: &topic,
+            })
+            .unwrap()),
+            (bytes(1..40), bytes(1..60), bytes(0..20)).prop_map(|(topic, url, secret)| encode_push(&Push {
+                target: PushTarget::Webhook,
+                time_ms: 1,
+                timeout_ms: 2,
+                max_in_flight: 3,
+                topic: &topic,
+                url: &url,
+                subject: b"",
+                secret: &secret,
+            })
+            .unwrap()),
+            Just(encode_end_of_segment()),
+        ]
+    }
+
     proptest! {
         #[test]
         fn put_round_trips(
@@ -963,6 +1126,55 @@ mod tests {
         #[test]
         fn garbage_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode(&buf);
+        }
+
+        /// Every kind, not only a Put: a cut record is an error, bytes after its frame are not
+        /// read (the next record starts there), and bytes slipped into its frame (its length and
+        /// CRC made to match, so only the payload parser can tell) are an error.
+        #[test]
+        fn any_record_cut_or_grown_inside_its_frame_is_an_error_never_a_panic(
+            buf in any_record(), cut in any::<prop::sample::Index>(),
+            tail in proptest::collection::vec(any::<u8>(), 1..24),
+        ) {
+            let (rec, len) = decode(&buf).unwrap();
+            prop_assert_eq!(len, buf.len());
+            prop_assert!(decode(&buf[..cut.index(buf.len())]).is_err());
+            let after = [&buf[..], &tail].concat();
+            prop_assert_eq!(decode(&after).unwrap(), (rec, len));
+            let mut grown = after;
+            let mut h = RecordHeader::decode(&grown[..HEADER_BYTES]).unwrap();
+            h.len = grown.len() as u32;
+            grown[..HEADER_BYTES].copy_from_slice(&h.encode());
+            h.crc = frame_crc(&grown);
+            grown[..HEADER_BYTES].copy_from_slice(&h.encode());
+            prop_assert!(decode(&grown).is_err());
+        }
+
+        #[test]
+        fn record_header_round_trips(len in any::<u32>(), version in any::<u8>(), kind in any::<u8>(), crc in any::<u32>()) {
+            let h = RecordHeader { len, magic: RECORD_MAGIC, version, kind, crc };
+            let b = h.encode();
+            prop_assert_eq!(RecordHeader::decode(&b), Ok(h));
+            prop_assert_eq!(RecordHeader::from_bytes(&b), h);
+            prop_assert!(has_record_magic(&b));
+        }
+
+        #[test]
+        fn record_header_prefix_or_tail_is_an_error_never_a_panic(
+            len in any::<u32>(), version in any::<u8>(), kind in any::<u8>(), crc in any::<u32>(),
+            cut in 0usize..HEADER_BYTES, tail in proptest::collection::vec(any::<u8>(), 1..24),
+        ) {
+            let b = RecordHeader { len, magic: RECORD_MAGIC, version, kind, crc }.encode();
+            prop_assert!(RecordHeader::decode(&b[..cut]).is_err());
+            prop_assert!(RecordHeader::decode(&[&b[..], &tail].concat()).is_err());
+        }
+
+        #[test]
+        fn record_header_garbage_never_panics(b in proptest::collection::vec(any::<u8>(), 0..32)) {
+            if let Ok(h) = RecordHeader::decode(&b) {
+                prop_assert_eq!(h.magic, RECORD_MAGIC);
+            }
+            let _ = has_record_magic(&b);
         }
     }
 

@@ -17,18 +17,19 @@
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
-use super::format::{Home, State};
+use super::format::slot::{
+    decode_index_header, encode_index_header, slot_hash, slot_is_live, slot_is_occupied, slot_msg_offset,
+    slot_removed_flags, SLOT_FLAGS_AT,
+};
+use super::format::DecodeError;
 use super::mmap::{sync_dir, MappedFile, WriteHeat};
 use crate::error::{Error, Result};
 
-/// Magic at the start of an index file ("DLYI").
-pub const INDEX_MAGIC: u32 = u32::from_le_bytes(*b"DLYI");
-/// Layout version of the index files.
-pub const INDEX_VERSION: u16 = 2;
-/// Bytes before the first slot.
-pub const HEADER_BYTES: usize = 64;
-/// Bytes per slot.
-pub const SLOT_BYTES: usize = 32;
+// The layout is storage::format's; these names stay here for the index's users.
+pub use super::format::slot::{
+    Slot, INDEX_HEADER_BYTES as HEADER_BYTES, INDEX_MAGIC, INDEX_VERSION, SLOT_BYTES,
+};
+
 /// Smallest table, in slots.
 pub const MIN_SLOTS: u64 = 64;
 /// Fewest old slots copied per insert or remove while a migration runs (the rate actually used is
@@ -37,66 +38,8 @@ pub const MIN_SLOTS: u64 = 64;
 /// fresh table faults in a page per slot: at 512 a step took 260 ms at 10M ids; the engine's
 /// idle maintenance copies the rest in time-bounded chunks.
 pub const MIGRATE_SLOTS_PER_OP: usize = 4;
-const FLAG_USED: u8 = 1;
-const FLAG_DEAD_LETTER: u8 = 2;
-const FLAG_REMOVED: u8 = 4;
 /// Mutations to wait before retrying a failed creation of the next table.
 const RETRY_AFTER_OPS: u64 = 4096;
-
-/// One message's entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
-    /// `format::id_hash` of the id.
-    pub hash: u64,
-    /// Commit-log offset of the Put record.
-    pub msg_offset: u64,
-    /// Commit-log offset of the last record applied to this slot (Put or Transition).
-    pub last_offset: u64,
-    /// Sequence number: 0 at Put, +1 per transition.
-    pub seq: u32,
-    /// Deliveries so far (saturates at u16::MAX).
-    pub attempt: u16,
-    /// Current state.
-    pub state: State,
-    /// Which topic queue the message belongs to.
-    pub home: Home,
-}
-
-impl Slot {
-    fn encode(&self) -> [u8; SLOT_BYTES] {
-        let mut b = [0u8; SLOT_BYTES];
-        b[0..8].copy_from_slice(&self.hash.to_le_bytes());
-        b[8..16].copy_from_slice(&self.msg_offset.to_le_bytes());
-        b[16..24].copy_from_slice(&self.last_offset.to_le_bytes());
-        b[24..28].copy_from_slice(&self.seq.to_le_bytes());
-        b[28..30].copy_from_slice(&self.attempt.to_le_bytes());
-        b[30] = self.state as u8;
-        b[31] = FLAG_USED | if self.home == Home::DeadLetter { FLAG_DEAD_LETTER } else { 0 };
-        b
-    }
-
-    fn decode(b: &[u8]) -> Slot {
-        Slot {
-            hash: read_u64(b, 0),
-            msg_offset: read_u64(b, 8),
-            last_offset: read_u64(b, 16),
-            seq: u32::from_le_bytes([b[24], b[25], b[26], b[27]]),
-            attempt: u16::from_le_bytes([b[28], b[29]]),
-            // An unknown state byte can only come from a damaged file; treat it as done so the
-            // message is never delivered early or twice, and rebuilds fix it.
-            state: State::from_u8(b[30]).unwrap_or(State::Done),
-            home: if b[31] & FLAG_DEAD_LETTER != 0 { Home::DeadLetter } else { Home::Main },
-        }
-    }
-}
-
-fn is_occupied(b: &[u8]) -> bool {
-    b[31] & FLAG_USED != 0
-}
-
-fn is_live(b: &[u8]) -> bool {
-    b[31] & (FLAG_USED | FLAG_REMOVED) == FLAG_USED
-}
 
 /// Position of a slot: valid from a [`IdIndex::find`] until the next mutating call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,13 +71,11 @@ impl Table {
         if b.len() < HEADER_BYTES {
             return Err(bad("index file shorter than its header"));
         }
-        if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != INDEX_MAGIC {
-            return Err(bad("bad index magic"));
-        }
-        if u16::from_le_bytes([b[4], b[5]]) != INDEX_VERSION {
-            return Err(bad("unsupported index version"));
-        }
-        let slots = read_u64(b, 8);
+        let slots = match decode_index_header(&b[..HEADER_BYTES]) {
+            Ok(slots) => slots,
+            Err(DecodeError::Invalid(why)) => return Err(bad(why)),
+            Err(_) => return Err(bad("index file shorter than its header")),
+        };
         if !slots.is_power_of_two() || slots < MIN_SLOTS || file.len() != table_bytes(slots) {
             return Err(bad("index slot count does not match the file size"));
         }
@@ -146,9 +87,10 @@ impl Table {
         Table { file, heat: WriteHeat::default(), slots, filled: 0 }
     }
 
-    fn raw(&self, i: u64) -> &[u8] {
+    fn raw(&self, i: u64) -> &[u8; SLOT_BYTES] {
         let pos = HEADER_BYTES + i as usize * SLOT_BYTES;
-        &self.file.bytes()[pos..pos + SLOT_BYTES]
+        // Slot positions are below `slots`, which `open` matched to the file size.
+        self.file.bytes()[pos..pos + SLOT_BYTES].first_chunk().unwrap_or(&[0; SLOT_BYTES])
     }
 
     fn write(&mut self, i: u64, b: &[u8; SLOT_BYTES]) {
@@ -156,8 +98,12 @@ impl Table {
     }
 
     fn mark_removed(&mut self, i: u64) {
-        let flags = self.raw(i)[31] | FLAG_REMOVED;
-        self.file.write_scattered(&mut self.heat, HEADER_BYTES + i as usize * SLOT_BYTES + 31, &[flags]);
+        let flags = slot_removed_flags(self.raw(i));
+        self.file.write_scattered(
+            &mut self.heat,
+            HEADER_BYTES + i as usize * SLOT_BYTES + SLOT_FLAGS_AT,
+            &[flags],
+        );
     }
 
     /// Counts occupied slots into `filled` and returns the live ones, in one pass.
@@ -165,8 +111,8 @@ impl Table {
         let (mut filled, mut live) = (0, 0);
         for i in 0..self.slots {
             let b = self.raw(i);
-            filled += u64::from(is_occupied(b));
-            live += u64::from(is_live(b));
+            filled += u64::from(slot_is_occupied(b));
+            live += u64::from(slot_is_live(b));
         }
         self.filled = filled;
         live
@@ -177,17 +123,17 @@ impl Table {
         let mask = self.slots - 1;
         (0..self.slots)
             .map(move |k| hash.wrapping_add(k) & mask)
-            .take_while(move |&i| is_occupied(self.raw(i)))
+            .take_while(move |&i| slot_is_occupied(self.raw(i)))
     }
 
     /// First live slot on `hash`'s probe path that satisfies `is_it`.
     fn find(&self, hash: u64, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
         self.probe(hash).find_map(|i| {
             let b = self.raw(i);
-            if !is_live(b) || read_u64(b, 0) != hash {
+            if !slot_is_live(b) || slot_hash(b) != hash {
                 return None;
             }
-            let slot = Slot::decode(b);
+            let slot = Slot::from_bytes(b);
             is_it(&slot).then_some((i, slot))
         })
     }
@@ -196,14 +142,14 @@ impl Table {
     fn knows(&self, hash: u64, msg_offset: u64) -> bool {
         self.probe(hash).any(|i| {
             let b = self.raw(i);
-            read_u64(b, 0) == hash && read_u64(b, 8) == msg_offset
+            slot_hash(b) == hash && slot_msg_offset(b) == msg_offset
         })
     }
 
     /// Writes `b` into the first empty slot of its probe path; None if the table is full.
     /// Removed slots are not reused: a migration's merge relies on them to remember removals.
     fn place(&mut self, b: &[u8; SLOT_BYTES]) -> Option<u64> {
-        let start = read_u64(b, 0);
+        let start = slot_hash(b);
         // The first position past the occupied run, if the run does not cover the whole table.
         let run = self.probe(start).count() as u64;
         if run == self.slots {
@@ -376,15 +322,15 @@ impl IdIndex {
     pub fn for_each(&self, mut f: impl FnMut(Slot)) {
         for i in 0..self.cur.slots {
             let b = self.cur.raw(i);
-            if is_live(b) {
-                f(Slot::decode(b));
+            if slot_is_live(b) {
+                f(Slot::from_bytes(b));
             }
         }
         if let Some(m) = &self.from {
             for i in m.cursor..m.table.slots {
                 let b = m.table.raw(i);
-                if is_live(b) {
-                    f(Slot::decode(b));
+                if slot_is_live(b) {
+                    f(Slot::from_bytes(b));
                 }
             }
         }
@@ -398,14 +344,14 @@ impl IdIndex {
         let t = &self.cur;
         let mask = t.slots - 1;
         // Start just after an empty slot, so every run of occupied slots is seen from its start.
-        let Some(empty) = (0..t.slots).find(|i| !is_occupied(t.raw(*i))) else {
+        let Some(empty) = (0..t.slots).find(|i| !slot_is_occupied(t.raw(*i))) else {
             return Some("index table has no empty slot".into());
         };
         let mut run = 0u64;
         for k in 1..=t.slots {
             let p = (empty + k) & mask;
             let b = t.raw(p);
-            if !is_occupied(b) {
+            if !slot_is_occupied(b) {
                 if b.iter().any(|x| *x != 0) {
                     return Some(format!("index slot {p} is marked empty but holds data"));
                 }
@@ -413,11 +359,10 @@ impl IdIndex {
                 continue;
             }
             run += 1;
-            if b[31] & !(FLAG_USED | FLAG_DEAD_LETTER | FLAG_REMOVED) != 0 || State::from_u8(b[30]).is_none()
-            {
+            if Slot::decode(b).is_err() {
                 return Some(format!("index slot {p} has unknown flags or state"));
             }
-            let home = read_u64(b, 0) & mask;
+            let home = slot_hash(b) & mask;
             if (p.wrapping_sub(home) & mask) >= run {
                 return Some(format!("index slot {p} is not on the probe path of its hash"));
             }
@@ -591,11 +536,10 @@ impl IdIndex {
         let end = m.cursor.saturating_add(budget as u64).min(m.table.slots);
         for i in m.cursor..end {
             let b = m.table.raw(i);
-            if !is_live(b) {
+            if !slot_is_live(b) {
                 continue;
             }
-            let mut copy = [0u8; SLOT_BYTES];
-            copy.copy_from_slice(b);
+            let copy = *b;
             if self.cur.place(&copy).is_none() {
                 // Cannot happen: the new table has room for twice the live count. Stop rather than
                 // lose the slot; the old table keeps it findable.
@@ -679,11 +623,10 @@ fn finish_interrupted(path: &Path, old: Table, mut next: Table) -> Result<Table>
     let mut copied = 0u64;
     for i in 0..old.slots {
         let b = old.raw(i);
-        if !is_live(b) || next.knows(read_u64(b, 0), read_u64(b, 8)) {
+        if !slot_is_live(b) || next.knows(slot_hash(b), slot_msg_offset(b)) {
             continue;
         }
-        let mut copy = [0u8; SLOT_BYTES];
-        copy.copy_from_slice(b);
+        let copy = *b;
         if next.place(&copy).is_none() {
             return Err(Error::Corrupt {
                 file: next.file.path().display().to_string(),
@@ -714,11 +657,7 @@ fn table_bytes(slots: u64) -> u64 {
 fn create_table(tmp: &Path, dest: &Path, slots: u64) -> Result<MappedFile> {
     remove_if_exists(tmp)?;
     let mut file = MappedFile::open(tmp, table_bytes(slots))?;
-    let mut h = [0u8; 16];
-    h[0..4].copy_from_slice(&INDEX_MAGIC.to_le_bytes());
-    h[4..6].copy_from_slice(&INDEX_VERSION.to_le_bytes());
-    h[8..16].copy_from_slice(&slots.to_le_bytes());
-    file.write_at(0, &h);
+    file.write_at(0, &encode_index_header(slots));
     file.flush()?;
     file.sync_all()?;
     super::io::rename(tmp, dest).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
@@ -738,15 +677,10 @@ fn remove_if_exists(path: &Path) -> Result<()> {
     }
 }
 
-fn read_u64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::format::{Home, State};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
     use std::fs;

@@ -12,24 +12,19 @@ use tracing::warn;
 use super::checkpoint::write_atomic;
 use crate::error::{Error, Result};
 
-/// Bytes of the key.
-pub const KEY_BYTES: usize = 32;
-/// `DLRK` little-endian: the file's magic.
-const MAGIC: u32 = u32::from_le_bytes(*b"DLRK");
-const VERSION: u16 = 1;
-/// magic, version, reserved, key, CRC.
-const FILE_BYTES: usize = 4 + 2 + 2 + KEY_BYTES + 4;
+pub use super::format::receipt_key::KEY_BYTES;
+use super::format::receipt_key::{decode_receipt_key, encode_receipt_key};
 
 /// Reads the key in `path`, or makes, stores and returns a new one when the file is missing or
 /// fails its check.
 pub fn load_or_create(path: &Path, holds_log: bool) -> Result<[u8; KEY_BYTES]> {
     match std::fs::read(path) {
-        Ok(b) => match decode(&b) {
-            Some(key) => {
+        Ok(b) => match decode_receipt_key(&b) {
+            Ok(key) => {
                 keep_private(path);
                 return Ok(key);
             }
-            None => warn!(
+            Err(_) => warn!(
                 file = %path.display(),
                 "receipt key damaged; making a new one (receipts handed out before are refused, \
                  their messages come back after their time-to-run)"
@@ -45,7 +40,7 @@ pub fn load_or_create(path: &Path, holds_log: bool) -> Result<[u8; KEY_BYTES]> {
         Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
     }
     let key = random_key()?;
-    write_atomic(path, &encode(&key))?;
+    write_atomic(path, &encode_receipt_key(&key))?;
     Ok(key)
 }
 
@@ -58,30 +53,6 @@ fn keep_private(path: &Path) {
             warn!(file = %path.display(), "receipt key is readable by other users and cannot be narrowed to 0600: {e}");
         }
     }
-}
-
-fn encode(key: &[u8; KEY_BYTES]) -> [u8; FILE_BYTES] {
-    let mut b = [0u8; FILE_BYTES];
-    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
-    b[8..8 + KEY_BYTES].copy_from_slice(key);
-    let crc = crc32fast::hash(&b[..8 + KEY_BYTES]);
-    b[8 + KEY_BYTES..].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
-fn decode(b: &[u8]) -> Option<[u8; KEY_BYTES]> {
-    if b.len() != FILE_BYTES {
-        return None;
-    }
-    let crc = u32::from_le_bytes(b[8 + KEY_BYTES..].try_into().ok()?);
-    if crc32fast::hash(&b[..8 + KEY_BYTES]) != crc
-        || u32::from_le_bytes(b[0..4].try_into().ok()?) != MAGIC
-        || u16::from_le_bytes(b[4..6].try_into().ok()?) != VERSION
-    {
-        return None;
-    }
-    b[8..8 + KEY_BYTES].try_into().ok()
 }
 
 /// 32 bytes from the kernel's CSPRNG (getrandom(2), which blocks only before the pool is seeded).
@@ -114,7 +85,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("receipt_key");
         let a = load_or_create(&path, false).unwrap();
-        assert_eq!(std::fs::read(&path).unwrap().len(), FILE_BYTES);
+        assert_eq!(std::fs::read(&path).unwrap().len(), super::super::format::receipt_key::KEY_FILE_BYTES);
         assert_eq!(load_or_create(&path, false).unwrap(), a, "the key survives a reopen");
         let other = load_or_create(&tempfile::tempdir().unwrap().path().join("receipt_key"), false).unwrap();
         assert_ne!(a, other, "each data directory has its own key");

@@ -592,12 +592,10 @@ impl Store {
         let Some(h) = self.log.raw(offset, format::HEADER_BYTES) else {
             return Some(format!("log offset {offset} is not in the log"));
         };
-        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-        let magic = u16::from_le_bytes([h[4], h[5]]);
-        if magic != format::RECORD_MAGIC || len != size {
-            return Some(format!("log offset {offset} holds no record of {size} bytes"));
+        match format::RecordHeader::decode(h) {
+            Ok(h) if h.len == size => None,
+            _ => Some(format!("log offset {offset} holds no record of {size} bytes")),
         }
-        None
     }
 
     /// Why the index cannot be trusted, if it cannot: its table fails its structural checks, or a
@@ -670,7 +668,7 @@ impl Store {
             Ok((rec, _)) => Ok(Some(rec)),
             Err(Error::Corrupt { reason, .. }) => {
                 let h = self.log.raw(offset, format::HEADER_BYTES);
-                if h.is_some_and(|h| u16::from_le_bytes([h[4], h[5]]) == format::RECORD_MAGIC) {
+                if h.is_some_and(format::has_record_magic) {
                     self.corrupt_record(offset, &reason);
                     Ok(None)
                 } else {
