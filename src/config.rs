@@ -12,25 +12,24 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits::{ENVELOPE_BYTES, MAX_ATTEMPTS_LIMIT, MAX_BATCH_LIMIT};
 use crate::schedule::levels::validate_levels;
+pub use crate::schedule::levels::DEFAULT_LEVELS_MS;
 pub use crate::storage::commitlog::RecoveryMode;
-use units::{
+use crate::units::{
     fmt_ms, fmt_size, parse_duration, parse_duration_list, parse_size, parse_u64, DAY_MS, HOUR_MS, MINUTE_MS,
     SECOND_MS,
 };
 
 pub mod cli;
-pub mod units;
+/// Durations and sizes as people write them; kept under this path for the programs that name it.
+pub use crate::units;
 
 use cli::Cli;
 
 const S: u64 = SECOND_MS;
 const M: u64 = MINUTE_MS;
 const H: u64 = HOUR_MS;
-/// Default delay levels, RocketMQ's list: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
-#[rustfmt::skip]
-pub const DEFAULT_LEVELS_MS: [u64; 18] =
-    [S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
 /// Default nack backoff schedule: the default levels from 10s on.
 #[rustfmt::skip]
 pub const DEFAULT_BACKOFF_MS: [u64; 16] =
@@ -613,8 +612,8 @@ impl Config {
             return bad("max_attempts", "must be at least 1".into());
         }
         if let Some(n) = self.compat_max_attempts {
-            if n == 0 || n > crate::engine::MAX_ATTEMPTS_LIMIT {
-                let why = format!("must be 1 to {} or unlimited", crate::engine::MAX_ATTEMPTS_LIMIT);
+            if n == 0 || n > MAX_ATTEMPTS_LIMIT {
+                let why = format!("must be 1 to {MAX_ATTEMPTS_LIMIT} or unlimited");
                 return bad("compat_max_attempts", why);
             }
         }
@@ -643,8 +642,8 @@ impl Config {
                 ),
             );
         }
-        if self.max_batch == 0 || self.max_batch > 100_000 {
-            return bad("max_batch", format!("{} is outside 1..=100000", self.max_batch));
+        if self.max_batch == 0 || self.max_batch > MAX_BATCH_LIMIT {
+            return bad("max_batch", format!("{} is outside 1..={MAX_BATCH_LIMIT}", self.max_batch));
         }
         if self.max_wait > DAY_MS {
             return bad("max_wait", "must be at most 1d".into());
@@ -661,7 +660,7 @@ impl Config {
             }
         }
         // One request of the largest size must fit, or such a request could never be served.
-        let request_limit = self.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64);
+        let request_limit = self.max_body_bytes.saturating_add(ENVELOPE_BYTES as u64);
         if self.max_body_memory < request_limit || self.max_body_memory > 1 << 40 {
             return bad(
                 "max_body_memory",
