@@ -4,24 +4,27 @@
 //! `4MB` = 4,000,000 bytes, `4MiB` = 4,194,304, a plain number of bytes); lists of durations are a
 //! TOML array or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
 
 use crate::error::{Error, Result};
 use crate::limits::{ENVELOPE_BYTES, MAX_ATTEMPTS_LIMIT, MAX_BATCH_LIMIT};
 use crate::schedule::levels::validate_levels;
 pub use crate::schedule::levels::DEFAULT_LEVELS_MS;
 pub use crate::storage::commitlog::RecoveryMode;
-use crate::units::{
-    fmt_ms, fmt_size, parse_duration, parse_duration_list, parse_size, parse_u64, DAY_MS, HOUR_MS, MINUTE_MS,
-    SECOND_MS,
+use crate::units::{fmt_ms, fmt_size, DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS};
+use value::{
+    AttemptsLimit, AutoCount, Choice, Choices, Count, Duration, Durations, Hosts, Kind, OptionalCount, Size,
+    Text, Token, EMPTY_TOKEN,
 };
 
 pub mod cli;
+mod value;
 /// Durations and sizes as people write them; kept under this path for the programs that name it.
 pub use crate::units;
 
@@ -54,92 +57,159 @@ const fn key(name: &'static str, value_name: &'static str, help: &'static str) -
     Key { name, value_name, help }
 }
 
-/// Every key of the program with its help, in the order `config/delayd.toml` documents them.
-pub const KEY_TABLE: [Key; KEY_COUNT] = [
-    key("listen", "ADDR", "Address of the HTTP server; port 0 picks a free one (printed on stdout)"),
-    key("data_dir", "DIR", "Data directory; one delayd per directory"),
-    key(
-        "flush",
-        "sync|async",
-        "sync: answer after the write is on disk; async: flush every flush_interval_ms",
-    ),
-    key("flush_interval_ms", "DURATION", "Async mode: how often writes are made durable"),
-    key("segment_bytes", "SIZE", "Commit-log segment file size, preallocated; the grain of disk reclaim"),
-    key("cq_entries_per_file", "N", "Entries per consume-queue file"),
-    key("index_initial_slots", "N", "Initial slot count of the on-disk id index"),
-    key("levels", "DURATIONS", "Delay levels, ascending"),
-    key("delay_policy", "chain|round", "chain: exact delays by hopping levels; round: nearest level"),
-    key("max_delay", "DURATION", "Longest accepted delay"),
-    key("default_ttr", "DURATION", "Time-to-run of a popped message when neither pop nor message sets one"),
-    key("max_attempts", "N", "Deliveries before a message moves to {topic}.dlq"),
-    key("backoff", "DURATIONS", "Nack retry schedule when the message carries none"),
-    key("max_body_bytes", "SIZE", "Largest message body"),
-    key("max_batch", "N", "Most messages in one batch produce or pop"),
-    key("max_wait", "DURATION", "Cap on a native pop's wait_ms"),
-    key("compat_max_wait", "DURATION", "How long a compat /pop long-polls"),
-    key(
-        "compat_max_attempts",
-        "N",
-        "Deliveries before a compat job moves to {topic}.dlq, or unlimited (never)",
-    ),
-    key(
-        "auth_token",
-        "TOKEN",
-        "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
-    ),
-    key(
-        "max_connections",
-        "N",
-        "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room",
-    ),
-    key(
-        "http_header_timeout",
-        "DURATION",
-        "A request head must arrive within this (from connect or its first byte)",
-    ),
-    key("http_idle_timeout", "DURATION", "How long a kept-alive connection may wait for its next request"),
-    key("http_body_timeout", "DURATION", "A request body must arrive within this, from the end of its head"),
-    key("log_format", "text|json", "Log line format, on stderr"),
-    key("log_level", "FILTER", "A tracing filter such as info or delayd=debug,warn"),
-    key("shutdown_grace", "DURATION", "On SIGTERM, how long in-flight requests may take"),
-    key(
-        "recovery",
-        "strict|truncate",
-        "On a bad record inside acknowledged data: refuse to start, or drop from it on",
-    ),
-    key(
-        "done_retention",
-        "DURATION",
-        "How long a done or cancelled message stays visible to look-ups and retries",
-    ),
-    key("reclaim", "true|false", "Delete expired messages, old segments and read queue files"),
-    key("max_topics", "N", "Most topics (dead-letter topics included)"),
-    key("open_queues", "N", "Most topic queues with open files at once"),
-    key(
-        "push_allowed_hosts",
-        "HOSTS",
-        "Hosts push subscriptions may deliver to (space-separated); unset (the default): any",
-    ),
-    key(
-        "push_max_in_flight",
-        "N|auto",
-        "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit",
-    ),
-    key("max_push_subscriptions", "N", "Most push subscriptions; a PUT of a new one past it answers 429"),
-    key(
-        "max_connections_per_ip",
-        "N",
-        "Most connections one client address may hold; unset (the default): half of max_connections",
-    ),
-    key(
-        "max_body_memory",
-        "SIZE",
-        "Most request-body bytes in memory at once; past it, 503 with Retry-After",
-    ),
-];
+/// Defines every key once. From each row come: the [`Config`] field (its type, and the help as its
+/// doc), its default, its [`KEY_TABLE`] entry (name, value name and help, from which the flag, the
+/// environment variable and `--help` come), and its arms of [`Config::set`], [`Config::get`] and the
+/// TOML reader, all through the row's [`value::Kind`], the one parser of the key.
+macro_rules! config_keys {
+    ($( $(#[$doc:meta])* $name:ident : $ty:ty [$kind:ty] = $default:expr, $value_name:literal, $help:literal; )*) => {
+        /// The full program configuration; every field has an embedded default.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Config {
+            $(
+                #[doc = $help]
+                $(#[$doc])*
+                pub $name: $ty,
+            )*
+        }
 
-/// How many keys there are.
-pub const KEY_COUNT: usize = 36;
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $( $name: $default, )* }
+            }
+        }
+
+        /// Every key of the program with its help, in the order `config/delayd.toml` documents them.
+        pub const KEY_TABLE: [Key; KEY_COUNT] = [ $( key(stringify!($name), $value_name, $help), )* ];
+
+        /// How many keys there are.
+        pub const KEY_COUNT: usize = <[&str]>::len(&[ $( stringify!($name), )* ]);
+
+        impl Config {
+            /// Sets one key from its string form, as the environment or a flag gives it. The error
+            /// names the value; the caller adds where it came from.
+            pub fn set(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
+                match key {
+                    $( stringify!($name) => self.$name = <$kind as Kind>::parse(value)?, )*
+                    other => return Err(format!("unknown key {other}")),
+                }
+                Ok(())
+            }
+
+            /// The value of `key` in the form [`Config::set`] reads back (what `--help` shows as the
+            /// default); `None` for a key left unset (`auth_token`, ...) or an unknown key.
+            pub fn get(&self, key: &str) -> Option<String> {
+                match key {
+                    $( stringify!($name) => <$kind as Kind>::show(&self.$name), )*
+                    _ => None,
+                }
+            }
+
+            /// Sets one key from a TOML value: a string is read as [`Config::set`] reads text.
+            fn set_toml(&mut self, key: &str, value: &toml::Value) -> std::result::Result<(), String> {
+                match key {
+                    $( stringify!($name) => self.$name = <$kind as Kind>::from_toml(value)?, )*
+                    other => return Err(format!("unknown key {other}")),
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+// Adding a key: one row here (at the end), then its line in config/delayd.toml and its row in
+// docs/configuration.md (tests check both), and a rule in `Config::validate` if it has one.
+config_keys! {
+    listen: String [Text] = "127.0.0.1:9277".to_string(), "ADDR",
+        "Address of the HTTP server; port 0 picks a free one (printed on stdout)";
+    data_dir: PathBuf [value::Path] = PathBuf::from("./data"), "DIR",
+        "Data directory; one delayd per directory";
+    flush: FlushMode [Choice<FlushMode>] = FlushMode::Sync, "sync|async",
+        "sync: answer after the write is on disk; async: flush every flush_interval_ms";
+    /// In milliseconds.
+    flush_interval_ms: u64 [Duration] = 100, "DURATION",
+        "Async mode: how often writes are made durable";
+    /// In bytes.
+    segment_bytes: u64 [Size] = 64 << 20, "SIZE",
+        "Commit-log segment file size, preallocated; the grain of disk reclaim";
+    cq_entries_per_file: u64 [Count<u64>] = 300_000, "N",
+        "Entries per consume-queue file";
+    index_initial_slots: u64 [Count<u64>] = 1 << 16, "N",
+        "Initial slot count of the on-disk id index";
+    /// In milliseconds.
+    levels: Vec<u64> [Durations] = DEFAULT_LEVELS_MS.to_vec(), "DURATIONS",
+        "Delay levels, ascending";
+    delay_policy: DelayPolicy [Choice<DelayPolicy>] = DelayPolicy::Chain, "chain|round",
+        "chain: exact delays by hopping levels; round: nearest level";
+    /// In milliseconds.
+    max_delay: u64 [Duration] = 30 * DAY_MS, "DURATION",
+        "Longest accepted delay";
+    /// In milliseconds.
+    default_ttr: u64 [Duration] = 30_000, "DURATION",
+        "Time-to-run of a popped message when neither pop nor message sets one";
+    max_attempts: u32 [Count<u32>] = 16, "N",
+        "Deliveries before a message moves to {topic}.dlq";
+    /// In milliseconds.
+    backoff: Vec<u64> [Durations] = DEFAULT_BACKOFF_MS.to_vec(), "DURATIONS",
+        "Nack retry schedule when the message carries none";
+    /// In bytes.
+    max_body_bytes: u64 [Size] = 4 << 20, "SIZE",
+        "Largest message body";
+    max_batch: usize [Count<usize>] = 1000, "N",
+        "Most messages in one batch produce or pop";
+    /// In milliseconds.
+    max_wait: u64 [Duration] = 180_000, "DURATION",
+        "Cap on a native pop's wait_ms";
+    /// In milliseconds.
+    compat_max_wait: u64 [Duration] = 178_000, "DURATION",
+        "How long a compat /pop long-polls";
+    /// `None`, the default: never, as the original redelivers an unfinished job forever.
+    compat_max_attempts: Option<u32> [AttemptsLimit] = None, "N",
+        "Deliveries before a compat job moves to {topic}.dlq, or unlimited (never)";
+    auth_token: Option<String> [Token] = None, "TOKEN",
+        "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth";
+    max_connections: usize [Count<usize>] = 10_000, "N",
+        "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room";
+    /// In milliseconds.
+    http_header_timeout: u64 [Duration] = 10_000, "DURATION",
+        "A request head must arrive within this (from connect or its first byte)";
+    /// In milliseconds.
+    http_idle_timeout: u64 [Duration] = 60_000, "DURATION",
+        "How long a kept-alive connection may wait for its next request";
+    /// In milliseconds.
+    http_body_timeout: u64 [Duration] = 30_000, "DURATION",
+        "A request body must arrive within this, from the end of its head";
+    log_format: LogFormat [Choice<LogFormat>] = LogFormat::Text, "text|json",
+        "Log line format, on stderr";
+    log_level: String [Text] = "info".to_string(), "FILTER",
+        "A tracing filter such as info or delayd=debug,warn";
+    /// In milliseconds.
+    shutdown_grace: u64 [Duration] = 10_000, "DURATION",
+        "On SIGTERM, how long in-flight requests may take";
+    recovery: RecoveryMode [Choice<RecoveryMode>] = RecoveryMode::Strict, "strict|truncate",
+        "On a bad record inside acknowledged data: refuse to start, or drop from it on";
+    /// In milliseconds.
+    done_retention: u64 [Duration] = DAY_MS, "DURATION",
+        "How long a done or cancelled message stays visible to look-ups and retries";
+    reclaim: bool [Choice<bool>] = true, "true|false",
+        "Delete expired messages, old segments and read queue files";
+    max_topics: usize [Count<usize>] = 10_000, "N",
+        "Most topics (dead-letter topics included)";
+    open_queues: usize [Count<usize>] = 1024, "N",
+        "Most topic queues with open files at once";
+    push_allowed_hosts: Option<Vec<String>> [Hosts] = None, "HOSTS",
+        "Hosts push subscriptions may deliver to (space-separated); unset (the default): any";
+    /// `None` (`auto`): sized from the open-file limit, as each delivery may hold a socket.
+    push_max_in_flight: Option<usize> [AutoCount] = None, "N|auto",
+        "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit";
+    max_push_subscriptions: usize [Count<usize>] = 1000, "N",
+        "Most push subscriptions; a PUT of a new one past it answers 429";
+    max_connections_per_ip: Option<usize> [OptionalCount] = None, "N",
+        "Most connections one client address may hold; unset (the default): half of max_connections";
+    /// In bytes.
+    max_body_memory: u64 [Size] = 256 << 20, "SIZE",
+        "Most request-body bytes in memory at once; past it, 503 with Retry-After";
+}
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -259,149 +329,6 @@ impl BrokerConfig {
     }
 }
 
-/// The full program configuration; every field has an embedded default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// Address the HTTP server binds.
-    pub listen: String,
-    /// Root of the data directory.
-    pub data_dir: PathBuf,
-    /// `sync` or `async` durability.
-    pub flush: FlushMode,
-    /// Async mode: flush period in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub flush_interval_ms: u64,
-    /// Commit-log segment size in bytes.
-    #[serde(deserialize_with = "de_size")]
-    pub segment_bytes: u64,
-    /// Entries per consume-queue file.
-    pub cq_entries_per_file: u64,
-    /// Initial slot count of the id index.
-    pub index_initial_slots: u64,
-    /// Delay levels in ms, ascending.
-    #[serde(deserialize_with = "de_duration_list")]
-    pub levels: Vec<u64>,
-    /// `chain` or `round`.
-    pub delay_policy: DelayPolicy,
-    /// Longest accepted delay in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub max_delay: u64,
-    /// Default time-to-run in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub default_ttr: u64,
-    /// Deliveries before dead-lettering.
-    pub max_attempts: u32,
-    /// Default nack backoff in ms.
-    #[serde(deserialize_with = "de_duration_list")]
-    pub backoff: Vec<u64>,
-    /// Largest accepted message body in bytes.
-    #[serde(deserialize_with = "de_size")]
-    pub max_body_bytes: u64,
-    /// Most messages in one batch produce.
-    pub max_batch: usize,
-    /// Cap on a native pop's `wait_ms`, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub max_wait: u64,
-    /// How long a compat `/pop` long-polls, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub compat_max_wait: u64,
-    /// Deliveries before a compat job is dead-lettered; `None` (the default): never, as the
-    /// original redelivers an unfinished job forever.
-    #[serde(deserialize_with = "de_attempts_limit")]
-    pub compat_max_attempts: Option<u32>,
-    /// Bearer token required on `/v1`, `/metrics` and the compat API when set.
-    pub auth_token: Option<String>,
-    /// Most HTTP connections served at once.
-    pub max_connections: usize,
-    /// A request head must arrive within this many ms of the connect, or of its first byte.
-    #[serde(deserialize_with = "de_duration")]
-    pub http_header_timeout: u64,
-    /// How long a kept-alive connection may wait for its next request, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub http_idle_timeout: u64,
-    /// A request body must arrive within this many ms of the end of its head.
-    #[serde(deserialize_with = "de_duration")]
-    pub http_body_timeout: u64,
-    /// `text` or `json`.
-    pub log_format: LogFormat,
-    /// A tracing filter such as `info` or `delayd=debug,warn`.
-    pub log_level: String,
-    /// On SIGTERM, how long in-flight requests get before the server stops waiting, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub shutdown_grace: u64,
-    /// On a bad record followed by valid ones: `strict` refuses to start, `truncate` drops the rest.
-    pub recovery: RecoveryMode,
-    /// How long a done or cancelled message stays visible to look-ups and idempotent produces, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub done_retention: u64,
-    /// Delete expired messages, old segments and read queue files (off only for comparisons).
-    pub reclaim: bool,
-    /// Most topics (dead-letter topics included) the broker creates; produces to a new one past it
-    /// are refused.
-    pub max_topics: usize,
-    /// Most topic queues whose files are open at once; the least recently used are closed.
-    pub open_queues: usize,
-    /// Hosts a push subscription may target; `None` (the default): any.
-    #[serde(deserialize_with = "de_hosts")]
-    pub push_allowed_hosts: Option<Vec<String>>,
-    /// Most push deliveries under way at once over every subscription; `None` (`auto`, the
-    /// default): sized from the open-file limit, as each delivery may hold a socket.
-    #[serde(deserialize_with = "de_auto_count")]
-    pub push_max_in_flight: Option<usize>,
-    /// Most push subscriptions; setting one on a new topic past it is refused.
-    pub max_push_subscriptions: usize,
-    /// Most connections one client address may hold; `None` (the default): half of the
-    /// connection cap, so one address can never take every slot.
-    pub max_connections_per_ip: Option<usize>,
-    /// Most bytes of request bodies held in memory at once, in bytes.
-    #[serde(deserialize_with = "de_size")]
-    pub max_body_memory: u64,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: "127.0.0.1:9277".to_string(),
-            data_dir: PathBuf::from("./data"),
-            flush: FlushMode::Sync,
-            flush_interval_ms: 100,
-            segment_bytes: 64 << 20,
-            cq_entries_per_file: 300_000,
-            index_initial_slots: 1 << 16,
-            levels: DEFAULT_LEVELS_MS.to_vec(),
-            delay_policy: DelayPolicy::Chain,
-            max_delay: 30 * DAY_MS,
-            default_ttr: 30_000,
-            max_attempts: 16,
-            backoff: DEFAULT_BACKOFF_MS.to_vec(),
-            max_body_bytes: 4 << 20,
-            max_batch: 1000,
-            max_wait: 180_000,
-            compat_max_wait: 178_000,
-            compat_max_attempts: None,
-            auth_token: None,
-            max_connections: 10_000,
-            http_header_timeout: 10_000,
-            http_idle_timeout: 60_000,
-            http_body_timeout: 30_000,
-            log_format: LogFormat::Text,
-            log_level: "info".to_string(),
-            shutdown_grace: 10_000,
-            recovery: RecoveryMode::Strict,
-            done_retention: DAY_MS,
-            reclaim: true,
-            max_topics: 10_000,
-            open_queues: 1024,
-            push_allowed_hosts: None,
-            push_max_in_flight: None,
-            max_push_subscriptions: 1000,
-            max_connections_per_ip: None,
-            max_body_memory: 256 << 20,
-        }
-    }
-}
-
 impl Config {
     /// Builds the configuration from all layers and validates it: the defaults, the file `cli`
     /// names (or `DELAYD_CONFIG` names), every `DELAYD_*` variable of `env`, then the flags of
@@ -444,29 +371,35 @@ impl Config {
         })
     }
 
-    /// Parses TOML text over the defaults.
+    /// Parses TOML text over the defaults. Each key's value goes through the key's one parser (as
+    /// the environment's and the flags' do); an error names the line and the key.
     pub fn from_toml(text: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e| {
-            let message = e.message().trim();
-            match e.span() {
-                Some(span) => {
-                    let before = text.get(..span.start).unwrap_or(text);
-                    let line = before.matches('\n').count() + 1;
-                    // serde's message for a bad value says what is wrong but not which key it is.
-                    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-                    let key = text
-                        .get(line_start..)
-                        .and_then(|rest| rest.split('=').next())
-                        .map(str::trim)
-                        .filter(|k| KEYS.contains(k) && !message.contains(k));
-                    match key {
-                        Some(key) => Error::Config(format!("line {line}: {key}: {message}")),
-                        None => Error::Config(format!("line {line}: {message}")),
+        let line_of = |at: usize| text.get(..at).unwrap_or(text).matches('\n').count() + 1;
+        let doc: Vec<(Spanned<String>, toml::Value)> =
+            toml::from_str::<BTreeMap<Spanned<String>, toml::Value>>(text)
+                .map_err(|e| {
+                    let message = e.message().trim();
+                    match e.span() {
+                        Some(span) => Error::Config(format!("line {}: {message}", line_of(span.start))),
+                        None => Error::Config(message.to_string()),
                     }
-                }
-                None => Error::Config(message.to_string()),
+                })?
+                .into_iter()
+                .collect();
+        let mut cfg = Config::default();
+        let mut keys = doc;
+        // Report the first bad key in the order the file has them.
+        keys.sort_by_key(|(k, _)| k.span().start);
+        for (key, value) in &keys {
+            let line = line_of(key.span().start);
+            let name = key.get_ref().as_str();
+            if !KEYS.contains(&name) {
+                let hint = closest_key(name).map(|k| format!(" (did you mean {k}?)")).unwrap_or_default();
+                return Err(Error::Config(format!("line {line}: unknown key {name}{hint}")));
             }
-        })
+            cfg.set_toml(name, value).map_err(|m| Error::Config(format!("line {line}: {name}: {m}")))?;
+        }
+        Ok(cfg)
     }
 
     /// Applies every `DELAYD_<KEY>` variable of `env`; a `DELAYD_*` variable that looks like a
@@ -476,99 +409,6 @@ impl Config {
             self.set(key, &value).map_err(|m| Error::Config(format!("{var}: {m}")))?;
         }
         Ok(())
-    }
-
-    /// Sets one key from its string form, as the environment or a flag gives it. The error names
-    /// the value; the caller adds where it came from.
-    pub fn set(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
-        let v = value.trim();
-        match key {
-            "listen" => self.listen = v.to_string(),
-            "data_dir" => self.data_dir = PathBuf::from(v),
-            "flush" => self.flush = choose(v, &FLUSH_MODES)?,
-            "flush_interval_ms" => self.flush_interval_ms = parse_duration(v)?,
-            "segment_bytes" => self.segment_bytes = parse_size(v)?,
-            "cq_entries_per_file" => self.cq_entries_per_file = parse_u64(v)?,
-            "index_initial_slots" => self.index_initial_slots = parse_u64(v)?,
-            "levels" => self.levels = parse_duration_list(v)?,
-            "delay_policy" => self.delay_policy = choose(v, &DELAY_POLICIES)?,
-            "max_delay" => self.max_delay = parse_duration(v)?,
-            "default_ttr" => self.default_ttr = parse_duration(v)?,
-            "max_attempts" => self.max_attempts = parse_count(v)?,
-            "backoff" => self.backoff = parse_duration_list(v)?,
-            "max_body_bytes" => self.max_body_bytes = parse_size(v)?,
-            "max_batch" => self.max_batch = parse_count(v)?,
-            "max_wait" => self.max_wait = parse_duration(v)?,
-            "compat_max_wait" => self.compat_max_wait = parse_duration(v)?,
-            "compat_max_attempts" => self.compat_max_attempts = parse_attempts_limit(v)?,
-            // An empty token must not quietly turn authentication off: unset is the only way.
-            "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
-            "auth_token" => self.auth_token = Some(v.to_string()),
-            "max_connections" => self.max_connections = parse_count(v)?,
-            "max_connections_per_ip" => self.max_connections_per_ip = Some(parse_count(v)?),
-            "max_body_memory" => self.max_body_memory = parse_size(v)?,
-            "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
-            "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
-            "http_body_timeout" => self.http_body_timeout = parse_duration(v)?,
-            "log_format" => self.log_format = choose(v, &LOG_FORMATS)?,
-            "log_level" => self.log_level = v.to_string(),
-            "shutdown_grace" => self.shutdown_grace = parse_duration(v)?,
-            "recovery" => self.recovery = choose(v, &RECOVERY_MODES)?,
-            "done_retention" => self.done_retention = parse_duration(v)?,
-            "reclaim" => self.reclaim = choose(v, &BOOLS)?,
-            "max_topics" => self.max_topics = parse_count(v)?,
-            "open_queues" => self.open_queues = parse_count(v)?,
-            "push_allowed_hosts" => self.push_allowed_hosts = Some(parse_hosts(v)?),
-            "push_max_in_flight" => self.push_max_in_flight = parse_auto_count(v)?,
-            "max_push_subscriptions" => self.max_push_subscriptions = parse_count(v)?,
-            other => return Err(format!("unknown key {other}")),
-        }
-        Ok(())
-    }
-
-    /// The value of `key` in the form [`Config::set`] reads back (what `--help` shows as the
-    /// default); `None` for an unset `auth_token` or an unknown key.
-    pub fn get(&self, key: &str) -> Option<String> {
-        let list = |ms: &[u64]| ms.iter().map(|m| fmt_ms(*m)).collect::<Vec<_>>().join(" ");
-        Some(match key {
-            "listen" => self.listen.clone(),
-            "data_dir" => self.data_dir.display().to_string(),
-            "flush" => name_of(&FLUSH_MODES, self.flush),
-            "flush_interval_ms" => fmt_ms(self.flush_interval_ms),
-            "segment_bytes" => fmt_size(self.segment_bytes),
-            "cq_entries_per_file" => self.cq_entries_per_file.to_string(),
-            "index_initial_slots" => self.index_initial_slots.to_string(),
-            "levels" => list(&self.levels),
-            "delay_policy" => name_of(&DELAY_POLICIES, self.delay_policy),
-            "max_delay" => fmt_ms(self.max_delay),
-            "default_ttr" => fmt_ms(self.default_ttr),
-            "max_attempts" => self.max_attempts.to_string(),
-            "backoff" => list(&self.backoff),
-            "max_body_bytes" => fmt_size(self.max_body_bytes),
-            "max_batch" => self.max_batch.to_string(),
-            "max_wait" => fmt_ms(self.max_wait),
-            "compat_max_wait" => fmt_ms(self.compat_max_wait),
-            "compat_max_attempts" => self.compat_max_attempts.map_or("unlimited".into(), |n| n.to_string()),
-            "auth_token" => self.auth_token.clone()?,
-            "max_connections" => self.max_connections.to_string(),
-            "http_header_timeout" => fmt_ms(self.http_header_timeout),
-            "http_idle_timeout" => fmt_ms(self.http_idle_timeout),
-            "http_body_timeout" => fmt_ms(self.http_body_timeout),
-            "log_format" => name_of(&LOG_FORMATS, self.log_format),
-            "log_level" => self.log_level.clone(),
-            "shutdown_grace" => fmt_ms(self.shutdown_grace),
-            "recovery" => name_of(&RECOVERY_MODES, self.recovery),
-            "done_retention" => fmt_ms(self.done_retention),
-            "reclaim" => name_of(&BOOLS, self.reclaim),
-            "max_topics" => self.max_topics.to_string(),
-            "open_queues" => self.open_queues.to_string(),
-            "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
-            "push_max_in_flight" => self.push_max_in_flight.map_or("auto".into(), |n| n.to_string()),
-            "max_push_subscriptions" => self.max_push_subscriptions.to_string(),
-            "max_connections_per_ip" => self.max_connections_per_ip?.to_string(),
-            "max_body_memory" => fmt_size(self.max_body_memory),
-            _ => return None,
-        })
     }
 
     /// Checks every key; the message names the key and the rule it breaks.
@@ -744,36 +584,24 @@ impl Config {
     }
 }
 
-const EMPTY_TOKEN: &str = "must not be empty; leave auth_token unset to turn authentication off";
-
-const FLUSH_MODES: [(&str, FlushMode); 2] = [("sync", FlushMode::Sync), ("async", FlushMode::Async)];
-const DELAY_POLICIES: [(&str, DelayPolicy); 2] =
-    [("chain", DelayPolicy::Chain), ("round", DelayPolicy::Round)];
-const LOG_FORMATS: [(&str, LogFormat); 2] = [("text", LogFormat::Text), ("json", LogFormat::Json)];
-const RECOVERY_MODES: [(&str, RecoveryMode); 2] =
-    [("strict", RecoveryMode::Strict), ("truncate", RecoveryMode::Truncate)];
-const BOOLS: [(&str, bool); 6] =
-    [("true", true), ("false", false), ("on", true), ("off", false), ("1", true), ("0", false)];
-
-/// The option named `v` (in any case); the error lists the names.
-fn choose<T: Copy>(v: &str, options: &[(&str, T)]) -> std::result::Result<T, String> {
-    match options.iter().find(|(name, _)| name.eq_ignore_ascii_case(v)) {
-        Some((_, value)) => Ok(*value),
-        None => {
-            let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
-            Err(format!("{v:?} is not one of {}", names.join(", ")))
-        }
-    }
+impl Choices for FlushMode {
+    const OPTIONS: &'static [(&'static str, FlushMode)] =
+        &[("sync", FlushMode::Sync), ("async", FlushMode::Async)];
 }
 
-/// The first name of `value` among `options`.
-fn name_of<T: PartialEq>(options: &[(&str, T)], value: T) -> String {
-    options.iter().find(|(_, v)| *v == value).map(|(name, _)| name.to_string()).unwrap_or_default()
+impl Choices for DelayPolicy {
+    const OPTIONS: &'static [(&'static str, DelayPolicy)] =
+        &[("chain", DelayPolicy::Chain), ("round", DelayPolicy::Round)];
 }
 
-/// A count that must fit its field's type.
-fn parse_count<T: TryFrom<u64>>(v: &str) -> std::result::Result<T, String> {
-    T::try_from(parse_u64(v)?).map_err(|_| format!("{v:?} is too large"))
+impl Choices for LogFormat {
+    const OPTIONS: &'static [(&'static str, LogFormat)] =
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)];
+}
+
+impl Choices for RecoveryMode {
+    const OPTIONS: &'static [(&'static str, RecoveryMode)] =
+        &[("strict", RecoveryMode::Strict), ("truncate", RecoveryMode::Truncate)];
 }
 
 /// The variable that names the config file when `--config` is not given.
@@ -843,133 +671,16 @@ fn env_settings(env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<E
 
 /// The key variable most like `name`, if one is close enough to be the likely meaning.
 fn closest_env_var(name: &str) -> Option<String> {
-    let typed = name.get(ENV_PREFIX.len()..)?.to_ascii_lowercase();
+    closest_key(&name.get(ENV_PREFIX.len()..)?.to_ascii_lowercase()).map(env_var)
+}
+
+/// The key most like `typed`, if one is close enough to be the likely meaning.
+fn closest_key(typed: &str) -> Option<&'static str> {
     KEYS.iter()
-        .map(|k| (strsim::jaro_winkler(&typed, k), k))
+        .map(|k| (strsim::jaro_winkler(typed, k), *k))
         .filter(|(score, _)| *score > 0.85)
         .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, k)| env_var(k))
-}
-
-/// A TOML value that is either a number or a string.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NumOrStr {
-    Num(i64),
-    Str(String),
-}
-
-struct Expecting(&'static str);
-
-impl fmt::Display for Expecting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-fn num_or_str<'de, D: Deserializer<'de>>(
-    d: D,
-    what: &'static str,
-    parse: fn(&str) -> std::result::Result<u64, String>,
-) -> std::result::Result<u64, D::Error> {
-    use serde::de::Error as _;
-    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting(what)))? {
-        NumOrStr::Num(n) => u64::try_from(n).map_err(|_| D::Error::custom(format!("{n} is negative"))),
-        NumOrStr::Str(s) => parse(&s).map_err(D::Error::custom),
-    }
-}
-
-/// `unlimited`, or a number of deliveries.
-fn parse_attempts_limit(v: &str) -> std::result::Result<Option<u32>, String> {
-    if v.trim().eq_ignore_ascii_case("unlimited") {
-        return Ok(None);
-    }
-    parse_count(v).map(Some)
-}
-
-fn de_attempts_limit<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<u32>, D::Error> {
-    use serde::de::Error as _;
-    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting("a number or \"unlimited\"")))? {
-        NumOrStr::Num(n) => {
-            u32::try_from(n).map(Some).map_err(|_| D::Error::custom(format!("{n} is out of range")))
-        }
-        NumOrStr::Str(s) => parse_attempts_limit(&s).map_err(D::Error::custom),
-    }
-}
-
-/// `auto`, or a count.
-fn parse_auto_count(v: &str) -> std::result::Result<Option<usize>, String> {
-    if v.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
-    }
-    parse_count(v).map(Some)
-}
-
-fn de_auto_count<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<usize>, D::Error> {
-    use serde::de::Error as _;
-    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting("a number or \"auto\"")))? {
-        NumOrStr::Num(n) => {
-            usize::try_from(n).map(Some).map_err(|_| D::Error::custom(format!("{n} is out of range")))
-        }
-        NumOrStr::Str(s) => parse_auto_count(&s).map_err(D::Error::custom),
-    }
-}
-
-/// Host names, space- or comma-separated, lower-cased (hosts compare without case); at least one.
-fn parse_hosts(v: &str) -> std::result::Result<Vec<String>, String> {
-    let hosts: Vec<String> =
-        v.split([' ', ',']).filter(|h| !h.is_empty()).map(str::to_ascii_lowercase).collect();
-    if hosts.is_empty() {
-        return Err("must name at least one host; leave push_allowed_hosts unset to allow any".into());
-    }
-    Ok(hosts)
-}
-
-fn de_hosts<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<String>>, D::Error> {
-    use serde::de::Error as _;
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum ListOrStr {
-        List(Vec<String>),
-        Str(String),
-    }
-    let expecting = "a list of host names such as [\"hooks.internal\"] or \"a.example b.example\"";
-    let joined = match ListOrStr::deserialize(d).map_err(|_| D::Error::custom(expecting))? {
-        ListOrStr::Str(s) => s,
-        ListOrStr::List(items) => items.join(" "),
-    };
-    parse_hosts(&joined).map(Some).map_err(D::Error::custom)
-}
-
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    num_or_str(d, "a duration such as \"10s\" or a number of ms", parse_duration)
-}
-
-fn de_size<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    num_or_str(d, "a size such as \"4MiB\" or a number of bytes", parse_size)
-}
-
-fn de_duration_list<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<u64>, D::Error> {
-    use serde::de::Error as _;
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum ListOrStr {
-        List(Vec<NumOrStr>),
-        Str(String),
-    }
-    let expecting = "a list of durations such as [\"1s\", \"5s\"] or \"1s 5s\"";
-    match ListOrStr::deserialize(d).map_err(|_| D::Error::custom(expecting))? {
-        ListOrStr::Str(s) => parse_duration_list(&s).map_err(D::Error::custom),
-        ListOrStr::List(items) => items
-            .into_iter()
-            .map(|item| match item {
-                NumOrStr::Num(n) => {
-                    u64::try_from(n).map_err(|_| D::Error::custom(format!("{n} is negative")))
-                }
-                NumOrStr::Str(s) => parse_duration(&s).map_err(D::Error::custom),
-            })
-            .collect(),
-    }
+        .map(|(_, k)| k)
 }
 
 #[cfg(test)]
@@ -1058,6 +769,58 @@ mod tests {
         assert!(e.contains("line 2: segment_bytes: \"4 parsecs\" is not a size"), "{e}");
         let e = Config::from_toml("max_delay = -5\n").unwrap_err().to_string();
         assert!(e.contains("negative"), "{e}");
+    }
+
+    /// One parser per key: a value written as a TOML string reads as the same value, or fails with
+    /// the same message, as when the environment or a flag gives it.
+    #[test]
+    fn every_key_reads_text_the_same_from_the_file_and_the_environment() {
+        let samples = [
+            "",
+            "  ",
+            "0",
+            "1",
+            "7",
+            "-5",
+            "1_000",
+            "9999999999",
+            "99999999999999999999",
+            "1.5",
+            "2s",
+            "1h30m",
+            "1s 5s",
+            "1s,5s",
+            "4MiB",
+            "4MB",
+            "4 parsecs",
+            "auto",
+            "unlimited",
+            "AUTO",
+            "on",
+            "off",
+            "TRUE",
+            "ASYNC",
+            "sync",
+            "Round",
+            "truncate",
+            "json",
+            "a.example b.example",
+            "127.0.0.1:1",
+            "debug",
+            "soon",
+        ];
+        for key in KEYS {
+            for text in samples {
+                let mut from_env = Config::default();
+                let env = from_env.set(key, text).map(|()| from_env);
+                let file = Config::from_toml(&format!("{key} = {text:?}\n"));
+                match (env, file) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{key} = {text:?}"),
+                    (Err(a), Err(b)) => assert_eq!(b.to_string(), format!("config: line 1: {key}: {a}")),
+                    (a, b) => panic!("{key} = {text:?}: environment {a:?}, file {b:?}"),
+                }
+            }
+        }
     }
 
     #[test]
@@ -1250,7 +1013,8 @@ mod tests {
         let cli = Cli { config: None, flags: vec![("auth_token", String::new())] };
         let e = Config::load(&cli, env(&[])).unwrap_err().to_string();
         assert!(e.contains("--auth-token") && e.contains("must not be empty"), "{e}");
-        let e = Config::from_toml("auth_token = \"\"\n").unwrap().validate().unwrap_err().to_string();
+        // The file's value goes through the same parser as the environment's: refused as it is read.
+        let e = Config::from_toml("auth_token = \"\"\n").unwrap_err().to_string();
         assert!(e.contains("auth_token") && e.contains("must not be empty"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("d.toml");
