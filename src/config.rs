@@ -59,10 +59,15 @@ const fn key(name: &'static str, value_name: &'static str, help: &'static str) -
 
 /// Defines every key once. From each row come: the [`Config`] field (its type, and the help as its
 /// doc), its default, its [`KEY_TABLE`] entry (name, value name and help, from which the flag, the
-/// environment variable and `--help` come), and its arms of [`Config::set`], [`Config::get`] and the
-/// TOML reader, all through the row's [`value::Kind`], the one parser of the key.
+/// environment variable and `--help` come), its arms of [`Config::set`], [`Config::get`] and the
+/// TOML reader, all through the row's [`value::Kind`], the one parser of the key, and the key's own
+/// rule, if it has one (`|v| ...` on the value; rules between keys are in [`Config::validate`]).
 macro_rules! config_keys {
-    ($( $(#[$doc:meta])* $name:ident : $ty:ty [$kind:ty] = $default:expr, $value_name:literal, $help:literal; )*) => {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident : $ty:ty [$kind:ty] = $default:expr, $value_name:literal, $help:literal
+        $(, |$v:ident| $rule:expr)?;
+    )*) => {
         /// The full program configuration; every field has an embedded default.
         #[derive(Debug, Clone, PartialEq)]
         pub struct Config {
@@ -105,6 +110,16 @@ macro_rules! config_keys {
                 }
             }
 
+            /// Checks each key's own rule, in table order; the message names the key.
+            fn check_each(&self) -> Result<()> {
+                $($(
+                    let $v = &self.$name;
+                    let rule: std::result::Result<(), String> = $rule;
+                    rule.map_err(|m| Error::Config(format!("{}: {m}", stringify!($name))))?;
+                )?)*
+                Ok(())
+            }
+
             /// Sets one key from a TOML value: a string is read as [`Config::set`] reads text.
             fn set_toml(&mut self, key: &str, value: &toml::Value) -> std::result::Result<(), String> {
                 match key {
@@ -118,24 +133,30 @@ macro_rules! config_keys {
 }
 
 // Adding a key: one row here (at the end), then its line in config/delayd.toml and its row in
-// docs/configuration.md (tests check both), and a rule in `Config::validate` if it has one.
+// docs/configuration.md (tests check both). A rule that involves other keys goes in `Config::validate`.
 config_keys! {
     listen: String [Text] = "127.0.0.1:9277".to_string(), "ADDR",
-        "Address of the HTTP server; port 0 picks a free one (printed on stdout)";
+        "Address of the HTTP server; port 0 picks a free one (printed on stdout)",
+        |v| rule(v.parse::<SocketAddr>().is_ok(), || format!("{v:?} is not an address like 127.0.0.1:9277"));
     data_dir: PathBuf [value::Path] = PathBuf::from("./data"), "DIR",
-        "Data directory; one delayd per directory";
+        "Data directory; one delayd per directory",
+        |v| rule(!v.as_os_str().is_empty(), || "must not be empty".into());
     flush: FlushMode [Choice<FlushMode>] = FlushMode::Sync, "sync|async",
         "sync: answer after the write is on disk; async: flush every flush_interval_ms";
     /// In milliseconds.
     flush_interval_ms: u64 [Duration] = 100, "DURATION",
-        "Async mode: how often writes are made durable";
+        "Async mode: how often writes are made durable",
+        |v| rule(*v >= 1, || "must be at least 1ms".into());
     /// In bytes.
     segment_bytes: u64 [Size] = 64 << 20, "SIZE",
-        "Commit-log segment file size, preallocated; the grain of disk reclaim";
+        "Commit-log segment file size, preallocated; the grain of disk reclaim",
+        |v| rule((4096..=1 << 40).contains(v), || format!("{v} is outside 4KiB..=1TiB"));
     cq_entries_per_file: u64 [Count<u64>] = 300_000, "N",
-        "Entries per consume-queue file";
+        "Entries per consume-queue file",
+        |v| rule(*v >= 1, || "must be at least 1".into());
     index_initial_slots: u64 [Count<u64>] = 1 << 16, "N",
-        "Initial slot count of the on-disk id index";
+        "Initial slot count of the on-disk id index",
+        |v| rule(*v >= 1, || "must be at least 1".into());
     /// In milliseconds.
     levels: Vec<u64> [Durations] = DEFAULT_LEVELS_MS.to_vec(), "DURATIONS",
         "Delay levels, ascending";
@@ -143,46 +164,72 @@ config_keys! {
         "chain: exact delays by hopping levels; round: nearest level";
     /// In milliseconds.
     max_delay: u64 [Duration] = 30 * DAY_MS, "DURATION",
-        "Longest accepted delay";
+        "Longest accepted delay",
+        |v| rule(*v > 0, || "must be longer than 0ms".into())
+            .and_then(|()| rule(*v <= 3650 * DAY_MS, || "must be at most 3650d".into()));
     /// In milliseconds.
     default_ttr: u64 [Duration] = 30_000, "DURATION",
-        "Time-to-run of a popped message when neither pop nor message sets one";
+        "Time-to-run of a popped message when neither pop nor message sets one",
+        |v| rule(*v > 0, || "must be longer than 0ms".into());
     max_attempts: u32 [Count<u32>] = 16, "N",
-        "Deliveries before a message moves to {topic}.dlq";
+        "Deliveries before a message moves to {topic}.dlq",
+        |v| rule(*v >= 1, || "must be at least 1".into());
     /// In milliseconds.
     backoff: Vec<u64> [Durations] = DEFAULT_BACKOFF_MS.to_vec(), "DURATIONS",
-        "Nack retry schedule when the message carries none";
+        "Nack retry schedule when the message carries none",
+        |v| rule(!v.is_empty(), || "needs at least one step".into());
     /// In bytes.
     max_body_bytes: u64 [Size] = 4 << 20, "SIZE",
-        "Largest message body";
+        "Largest message body",
+        |v| rule((1..=1 << 30).contains(v), || format!("{v} is outside 1..=1GiB"));
     max_batch: usize [Count<usize>] = 1000, "N",
-        "Most messages in one batch produce or pop";
+        "Most messages in one batch produce or pop",
+        |v| rule((1..=MAX_BATCH_LIMIT).contains(v), || format!("{v} is outside 1..={MAX_BATCH_LIMIT}"));
     /// In milliseconds.
     max_wait: u64 [Duration] = 180_000, "DURATION",
-        "Cap on a native pop's wait_ms";
+        "Cap on a native pop's wait_ms",
+        |v| rule(*v <= DAY_MS, || "must be at most 1d".into());
     /// In milliseconds.
     compat_max_wait: u64 [Duration] = 178_000, "DURATION",
-        "How long a compat /pop long-polls";
+        "How long a compat /pop long-polls",
+        |v| rule(*v <= DAY_MS, || "must be at most 1d".into());
     /// `None`, the default: never, as the original redelivers an unfinished job forever.
     compat_max_attempts: Option<u32> [AttemptsLimit] = None, "N",
-        "Deliveries before a compat job moves to {topic}.dlq, or unlimited (never)";
+        "Deliveries before a compat job moves to {topic}.dlq, or unlimited (never)",
+        |v| rule(v.is_none_or(|n| (1..=MAX_ATTEMPTS_LIMIT).contains(&n)), || {
+            format!("must be 1 to {MAX_ATTEMPTS_LIMIT} or unlimited")
+        });
     auth_token: Option<String> [Token] = None, "TOKEN",
-        "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth";
+        "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
+        |v| match v.as_deref() {
+            Some("") => Err(EMPTY_TOKEN.into()),
+            Some(t) => rule(!t.chars().any(|c| c.is_whitespace() || c.is_control()), || {
+                "must contain no whitespace or control characters".into()
+            }),
+            None => Ok(()),
+        };
     max_connections: usize [Count<usize>] = 10_000, "N",
-        "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room";
+        "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room",
+        |v| rule((1..=1_000_000).contains(v), || format!("{v} is outside 1..=1000000"));
     /// In milliseconds.
     http_header_timeout: u64 [Duration] = 10_000, "DURATION",
-        "A request head must arrive within this (from connect or its first byte)";
+        "A request head must arrive within this (from connect or its first byte)",
+        |v| timeout(*v);
     /// In milliseconds.
     http_idle_timeout: u64 [Duration] = 60_000, "DURATION",
-        "How long a kept-alive connection may wait for its next request";
+        "How long a kept-alive connection may wait for its next request",
+        |v| timeout(*v);
     /// In milliseconds.
     http_body_timeout: u64 [Duration] = 30_000, "DURATION",
-        "A request body must arrive within this, from the end of its head";
+        "A request body must arrive within this, from the end of its head",
+        |v| timeout(*v);
     log_format: LogFormat [Choice<LogFormat>] = LogFormat::Text, "text|json",
         "Log line format, on stderr";
     log_level: String [Text] = "info".to_string(), "FILTER",
-        "A tracing filter such as info or delayd=debug,warn";
+        "A tracing filter such as info or delayd=debug,warn",
+        |v| tracing_subscriber::EnvFilter::try_new(v)
+            .map(drop)
+            .map_err(|e| format!("{v:?} is not a filter like info or delayd=debug: {e}"));
     /// In milliseconds.
     shutdown_grace: u64 [Duration] = 10_000, "DURATION",
         "On SIGTERM, how long in-flight requests may take";
@@ -194,18 +241,27 @@ config_keys! {
     reclaim: bool [Choice<bool>] = true, "true|false",
         "Delete expired messages, old segments and read queue files";
     max_topics: usize [Count<usize>] = 10_000, "N",
-        "Most topics (dead-letter topics included)";
+        "Most topics (dead-letter topics included)",
+        |v| rule(*v >= 1, || "must be at least 1".into());
     open_queues: usize [Count<usize>] = 1024, "N",
-        "Most topic queues with open files at once";
+        "Most topic queues with open files at once",
+        |v| rule(*v >= 1, || "must be at least 1".into());
     push_allowed_hosts: Option<Vec<String>> [Hosts] = None, "HOSTS",
         "Hosts push subscriptions may deliver to (space-separated); unset (the default): any";
     /// `None` (`auto`): sized from the open-file limit, as each delivery may hold a socket.
     push_max_in_flight: Option<usize> [AutoCount] = None, "N|auto",
-        "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit";
+        "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit",
+        |v| rule(v.is_none_or(|n| (1..=1_000_000).contains(&n)), || {
+            format!("{} is outside 1..=1000000 (or auto)", v.unwrap_or_default())
+        });
     max_push_subscriptions: usize [Count<usize>] = 1000, "N",
-        "Most push subscriptions; a PUT of a new one past it answers 429";
+        "Most push subscriptions; a PUT of a new one past it answers 429",
+        |v| rule((1..=1_000_000).contains(v), || format!("{v} is outside 1..=1000000"));
     max_connections_per_ip: Option<usize> [OptionalCount] = None, "N",
-        "Most connections one client address may hold; unset (the default): half of max_connections";
+        "Most connections one client address may hold; unset (the default): half of max_connections",
+        |v| rule(v.is_none_or(|n| (1..=1_000_000).contains(&n)), || {
+            format!("{} is outside 1..=1000000", v.unwrap_or_default())
+        });
     /// In bytes.
     max_body_memory: u64 [Size] = 256 << 20, "SIZE",
         "Most request-body bytes in memory at once; past it, 503 with Retry-After";
@@ -411,55 +467,12 @@ impl Config {
         Ok(())
     }
 
-    /// Checks every key; the message names the key and the rule it breaks.
+    /// Checks every key; the message names the key and the rule it breaks. Each key's own rule is
+    /// in its row of the table; the rules here involve several keys.
     pub fn validate(&self) -> Result<()> {
         let bad = |key: &str, msg: String| Err(Error::Config(format!("{key}: {msg}")));
-        if self.listen.parse::<SocketAddr>().is_err() {
-            return bad("listen", format!("{:?} is not an address like 127.0.0.1:9277", self.listen));
-        }
-        if self.data_dir.as_os_str().is_empty() {
-            return bad("data_dir", "must not be empty".into());
-        }
-        if self.flush_interval_ms == 0 {
-            return bad("flush_interval_ms", "must be at least 1ms".into());
-        }
-        if self.segment_bytes < 4096 || self.segment_bytes > 1 << 40 {
-            return bad("segment_bytes", format!("{} is outside 4KiB..=1TiB", self.segment_bytes));
-        }
-        if self.cq_entries_per_file == 0 {
-            return bad("cq_entries_per_file", "must be at least 1".into());
-        }
-        if self.index_initial_slots == 0 {
-            return bad("index_initial_slots", "must be at least 1".into());
-        }
-        if self.max_topics == 0 {
-            return bad("max_topics", "must be at least 1".into());
-        }
-        if self.open_queues == 0 {
-            return bad("open_queues", "must be at least 1".into());
-        }
+        self.check_each()?;
         validate_levels(&self.levels)?;
-        if self.max_delay == 0 {
-            return bad("max_delay", "must be longer than 0ms".into());
-        }
-        if self.max_delay > 3650 * DAY_MS {
-            return bad("max_delay", "must be at most 3650d".into());
-        }
-        if self.default_ttr == 0 {
-            return bad("default_ttr", "must be longer than 0ms".into());
-        }
-        if self.max_attempts == 0 {
-            return bad("max_attempts", "must be at least 1".into());
-        }
-        if let Some(n) = self.compat_max_attempts {
-            if n == 0 || n > MAX_ATTEMPTS_LIMIT {
-                let why = format!("must be 1 to {MAX_ATTEMPTS_LIMIT} or unlimited");
-                return bad("compat_max_attempts", why);
-            }
-        }
-        if self.backoff.is_empty() {
-            return bad("backoff", "needs at least one step".into());
-        }
         if let Some(step) = self.backoff.iter().find(|s| **s > self.max_delay) {
             return bad(
                 "backoff",
@@ -470,9 +483,6 @@ impl Config {
                 ),
             );
         }
-        if self.max_body_bytes == 0 || self.max_body_bytes > 1 << 30 {
-            return bad("max_body_bytes", format!("{} is outside 1..=1GiB", self.max_body_bytes));
-        }
         if self.max_body_bytes + 4096 > self.segment_bytes {
             return bad(
                 "max_body_bytes",
@@ -481,23 +491,6 @@ impl Config {
                     self.max_body_bytes, self.segment_bytes
                 ),
             );
-        }
-        if self.max_batch == 0 || self.max_batch > MAX_BATCH_LIMIT {
-            return bad("max_batch", format!("{} is outside 1..={MAX_BATCH_LIMIT}", self.max_batch));
-        }
-        if self.max_wait > DAY_MS {
-            return bad("max_wait", "must be at most 1d".into());
-        }
-        if self.compat_max_wait > DAY_MS {
-            return bad("compat_max_wait", "must be at most 1d".into());
-        }
-        if self.max_connections == 0 || self.max_connections > 1_000_000 {
-            return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
-        }
-        if let Some(n) = self.max_connections_per_ip {
-            if n == 0 || n > 1_000_000 {
-                return bad("max_connections_per_ip", format!("{n} is outside 1..=1000000"));
-            }
         }
         // One request of the largest size must fit, or such a request could never be served.
         let request_limit = self.max_body_bytes.saturating_add(ENVELOPE_BYTES as u64);
@@ -509,40 +502,6 @@ impl Config {
                     fmt_size(self.max_body_memory),
                     fmt_size(request_limit)
                 ),
-            );
-        }
-        for (key, ms) in [
-            ("http_header_timeout", self.http_header_timeout),
-            ("http_idle_timeout", self.http_idle_timeout),
-            ("http_body_timeout", self.http_body_timeout),
-        ] {
-            if ms == 0 || ms > DAY_MS {
-                return bad(key, format!("{} is outside 1ms..=1d", fmt_ms(ms)));
-            }
-        }
-        if let Some(token) = &self.auth_token {
-            if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                let rule = if token.is_empty() {
-                    EMPTY_TOKEN
-                } else {
-                    "must contain no whitespace or control characters"
-                };
-                return bad("auth_token", rule.into());
-            }
-        }
-        if let Some(n) = self.push_max_in_flight {
-            if n == 0 || n > 1_000_000 {
-                return bad("push_max_in_flight", format!("{n} is outside 1..=1000000 (or auto)"));
-            }
-        }
-        if self.max_push_subscriptions == 0 || self.max_push_subscriptions > 1_000_000 {
-            let n = self.max_push_subscriptions;
-            return bad("max_push_subscriptions", format!("{n} is outside 1..=1000000"));
-        }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
-            return bad(
-                "log_level",
-                format!("{:?} is not a filter like info or delayd=debug: {e}", self.log_level),
             );
         }
         Ok(())
@@ -602,6 +561,20 @@ impl Choices for LogFormat {
 impl Choices for RecoveryMode {
     const OPTIONS: &'static [(&'static str, RecoveryMode)] =
         &[("strict", RecoveryMode::Strict), ("truncate", RecoveryMode::Truncate)];
+}
+
+/// A key's rule: `Ok` when `ok`, else the message `why` gives.
+fn rule(ok: bool, why: impl FnOnce() -> String) -> std::result::Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(why())
+    }
+}
+
+/// The rule of the HTTP timeouts: 1ms to 1d.
+fn timeout(ms: u64) -> std::result::Result<(), String> {
+    rule((1..=DAY_MS).contains(&ms), || format!("{} is outside 1ms..=1d", fmt_ms(ms)))
 }
 
 /// The variable that names the config file when `--config` is not given.
