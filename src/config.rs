@@ -742,6 +742,17 @@ mod tests {
         assert!(e.contains("line 2: segment_bytes: \"4 parsecs\" is not a size"), "{e}");
         let e = Config::from_toml("max_delay = -5\n").unwrap_err().to_string();
         assert!(e.contains("negative"), "{e}");
+        // A misspelt key gets the near one; a value of a type the key does not take says both.
+        let e = Config::from_toml("max_dealy = \"1d\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: unknown key max_dealy (did you mean max_delay?)"), "{e}");
+        let e = Config::from_toml("max_batch = true\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: max_batch: expected a number, found the boolean true"), "{e}");
+        let e = Config::from_toml("levels = [\"1s\", true]\n").unwrap_err().to_string();
+        assert!(e.contains("levels: expected a list of durations"), "{e}");
+        let e = Config::from_toml("flush = 1\n").unwrap_err().to_string();
+        assert!(e.contains("flush: expected one of sync, async, found the integer 1"), "{e}");
+        let e = Config::from_toml("[server]\nlisten = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: unknown key server"), "{e}");
     }
 
     /// One parser per key: a value written as a TOML string reads as the same value, or fails with

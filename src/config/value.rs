@@ -31,9 +31,13 @@ pub(super) trait Kind {
     }
 }
 
-/// The message for a TOML value of a type the key does not take.
+/// The message for a TOML value of a type the key does not take; it shows a scalar value itself.
 fn wrong_type<K: Kind + ?Sized>(value: &toml::Value) -> String {
-    format!("expected {}, found a {}", K::expecting(), value.type_str())
+    let found = match value {
+        toml::Value::Array(_) | toml::Value::Table(_) => format!("a {}", value.type_str()),
+        scalar => format!("the {} {scalar}", scalar.type_str()),
+    };
+    format!("expected {}, found {found}", K::expecting())
 }
 
 /// A TOML number as the text a source would write; a negative one is refused here, as no key
