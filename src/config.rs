@@ -3,6 +3,10 @@
 //! Durations and sizes are parsed by [`units`] (`500ms`, `1h30m`, a plain number of milliseconds;
 //! `4MB` = 4,000,000 bytes, `4MiB` = 4,194,304, a plain number of bytes); lists of durations are a
 //! TOML array or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
+//!
+//! Every key is written once, in the `config_keys!` table below: the struct field, its default,
+//! its flag, variable and `--help` line, its parser (one per key, used for the file, the
+//! environment and flags alike, from `config/value.rs`) and its own rule all come from its row.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
