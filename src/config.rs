@@ -55,10 +55,12 @@ pub struct Key {
     pub value_name: &'static str,
     /// One line for `--help`.
     pub help: &'static str,
+    /// A secret: `--help` does not show the value its variable has.
+    pub secret: bool,
 }
 
-const fn key(name: &'static str, value_name: &'static str, help: &'static str) -> Key {
-    Key { name, value_name, help }
+const fn key(name: &'static str, value_name: &'static str, help: &'static str, secret: bool) -> Key {
+    Key { name, value_name, help, secret }
 }
 
 /// Defines every key once. From each row come: the [`Config`] field (its type, and the help as its
@@ -89,7 +91,7 @@ macro_rules! config_keys {
         }
 
         /// Every key of the program with its help, in the order `config/delayd.toml` documents them.
-        pub const KEY_TABLE: [Key; KEY_COUNT] = [ $( key(stringify!($name), $value_name, $help), )* ];
+        pub const KEY_TABLE: [Key; KEY_COUNT] = [ $( key(stringify!($name), $value_name, $help, <$kind as Kind>::SECRET), )* ];
 
         /// How many keys there are.
         pub const KEY_COUNT: usize = <[&str]>::len(&[ $( stringify!($name), )* ]);

@@ -15,6 +15,8 @@ use crate::units::{fmt_ms, fmt_size, parse_duration, parse_duration_list, parse_
 pub(super) trait Kind {
     /// What the key holds.
     type Value;
+    /// Whether the value is a secret, kept out of `--help`.
+    const SECRET: bool = false;
     /// What a value looks like, for the message about a TOML value of the wrong type.
     fn expecting() -> String;
     /// Reads the value from text, as the environment, a flag or a TOML string gives it. The error
@@ -99,6 +101,7 @@ pub(super) struct Token;
 
 impl Kind for Token {
     type Value = Option<String>;
+    const SECRET: bool = true;
     fn expecting() -> String {
         "a string".into()
     }
