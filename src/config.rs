@@ -3,34 +3,40 @@
 //! Durations and sizes are parsed by [`units`] (`500ms`, `1h30m`, a plain number of milliseconds;
 //! `4MB` = 4,000,000 bytes, `4MiB` = 4,194,304, a plain number of bytes); lists of durations are a
 //! TOML array or one string separated by commas and/or spaces (`"1s 5s 1m 2h"`).
+//!
+//! Every key is written once, in the `config_keys!` table below: the struct field, its default,
+//! its flag, variable and `--help` line, its parser (one per key, used for the file, the
+//! environment and flags alike, from `config/value.rs`) and its own rule all come from its row.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
 
 use crate::error::{Error, Result};
+use crate::limits::{ENVELOPE_BYTES, MAX_ATTEMPTS_LIMIT, MAX_BATCH_LIMIT};
 use crate::schedule::levels::validate_levels;
+pub use crate::schedule::levels::DEFAULT_LEVELS_MS;
 pub use crate::storage::commitlog::RecoveryMode;
-use units::{
-    fmt_ms, fmt_size, parse_duration, parse_duration_list, parse_size, parse_u64, DAY_MS, HOUR_MS, MINUTE_MS,
-    SECOND_MS,
+use crate::units::{fmt_ms, fmt_size, DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS};
+use value::{
+    AttemptsLimit, AutoCount, Choice, Choices, Count, Duration, Durations, Hosts, Kind, OptionalCount, Size,
+    Text, Token, EMPTY_TOKEN,
 };
 
 pub mod cli;
-pub mod units;
+mod value;
+/// Durations and sizes as people write them; kept under this path for the programs that name it.
+pub use crate::units;
 
 use cli::Cli;
 
 const S: u64 = SECOND_MS;
 const M: u64 = MINUTE_MS;
 const H: u64 = HOUR_MS;
-/// Default delay levels, RocketMQ's list: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
-#[rustfmt::skip]
-pub const DEFAULT_LEVELS_MS: [u64; 18] =
-    [S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
 /// Default nack backoff schedule: the default levels from 10s on.
 #[rustfmt::skip]
 pub const DEFAULT_BACKOFF_MS: [u64; 16] =
@@ -49,98 +55,223 @@ pub struct Key {
     pub value_name: &'static str,
     /// One line for `--help`.
     pub help: &'static str,
+    /// A secret: `--help` does not show the value its variable has.
+    pub secret: bool,
 }
 
-const fn key(name: &'static str, value_name: &'static str, help: &'static str) -> Key {
-    Key { name, value_name, help }
+const fn key(name: &'static str, value_name: &'static str, help: &'static str, secret: bool) -> Key {
+    Key { name, value_name, help, secret }
 }
 
-/// Every key of the program with its help, in the order `config/delayd.toml` documents them.
-pub const KEY_TABLE: [Key; KEY_COUNT] = [
-    key("listen", "ADDR", "Address of the HTTP server; port 0 picks a free one (printed on stdout)"),
-    key("data_dir", "DIR", "Data directory; one delayd per directory"),
-    key(
-        "flush",
-        "sync|async",
-        "sync: answer after the write is on disk; async: flush every flush_interval_ms",
-    ),
-    key("flush_interval_ms", "DURATION", "Async mode: how often writes are made durable"),
-    key("segment_bytes", "SIZE", "Commit-log segment file size, preallocated; the grain of disk reclaim"),
-    key("cq_entries_per_file", "N", "Entries per consume-queue file"),
-    key("index_initial_slots", "N", "Initial slot count of the on-disk id index"),
-    key("levels", "DURATIONS", "Delay levels, ascending"),
-    key("delay_policy", "chain|round", "chain: exact delays by hopping levels; round: nearest level"),
-    key("max_delay", "DURATION", "Longest accepted delay"),
-    key("default_ttr", "DURATION", "Time-to-run of a popped message when neither pop nor message sets one"),
-    key("max_attempts", "N", "Deliveries before a message moves to {topic}.dlq"),
-    key("backoff", "DURATIONS", "Nack retry schedule when the message carries none"),
-    key("max_body_bytes", "SIZE", "Largest message body"),
-    key("max_batch", "N", "Most messages in one batch produce or pop"),
-    key("max_wait", "DURATION", "Cap on a native pop's wait_ms"),
-    key("compat_max_wait", "DURATION", "How long a compat /pop long-polls"),
-    key(
-        "compat_max_attempts",
-        "N",
+/// Defines every key once. From each row come: the [`Config`] field (its type, and the help as its
+/// doc), its default, its [`KEY_TABLE`] entry (name, value name and help, from which the flag, the
+/// environment variable and `--help` come), its arms of [`Config::set`], [`Config::get`] and the
+/// TOML reader, all through the row's [`value::Kind`], the one parser of the key, and the key's own
+/// rule, if it has one (`|v| ...` on the value; rules between keys are in [`Config::validate`]).
+macro_rules! config_keys {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident : $ty:ty [$kind:ty] = $default:expr, $value_name:literal, $help:literal
+        $(, |$v:ident| $rule:expr)?;
+    )*) => {
+        /// The full program configuration; every field has an embedded default.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Config {
+            $(
+                #[doc = $help]
+                $(#[$doc])*
+                pub $name: $ty,
+            )*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $( $name: $default, )* }
+            }
+        }
+
+        /// Every key of the program with its help, in the order `config/delayd.toml` documents them.
+        pub const KEY_TABLE: [Key; KEY_COUNT] = [ $( key(stringify!($name), $value_name, $help, <$kind as Kind>::SECRET), )* ];
+
+        /// How many keys there are.
+        pub const KEY_COUNT: usize = <[&str]>::len(&[ $( stringify!($name), )* ]);
+
+        impl Config {
+            /// Sets one key from its string form, as the environment or a flag gives it. The error
+            /// names the value; the caller adds where it came from.
+            pub fn set(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
+                match key {
+                    $( stringify!($name) => self.$name = <$kind as Kind>::parse(value)?, )*
+                    other => return Err(format!("unknown key {other}")),
+                }
+                Ok(())
+            }
+
+            /// The value of `key` in the form [`Config::set`] reads back (what `--help` shows as the
+            /// default); `None` for a key left unset (`auth_token`, ...) or an unknown key.
+            pub fn get(&self, key: &str) -> Option<String> {
+                match key {
+                    $( stringify!($name) => <$kind as Kind>::show(&self.$name), )*
+                    _ => None,
+                }
+            }
+
+            /// Checks each key's own rule, in table order; the message names the key.
+            fn check_each(&self) -> Result<()> {
+                $($(
+                    let $v = &self.$name;
+                    let rule: std::result::Result<(), String> = $rule;
+                    rule.map_err(|m| Error::Config(format!("{}: {m}", stringify!($name))))?;
+                )?)*
+                Ok(())
+            }
+
+            /// Sets one key from a TOML value: a string is read as [`Config::set`] reads text.
+            fn set_toml(&mut self, key: &str, value: &toml::Value) -> std::result::Result<(), String> {
+                match key {
+                    $( stringify!($name) => self.$name = <$kind as Kind>::from_toml(value)?, )*
+                    other => return Err(format!("unknown key {other}")),
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+// Adding a key: one row here (at the end), then its line in config/delayd.toml and its row in
+// docs/configuration.md (tests check both). A rule that involves other keys goes in `Config::validate`.
+config_keys! {
+    listen: String [Text] = "127.0.0.1:9277".to_string(), "ADDR",
+        "Address of the HTTP server; port 0 picks a free one (printed on stdout)",
+        |v| rule(v.parse::<SocketAddr>().is_ok(), || format!("{v:?} is not an address like 127.0.0.1:9277"));
+    data_dir: PathBuf [value::Path] = PathBuf::from("./data"), "DIR",
+        "Data directory; one delayd per directory",
+        |v| rule(!v.as_os_str().is_empty(), || "must not be empty".into());
+    flush: FlushMode [Choice<FlushMode>] = FlushMode::Sync, "sync|async",
+        "sync: answer after the write is on disk; async: flush every flush_interval_ms";
+    /// In milliseconds.
+    flush_interval_ms: u64 [Duration] = 100, "DURATION",
+        "Async mode: how often writes are made durable",
+        |v| rule(*v >= 1, || "must be at least 1ms".into());
+    /// In bytes.
+    segment_bytes: u64 [Size] = 64 << 20, "SIZE",
+        "Commit-log segment file size, preallocated; the grain of disk reclaim",
+        |v| rule((4096..=1 << 40).contains(v), || format!("{v} is outside 4KiB..=1TiB"));
+    cq_entries_per_file: u64 [Count<u64>] = 300_000, "N",
+        "Entries per consume-queue file",
+        |v| rule(*v >= 1, || "must be at least 1".into());
+    index_initial_slots: u64 [Count<u64>] = 1 << 16, "N",
+        "Initial slot count of the on-disk id index",
+        |v| rule(*v >= 1, || "must be at least 1".into());
+    /// In milliseconds.
+    levels: Vec<u64> [Durations] = DEFAULT_LEVELS_MS.to_vec(), "DURATIONS",
+        "Delay levels, ascending";
+    delay_policy: DelayPolicy [Choice<DelayPolicy>] = DelayPolicy::Chain, "chain|round",
+        "chain: exact delays by hopping levels; round: nearest level";
+    /// In milliseconds.
+    max_delay: u64 [Duration] = 30 * DAY_MS, "DURATION",
+        "Longest accepted delay",
+        |v| rule(*v > 0, || "must be longer than 0ms".into())
+            .and_then(|()| rule(*v <= 3650 * DAY_MS, || "must be at most 3650d".into()));
+    /// In milliseconds.
+    default_ttr: u64 [Duration] = 30_000, "DURATION",
+        "Time-to-run of a popped message when neither pop nor message sets one",
+        |v| rule(*v > 0, || "must be longer than 0ms".into());
+    max_attempts: u32 [Count<u32>] = 16, "N",
+        "Deliveries before a message moves to {topic}.dlq",
+        |v| rule(*v >= 1, || "must be at least 1".into());
+    /// In milliseconds.
+    backoff: Vec<u64> [Durations] = DEFAULT_BACKOFF_MS.to_vec(), "DURATIONS",
+        "Nack retry schedule when the message carries none",
+        |v| rule(!v.is_empty(), || "needs at least one step".into());
+    /// In bytes.
+    max_body_bytes: u64 [Size] = 4 << 20, "SIZE",
+        "Largest message body",
+        |v| rule((1..=1 << 30).contains(v), || format!("{v} is outside 1..=1GiB"));
+    max_batch: usize [Count<usize>] = 1000, "N",
+        "Most messages in one batch produce or pop",
+        |v| rule((1..=MAX_BATCH_LIMIT).contains(v), || format!("{v} is outside 1..={MAX_BATCH_LIMIT}"));
+    /// In milliseconds.
+    max_wait: u64 [Duration] = 180_000, "DURATION",
+        "Cap on a native pop's wait_ms",
+        |v| rule(*v <= DAY_MS, || "must be at most 1d".into());
+    /// In milliseconds.
+    compat_max_wait: u64 [Duration] = 178_000, "DURATION",
+        "How long a compat /pop long-polls",
+        |v| rule(*v <= DAY_MS, || "must be at most 1d".into());
+    /// `None`, the default: never, as the original redelivers an unfinished job forever.
+    compat_max_attempts: Option<u32> [AttemptsLimit] = None, "N",
         "Deliveries before a compat job moves to {topic}.dlq, or unlimited (never)",
-    ),
-    key(
-        "auth_token",
-        "TOKEN",
+        |v| rule(v.is_none_or(|n| (1..=MAX_ATTEMPTS_LIMIT).contains(&n)), || {
+            format!("must be 1 to {MAX_ATTEMPTS_LIMIT} or unlimited")
+        });
+    auth_token: Option<String> [Token] = None, "TOKEN",
         "Bearer token required on /v1, /metrics and the compat API; unset (the default): no auth",
-    ),
-    key(
-        "max_connections",
-        "N",
+        |v| match v.as_deref() {
+            Some("") => Err(EMPTY_TOKEN.into()),
+            Some(t) => rule(!t.chars().any(|c| c.is_whitespace() || c.is_control()), || {
+                "must contain no whitespace or control characters".into()
+            }),
+            None => Ok(()),
+        };
+    max_connections: usize [Count<usize>] = 10_000, "N",
         "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room",
-    ),
-    key(
-        "http_header_timeout",
-        "DURATION",
+        |v| rule((1..=1_000_000).contains(v), || format!("{v} is outside 1..=1000000"));
+    /// In milliseconds.
+    http_header_timeout: u64 [Duration] = 10_000, "DURATION",
         "A request head must arrive within this (from connect or its first byte)",
-    ),
-    key("http_idle_timeout", "DURATION", "How long a kept-alive connection may wait for its next request"),
-    key("http_body_timeout", "DURATION", "A request body must arrive within this, from the end of its head"),
-    key("log_format", "text|json", "Log line format, on stderr"),
-    key("log_level", "FILTER", "A tracing filter such as info or delayd=debug,warn"),
-    key("shutdown_grace", "DURATION", "On SIGTERM, how long in-flight requests may take"),
-    key(
-        "recovery",
-        "strict|truncate",
-        "On a bad record inside acknowledged data: refuse to start, or drop from it on",
-    ),
-    key(
-        "done_retention",
-        "DURATION",
-        "How long a done or cancelled message stays visible to look-ups and retries",
-    ),
-    key("reclaim", "true|false", "Delete expired messages, old segments and read queue files"),
-    key("max_topics", "N", "Most topics (dead-letter topics included)"),
-    key("open_queues", "N", "Most topic queues with open files at once"),
-    key(
-        "push_allowed_hosts",
-        "HOSTS",
-        "Hosts push subscriptions may deliver to (space-separated); unset (the default): any",
-    ),
-    key(
-        "push_max_in_flight",
-        "N|auto",
+        |v| timeout(*v);
+    /// In milliseconds.
+    http_idle_timeout: u64 [Duration] = 60_000, "DURATION",
+        "How long a kept-alive connection may wait for its next request",
+        |v| timeout(*v);
+    /// In milliseconds.
+    http_body_timeout: u64 [Duration] = 30_000, "DURATION",
+        "A request body must arrive within this, from the end of its head",
+        |v| timeout(*v);
+    log_format: LogFormat [Choice<LogFormat>] = LogFormat::Text, "text|json",
+        "Log line format, on stderr";
+    log_level: String [Text] = "info".to_string(), "FILTER",
+        "A tracing filter such as info or delayd=debug,warn",
+        |v| tracing_subscriber::EnvFilter::try_new(v)
+            .map(drop)
+            .map_err(|e| format!("{v:?} is not a filter like info or delayd=debug: {e}"));
+    /// In milliseconds.
+    shutdown_grace: u64 [Duration] = 10_000, "DURATION",
+        "On SIGTERM, how long in-flight requests may take";
+    recovery: RecoveryMode [Choice<RecoveryMode>] = RecoveryMode::Strict, "strict|truncate",
+        "On a bad record inside acknowledged data: refuse to start, or drop from it on";
+    /// In milliseconds.
+    done_retention: u64 [Duration] = DAY_MS, "DURATION",
+        "How long a done or cancelled message stays visible to look-ups and retries";
+    reclaim: bool [Choice<bool>] = true, "true|false",
+        "Delete expired messages, old segments and read queue files";
+    max_topics: usize [Count<usize>] = 10_000, "N",
+        "Most topics (dead-letter topics included)",
+        |v| rule(*v >= 1, || "must be at least 1".into());
+    open_queues: usize [Count<usize>] = 1024, "N",
+        "Most topic queues with open files at once",
+        |v| rule(*v >= 1, || "must be at least 1".into());
+    push_allowed_hosts: Option<Vec<String>> [Hosts] = None, "HOSTS",
+        "Hosts push subscriptions may deliver to (space-separated); unset (the default): any";
+    /// `None` (`auto`): sized from the open-file limit, as each delivery may hold a socket.
+    push_max_in_flight: Option<usize> [AutoCount] = None, "N|auto",
         "Most push deliveries under way at once over all subscriptions; auto: from the open-file limit",
-    ),
-    key("max_push_subscriptions", "N", "Most push subscriptions; a PUT of a new one past it answers 429"),
-    key(
-        "max_connections_per_ip",
-        "N",
+        |v| rule(v.is_none_or(|n| (1..=1_000_000).contains(&n)), || {
+            format!("{} is outside 1..=1000000 (or auto)", v.unwrap_or_default())
+        });
+    max_push_subscriptions: usize [Count<usize>] = 1000, "N",
+        "Most push subscriptions; a PUT of a new one past it answers 429",
+        |v| rule((1..=1_000_000).contains(v), || format!("{v} is outside 1..=1000000"));
+    max_connections_per_ip: Option<usize> [OptionalCount] = None, "N",
         "Most connections one client address may hold; unset (the default): half of max_connections",
-    ),
-    key(
-        "max_body_memory",
-        "SIZE",
-        "Most request-body bytes in memory at once; past it, 503 with Retry-After",
-    ),
-];
-
-/// How many keys there are.
-pub const KEY_COUNT: usize = 36;
+        |v| rule(v.is_none_or(|n| (1..=1_000_000).contains(&n)), || {
+            format!("{} is outside 1..=1000000", v.unwrap_or_default())
+        });
+    /// In bytes.
+    max_body_memory: u64 [Size] = 256 << 20, "SIZE",
+        "Most request-body bytes in memory at once; past it, 503 with Retry-After";
+}
 
 /// Every key's name, in the order of [`KEY_TABLE`].
 pub const KEYS: [&str; KEY_COUNT] = {
@@ -260,149 +391,6 @@ impl BrokerConfig {
     }
 }
 
-/// The full program configuration; every field has an embedded default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// Address the HTTP server binds.
-    pub listen: String,
-    /// Root of the data directory.
-    pub data_dir: PathBuf,
-    /// `sync` or `async` durability.
-    pub flush: FlushMode,
-    /// Async mode: flush period in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub flush_interval_ms: u64,
-    /// Commit-log segment size in bytes.
-    #[serde(deserialize_with = "de_size")]
-    pub segment_bytes: u64,
-    /// Entries per consume-queue file.
-    pub cq_entries_per_file: u64,
-    /// Initial slot count of the id index.
-    pub index_initial_slots: u64,
-    /// Delay levels in ms, ascending.
-    #[serde(deserialize_with = "de_duration_list")]
-    pub levels: Vec<u64>,
-    /// `chain` or `round`.
-    pub delay_policy: DelayPolicy,
-    /// Longest accepted delay in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub max_delay: u64,
-    /// Default time-to-run in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub default_ttr: u64,
-    /// Deliveries before dead-lettering.
-    pub max_attempts: u32,
-    /// Default nack backoff in ms.
-    #[serde(deserialize_with = "de_duration_list")]
-    pub backoff: Vec<u64>,
-    /// Largest accepted message body in bytes.
-    #[serde(deserialize_with = "de_size")]
-    pub max_body_bytes: u64,
-    /// Most messages in one batch produce.
-    pub max_batch: usize,
-    /// Cap on a native pop's `wait_ms`, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub max_wait: u64,
-    /// How long a compat `/pop` long-polls, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub compat_max_wait: u64,
-    /// Deliveries before a compat job is dead-lettered; `None` (the default): never, as the
-    /// original redelivers an unfinished job forever.
-    #[serde(deserialize_with = "de_attempts_limit")]
-    pub compat_max_attempts: Option<u32>,
-    /// Bearer token required on `/v1`, `/metrics` and the compat API when set.
-    pub auth_token: Option<String>,
-    /// Most HTTP connections served at once.
-    pub max_connections: usize,
-    /// A request head must arrive within this many ms of the connect, or of its first byte.
-    #[serde(deserialize_with = "de_duration")]
-    pub http_header_timeout: u64,
-    /// How long a kept-alive connection may wait for its next request, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub http_idle_timeout: u64,
-    /// A request body must arrive within this many ms of the end of its head.
-    #[serde(deserialize_with = "de_duration")]
-    pub http_body_timeout: u64,
-    /// `text` or `json`.
-    pub log_format: LogFormat,
-    /// A tracing filter such as `info` or `delayd=debug,warn`.
-    pub log_level: String,
-    /// On SIGTERM, how long in-flight requests get before the server stops waiting, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub shutdown_grace: u64,
-    /// On a bad record followed by valid ones: `strict` refuses to start, `truncate` drops the rest.
-    pub recovery: RecoveryMode,
-    /// How long a done or cancelled message stays visible to look-ups and idempotent produces, in ms.
-    #[serde(deserialize_with = "de_duration")]
-    pub done_retention: u64,
-    /// Delete expired messages, old segments and read queue files (off only for comparisons).
-    pub reclaim: bool,
-    /// Most topics (dead-letter topics included) the broker creates; produces to a new one past it
-    /// are refused.
-    pub max_topics: usize,
-    /// Most topic queues whose files are open at once; the least recently used are closed.
-    pub open_queues: usize,
-    /// Hosts a push subscription may target; `None` (the default): any.
-    #[serde(deserialize_with = "de_hosts")]
-    pub push_allowed_hosts: Option<Vec<String>>,
-    /// Most push deliveries under way at once over every subscription; `None` (`auto`, the
-    /// default): sized from the open-file limit, as each delivery may hold a socket.
-    #[serde(deserialize_with = "de_auto_count")]
-    pub push_max_in_flight: Option<usize>,
-    /// Most push subscriptions; setting one on a new topic past it is refused.
-    pub max_push_subscriptions: usize,
-    /// Most connections one client address may hold; `None` (the default): half of the
-    /// connection cap, so one address can never take every slot.
-    pub max_connections_per_ip: Option<usize>,
-    /// Most bytes of request bodies held in memory at once, in bytes.
-    #[serde(deserialize_with = "de_size")]
-    pub max_body_memory: u64,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: "127.0.0.1:9277".to_string(),
-            data_dir: PathBuf::from("./data"),
-            flush: FlushMode::Sync,
-            flush_interval_ms: 100,
-            segment_bytes: 64 << 20,
-            cq_entries_per_file: 300_000,
-            index_initial_slots: 1 << 16,
-            levels: DEFAULT_LEVELS_MS.to_vec(),
-            delay_policy: DelayPolicy::Chain,
-            max_delay: 30 * DAY_MS,
-            default_ttr: 30_000,
-            max_attempts: 16,
-            backoff: DEFAULT_BACKOFF_MS.to_vec(),
-            max_body_bytes: 4 << 20,
-            max_batch: 1000,
-            max_wait: 180_000,
-            compat_max_wait: 178_000,
-            compat_max_attempts: None,
-            auth_token: None,
-            max_connections: 10_000,
-            http_header_timeout: 10_000,
-            http_idle_timeout: 60_000,
-            http_body_timeout: 30_000,
-            log_format: LogFormat::Text,
-            log_level: "info".to_string(),
-            shutdown_grace: 10_000,
-            recovery: RecoveryMode::Strict,
-            done_retention: DAY_MS,
-            reclaim: true,
-            max_topics: 10_000,
-            open_queues: 1024,
-            push_allowed_hosts: None,
-            push_max_in_flight: None,
-            max_push_subscriptions: 1000,
-            max_connections_per_ip: None,
-            max_body_memory: 256 << 20,
-        }
-    }
-}
-
 impl Config {
     /// Builds the configuration from all layers and validates it: the defaults, the file `cli`
     /// names (or `DELAYD_CONFIG` names), every `DELAYD_*` variable of `env`, then the flags of
@@ -445,29 +433,35 @@ impl Config {
         })
     }
 
-    /// Parses TOML text over the defaults.
+    /// Parses TOML text over the defaults. Each key's value goes through the key's one parser (as
+    /// the environment's and the flags' do); an error names the line and the key.
     pub fn from_toml(text: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e| {
-            let message = e.message().trim();
-            match e.span() {
-                Some(span) => {
-                    let before = text.get(..span.start).unwrap_or(text);
-                    let line = before.matches('\n').count() + 1;
-                    // serde's message for a bad value says what is wrong but not which key it is.
-                    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-                    let key = text
-                        .get(line_start..)
-                        .and_then(|rest| rest.split('=').next())
-                        .map(str::trim)
-                        .filter(|k| KEYS.contains(k) && !message.contains(k));
-                    match key {
-                        Some(key) => Error::Config(format!("line {line}: {key}: {message}")),
-                        None => Error::Config(format!("line {line}: {message}")),
+        let line_of = |at: usize| text.get(..at).unwrap_or(text).matches('\n').count() + 1;
+        let doc: Vec<(Spanned<String>, toml::Value)> =
+            toml::from_str::<BTreeMap<Spanned<String>, toml::Value>>(text)
+                .map_err(|e| {
+                    let message = e.message().trim();
+                    match e.span() {
+                        Some(span) => Error::Config(format!("line {}: {message}", line_of(span.start))),
+                        None => Error::Config(message.to_string()),
                     }
-                }
-                None => Error::Config(message.to_string()),
+                })?
+                .into_iter()
+                .collect();
+        let mut cfg = Config::default();
+        let mut keys = doc;
+        // Report the first bad key in the order the file has them.
+        keys.sort_by_key(|(k, _)| k.span().start);
+        for (key, value) in &keys {
+            let line = line_of(key.span().start);
+            let name = key.get_ref().as_str();
+            if !KEYS.contains(&name) {
+                let hint = closest_key(name).map(|k| format!(" (did you mean {k}?)")).unwrap_or_default();
+                return Err(Error::Config(format!("line {line}: unknown key {name}{hint}")));
             }
-        })
+            cfg.set_toml(name, value).map_err(|m| Error::Config(format!("line {line}: {name}: {m}")))?;
+        }
+        Ok(cfg)
     }
 
     /// Applies every `DELAYD_<KEY>` variable of `env`; a `DELAYD_*` variable that looks like a
@@ -479,148 +473,12 @@ impl Config {
         Ok(())
     }
 
-    /// Sets one key from its string form, as the environment or a flag gives it. The error names
-    /// the value; the caller adds where it came from.
-    pub fn set(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
-        let v = value.trim();
-        match key {
-            "listen" => self.listen = v.to_string(),
-            "data_dir" => self.data_dir = PathBuf::from(v),
-            "flush" => self.flush = choose(v, &FLUSH_MODES)?,
-            "flush_interval_ms" => self.flush_interval_ms = parse_duration(v)?,
-            "segment_bytes" => self.segment_bytes = parse_size(v)?,
-            "cq_entries_per_file" => self.cq_entries_per_file = parse_u64(v)?,
-            "index_initial_slots" => self.index_initial_slots = parse_u64(v)?,
-            "levels" => self.levels = parse_duration_list(v)?,
-            "delay_policy" => self.delay_policy = choose(v, &DELAY_POLICIES)?,
-            "max_delay" => self.max_delay = parse_duration(v)?,
-            "default_ttr" => self.default_ttr = parse_duration(v)?,
-            "max_attempts" => self.max_attempts = parse_count(v)?,
-            "backoff" => self.backoff = parse_duration_list(v)?,
-            "max_body_bytes" => self.max_body_bytes = parse_size(v)?,
-            "max_batch" => self.max_batch = parse_count(v)?,
-            "max_wait" => self.max_wait = parse_duration(v)?,
-            "compat_max_wait" => self.compat_max_wait = parse_duration(v)?,
-            "compat_max_attempts" => self.compat_max_attempts = parse_attempts_limit(v)?,
-            // An empty token must not quietly turn authentication off: unset is the only way.
-            "auth_token" if v.is_empty() => return Err(EMPTY_TOKEN.into()),
-            "auth_token" => self.auth_token = Some(v.to_string()),
-            "max_connections" => self.max_connections = parse_count(v)?,
-            "max_connections_per_ip" => self.max_connections_per_ip = Some(parse_count(v)?),
-            "max_body_memory" => self.max_body_memory = parse_size(v)?,
-            "http_header_timeout" => self.http_header_timeout = parse_duration(v)?,
-            "http_idle_timeout" => self.http_idle_timeout = parse_duration(v)?,
-            "http_body_timeout" => self.http_body_timeout = parse_duration(v)?,
-            "log_format" => self.log_format = choose(v, &LOG_FORMATS)?,
-            "log_level" => self.log_level = v.to_string(),
-            "shutdown_grace" => self.shutdown_grace = parse_duration(v)?,
-            "recovery" => self.recovery = choose(v, &RECOVERY_MODES)?,
-            "done_retention" => self.done_retention = parse_duration(v)?,
-            "reclaim" => self.reclaim = choose(v, &BOOLS)?,
-            "max_topics" => self.max_topics = parse_count(v)?,
-            "open_queues" => self.open_queues = parse_count(v)?,
-            "push_allowed_hosts" => self.push_allowed_hosts = Some(parse_hosts(v)?),
-            "push_max_in_flight" => self.push_max_in_flight = parse_auto_count(v)?,
-            "max_push_subscriptions" => self.max_push_subscriptions = parse_count(v)?,
-            other => return Err(format!("unknown key {other}")),
-        }
-        Ok(())
-    }
-
-    /// The value of `key` in the form [`Config::set`] reads back (what `--help` shows as the
-    /// default); `None` for an unset `auth_token` or an unknown key.
-    pub fn get(&self, key: &str) -> Option<String> {
-        let list = |ms: &[u64]| ms.iter().map(|m| fmt_ms(*m)).collect::<Vec<_>>().join(" ");
-        Some(match key {
-            "listen" => self.listen.clone(),
-            "data_dir" => self.data_dir.display().to_string(),
-            "flush" => name_of(&FLUSH_MODES, self.flush),
-            "flush_interval_ms" => fmt_ms(self.flush_interval_ms),
-            "segment_bytes" => fmt_size(self.segment_bytes),
-            "cq_entries_per_file" => self.cq_entries_per_file.to_string(),
-            "index_initial_slots" => self.index_initial_slots.to_string(),
-            "levels" => list(&self.levels),
-            "delay_policy" => name_of(&DELAY_POLICIES, self.delay_policy),
-            "max_delay" => fmt_ms(self.max_delay),
-            "default_ttr" => fmt_ms(self.default_ttr),
-            "max_attempts" => self.max_attempts.to_string(),
-            "backoff" => list(&self.backoff),
-            "max_body_bytes" => fmt_size(self.max_body_bytes),
-            "max_batch" => self.max_batch.to_string(),
-            "max_wait" => fmt_ms(self.max_wait),
-            "compat_max_wait" => fmt_ms(self.compat_max_wait),
-            "compat_max_attempts" => self.compat_max_attempts.map_or("unlimited".into(), |n| n.to_string()),
-            "auth_token" => self.auth_token.clone()?,
-            "max_connections" => self.max_connections.to_string(),
-            "http_header_timeout" => fmt_ms(self.http_header_timeout),
-            "http_idle_timeout" => fmt_ms(self.http_idle_timeout),
-            "http_body_timeout" => fmt_ms(self.http_body_timeout),
-            "log_format" => name_of(&LOG_FORMATS, self.log_format),
-            "log_level" => self.log_level.clone(),
-            "shutdown_grace" => fmt_ms(self.shutdown_grace),
-            "recovery" => name_of(&RECOVERY_MODES, self.recovery),
-            "done_retention" => fmt_ms(self.done_retention),
-            "reclaim" => name_of(&BOOLS, self.reclaim),
-            "max_topics" => self.max_topics.to_string(),
-            "open_queues" => self.open_queues.to_string(),
-            "push_allowed_hosts" => self.push_allowed_hosts.as_ref()?.join(" "),
-            "push_max_in_flight" => self.push_max_in_flight.map_or("auto".into(), |n| n.to_string()),
-            "max_push_subscriptions" => self.max_push_subscriptions.to_string(),
-            "max_connections_per_ip" => self.max_connections_per_ip?.to_string(),
-            "max_body_memory" => fmt_size(self.max_body_memory),
-            _ => return None,
-        })
-    }
-
-    /// Checks every key; the message names the key and the rule it breaks.
+    /// Checks every key; the message names the key and the rule it breaks. Each key's own rule is
+    /// in its row of the table; the rules here involve several keys.
     pub fn validate(&self) -> Result<()> {
         let bad = |key: &str, msg: String| Err(Error::Config(format!("{key}: {msg}")));
-        if self.listen.parse::<SocketAddr>().is_err() {
-            return bad("listen", format!("{:?} is not an address like 127.0.0.1:9277", self.listen));
-        }
-        if self.data_dir.as_os_str().is_empty() {
-            return bad("data_dir", "must not be empty".into());
-        }
-        if self.flush_interval_ms == 0 {
-            return bad("flush_interval_ms", "must be at least 1ms".into());
-        }
-        if self.segment_bytes < 4096 || self.segment_bytes > 1 << 40 {
-            return bad("segment_bytes", format!("{} is outside 4KiB..=1TiB", self.segment_bytes));
-        }
-        if self.cq_entries_per_file == 0 {
-            return bad("cq_entries_per_file", "must be at least 1".into());
-        }
-        if self.index_initial_slots == 0 {
-            return bad("index_initial_slots", "must be at least 1".into());
-        }
-        if self.max_topics == 0 {
-            return bad("max_topics", "must be at least 1".into());
-        }
-        if self.open_queues == 0 {
-            return bad("open_queues", "must be at least 1".into());
-        }
+        self.check_each()?;
         validate_levels(&self.levels)?;
-        if self.max_delay == 0 {
-            return bad("max_delay", "must be longer than 0ms".into());
-        }
-        if self.max_delay > 3650 * DAY_MS {
-            return bad("max_delay", "must be at most 3650d".into());
-        }
-        if self.default_ttr == 0 {
-            return bad("default_ttr", "must be longer than 0ms".into());
-        }
-        if self.max_attempts == 0 {
-            return bad("max_attempts", "must be at least 1".into());
-        }
-        if let Some(n) = self.compat_max_attempts {
-            if n == 0 || n > crate::engine::MAX_ATTEMPTS_LIMIT {
-                let why = format!("must be 1 to {} or unlimited", crate::engine::MAX_ATTEMPTS_LIMIT);
-                return bad("compat_max_attempts", why);
-            }
-        }
-        if self.backoff.is_empty() {
-            return bad("backoff", "needs at least one step".into());
-        }
         if let Some(step) = self.backoff.iter().find(|s| **s > self.max_delay) {
             return bad(
                 "backoff",
@@ -631,9 +489,6 @@ impl Config {
                 ),
             );
         }
-        if self.max_body_bytes == 0 || self.max_body_bytes > 1 << 30 {
-            return bad("max_body_bytes", format!("{} is outside 1..=1GiB", self.max_body_bytes));
-        }
         if self.max_body_bytes + 4096 > self.segment_bytes {
             return bad(
                 "max_body_bytes",
@@ -643,25 +498,8 @@ impl Config {
                 ),
             );
         }
-        if self.max_batch == 0 || self.max_batch > 100_000 {
-            return bad("max_batch", format!("{} is outside 1..=100000", self.max_batch));
-        }
-        if self.max_wait > DAY_MS {
-            return bad("max_wait", "must be at most 1d".into());
-        }
-        if self.compat_max_wait > DAY_MS {
-            return bad("compat_max_wait", "must be at most 1d".into());
-        }
-        if self.max_connections == 0 || self.max_connections > 1_000_000 {
-            return bad("max_connections", format!("{} is outside 1..=1000000", self.max_connections));
-        }
-        if let Some(n) = self.max_connections_per_ip {
-            if n == 0 || n > 1_000_000 {
-                return bad("max_connections_per_ip", format!("{n} is outside 1..=1000000"));
-            }
-        }
         // One request of the largest size must fit, or such a request could never be served.
-        let request_limit = self.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64);
+        let request_limit = self.max_body_bytes.saturating_add(ENVELOPE_BYTES as u64);
         if self.max_body_memory < request_limit || self.max_body_memory > 1 << 40 {
             return bad(
                 "max_body_memory",
@@ -670,40 +508,6 @@ impl Config {
                     fmt_size(self.max_body_memory),
                     fmt_size(request_limit)
                 ),
-            );
-        }
-        for (key, ms) in [
-            ("http_header_timeout", self.http_header_timeout),
-            ("http_idle_timeout", self.http_idle_timeout),
-            ("http_body_timeout", self.http_body_timeout),
-        ] {
-            if ms == 0 || ms > DAY_MS {
-                return bad(key, format!("{} is outside 1ms..=1d", fmt_ms(ms)));
-            }
-        }
-        if let Some(token) = &self.auth_token {
-            if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                let rule = if token.is_empty() {
-                    EMPTY_TOKEN
-                } else {
-                    "must contain no whitespace or control characters"
-                };
-                return bad("auth_token", rule.into());
-            }
-        }
-        if let Some(n) = self.push_max_in_flight {
-            if n == 0 || n > 1_000_000 {
-                return bad("push_max_in_flight", format!("{n} is outside 1..=1000000 (or auto)"));
-            }
-        }
-        if self.max_push_subscriptions == 0 || self.max_push_subscriptions > 1_000_000 {
-            let n = self.max_push_subscriptions;
-            return bad("max_push_subscriptions", format!("{n} is outside 1..=1000000"));
-        }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
-            return bad(
-                "log_level",
-                format!("{:?} is not a filter like info or delayd=debug: {e}", self.log_level),
             );
         }
         Ok(())
@@ -745,36 +549,38 @@ impl Config {
     }
 }
 
-const EMPTY_TOKEN: &str = "must not be empty; leave auth_token unset to turn authentication off";
+impl Choices for FlushMode {
+    const OPTIONS: &'static [(&'static str, FlushMode)] =
+        &[("sync", FlushMode::Sync), ("async", FlushMode::Async)];
+}
 
-const FLUSH_MODES: [(&str, FlushMode); 2] = [("sync", FlushMode::Sync), ("async", FlushMode::Async)];
-const DELAY_POLICIES: [(&str, DelayPolicy); 2] =
-    [("chain", DelayPolicy::Chain), ("round", DelayPolicy::Round)];
-const LOG_FORMATS: [(&str, LogFormat); 2] = [("text", LogFormat::Text), ("json", LogFormat::Json)];
-const RECOVERY_MODES: [(&str, RecoveryMode); 2] =
-    [("strict", RecoveryMode::Strict), ("truncate", RecoveryMode::Truncate)];
-const BOOLS: [(&str, bool); 6] =
-    [("true", true), ("false", false), ("on", true), ("off", false), ("1", true), ("0", false)];
+impl Choices for DelayPolicy {
+    const OPTIONS: &'static [(&'static str, DelayPolicy)] =
+        &[("chain", DelayPolicy::Chain), ("round", DelayPolicy::Round)];
+}
 
-/// The option named `v` (in any case); the error lists the names.
-fn choose<T: Copy>(v: &str, options: &[(&str, T)]) -> std::result::Result<T, String> {
-    match options.iter().find(|(name, _)| name.eq_ignore_ascii_case(v)) {
-        Some((_, value)) => Ok(*value),
-        None => {
-            let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
-            Err(format!("{v:?} is not one of {}", names.join(", ")))
-        }
+impl Choices for LogFormat {
+    const OPTIONS: &'static [(&'static str, LogFormat)] =
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)];
+}
+
+impl Choices for RecoveryMode {
+    const OPTIONS: &'static [(&'static str, RecoveryMode)] =
+        &[("strict", RecoveryMode::Strict), ("truncate", RecoveryMode::Truncate)];
+}
+
+/// A key's rule: `Ok` when `ok`, else the message `why` gives.
+fn rule(ok: bool, why: impl FnOnce() -> String) -> std::result::Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(why())
     }
 }
 
-/// The first name of `value` among `options`.
-fn name_of<T: PartialEq>(options: &[(&str, T)], value: T) -> String {
-    options.iter().find(|(_, v)| *v == value).map(|(name, _)| name.to_string()).unwrap_or_default()
-}
-
-/// A count that must fit its field's type.
-fn parse_count<T: TryFrom<u64>>(v: &str) -> std::result::Result<T, String> {
-    T::try_from(parse_u64(v)?).map_err(|_| format!("{v:?} is too large"))
+/// The rule of the HTTP timeouts: 1ms to 1d.
+fn timeout(ms: u64) -> std::result::Result<(), String> {
+    rule((1..=DAY_MS).contains(&ms), || format!("{} is outside 1ms..=1d", fmt_ms(ms)))
 }
 
 /// The variable that names the config file when `--config` is not given.
@@ -844,133 +650,16 @@ fn env_settings(env: impl IntoIterator<Item = (OsString, OsString)>) -> Result<E
 
 /// The key variable most like `name`, if one is close enough to be the likely meaning.
 fn closest_env_var(name: &str) -> Option<String> {
-    let typed = name.get(ENV_PREFIX.len()..)?.to_ascii_lowercase();
+    closest_key(&name.get(ENV_PREFIX.len()..)?.to_ascii_lowercase()).map(env_var)
+}
+
+/// The key most like `typed`, if one is close enough to be the likely meaning.
+fn closest_key(typed: &str) -> Option<&'static str> {
     KEYS.iter()
-        .map(|k| (strsim::jaro_winkler(&typed, k), k))
+        .map(|k| (strsim::jaro_winkler(typed, k), *k))
         .filter(|(score, _)| *score > 0.85)
         .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, k)| env_var(k))
-}
-
-/// A TOML value that is either a number or a string.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NumOrStr {
-    Num(i64),
-    Str(String),
-}
-
-struct Expecting(&'static str);
-
-impl fmt::Display for Expecting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-fn num_or_str<'de, D: Deserializer<'de>>(
-    d: D,
-    what: &'static str,
-    parse: fn(&str) -> std::result::Result<u64, String>,
-) -> std::result::Result<u64, D::Error> {
-    use serde::de::Error as _;
-    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting(what)))? {
-        NumOrStr::Num(n) => u64::try_from(n).map_err(|_| D::Error::custom(format!("{n} is negative"))),
-        NumOrStr::Str(s) => parse(&s).map_err(D::Error::custom),
-    }
-}
-
-/// `unlimited`, or a number of deliveries.
-fn parse_attempts_limit(v: &str) -> std::result::Result<Option<u32>, String> {
-    if v.trim().eq_ignore_ascii_case("unlimited") {
-        return Ok(None);
-    }
-    parse_count(v).map(Some)
-}
-
-fn de_attempts_limit<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<u32>, D::Error> {
-    use serde::de::Error as _;
-    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting("a number or \"unlimited\"")))? {
-        NumOrStr::Num(n) => {
-            u32::try_from(n).map(Some).map_err(|_| D::Error::custom(format!("{n} is out of range")))
-        }
-        NumOrStr::Str(s) => parse_attempts_limit(&s).map_err(D::Error::custom),
-    }
-}
-
-/// `auto`, or a count.
-fn parse_auto_count(v: &str) -> std::result::Result<Option<usize>, String> {
-    if v.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
-    }
-    parse_count(v).map(Some)
-}
-
-fn de_auto_count<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<usize>, D::Error> {
-    use serde::de::Error as _;
-    match NumOrStr::deserialize(d).map_err(|_| D::Error::custom(Expecting("a number or \"auto\"")))? {
-        NumOrStr::Num(n) => {
-            usize::try_from(n).map(Some).map_err(|_| D::Error::custom(format!("{n} is out of range")))
-        }
-        NumOrStr::Str(s) => parse_auto_count(&s).map_err(D::Error::custom),
-    }
-}
-
-/// Host names, space- or comma-separated, lower-cased (hosts compare without case); at least one.
-fn parse_hosts(v: &str) -> std::result::Result<Vec<String>, String> {
-    let hosts: Vec<String> =
-        v.split([' ', ',']).filter(|h| !h.is_empty()).map(str::to_ascii_lowercase).collect();
-    if hosts.is_empty() {
-        return Err("must name at least one host; leave push_allowed_hosts unset to allow any".into());
-    }
-    Ok(hosts)
-}
-
-fn de_hosts<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<String>>, D::Error> {
-    use serde::de::Error as _;
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum ListOrStr {
-        List(Vec<String>),
-        Str(String),
-    }
-    let expecting = "a list of host names such as [\"hooks.internal\"] or \"a.example b.example\"";
-    let joined = match ListOrStr::deserialize(d).map_err(|_| D::Error::custom(expecting))? {
-        ListOrStr::Str(s) => s,
-        ListOrStr::List(items) => items.join(" "),
-    };
-    parse_hosts(&joined).map(Some).map_err(D::Error::custom)
-}
-
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    num_or_str(d, "a duration such as \"10s\" or a number of ms", parse_duration)
-}
-
-fn de_size<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    num_or_str(d, "a size such as \"4MiB\" or a number of bytes", parse_size)
-}
-
-fn de_duration_list<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<u64>, D::Error> {
-    use serde::de::Error as _;
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum ListOrStr {
-        List(Vec<NumOrStr>),
-        Str(String),
-    }
-    let expecting = "a list of durations such as [\"1s\", \"5s\"] or \"1s 5s\"";
-    match ListOrStr::deserialize(d).map_err(|_| D::Error::custom(expecting))? {
-        ListOrStr::Str(s) => parse_duration_list(&s).map_err(D::Error::custom),
-        ListOrStr::List(items) => items
-            .into_iter()
-            .map(|item| match item {
-                NumOrStr::Num(n) => {
-                    u64::try_from(n).map_err(|_| D::Error::custom(format!("{n} is negative")))
-                }
-                NumOrStr::Str(s) => parse_duration(&s).map_err(D::Error::custom),
-            })
-            .collect(),
-    }
+        .map(|(_, k)| k)
 }
 
 #[cfg(test)]
@@ -1059,6 +748,69 @@ mod tests {
         assert!(e.contains("line 2: segment_bytes: \"4 parsecs\" is not a size"), "{e}");
         let e = Config::from_toml("max_delay = -5\n").unwrap_err().to_string();
         assert!(e.contains("negative"), "{e}");
+        // A misspelt key gets the near one; a value of a type the key does not take says both.
+        let e = Config::from_toml("max_dealy = \"1d\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: unknown key max_dealy (did you mean max_delay?)"), "{e}");
+        let e = Config::from_toml("max_batch = true\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: max_batch: expected a number, found the boolean true"), "{e}");
+        let e = Config::from_toml("levels = [\"1s\", true]\n").unwrap_err().to_string();
+        assert!(e.contains("levels: expected a list of durations"), "{e}");
+        let e = Config::from_toml("flush = 1\n").unwrap_err().to_string();
+        assert!(e.contains("flush: expected one of sync, async, found the integer 1"), "{e}");
+        let e = Config::from_toml("[server]\nlisten = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: unknown key server"), "{e}");
+    }
+
+    /// One parser per key: a value written as a TOML string reads as the same value, or fails with
+    /// the same message, as when the environment or a flag gives it.
+    #[test]
+    fn every_key_reads_text_the_same_from_the_file_and_the_environment() {
+        let samples = [
+            "",
+            "  ",
+            "0",
+            "1",
+            "7",
+            "-5",
+            "1_000",
+            "9999999999",
+            "99999999999999999999",
+            "1.5",
+            "2s",
+            "1h30m",
+            "1s 5s",
+            "1s,5s",
+            "4MiB",
+            "4MB",
+            "4 parsecs",
+            "auto",
+            "unlimited",
+            "AUTO",
+            "on",
+            "off",
+            "TRUE",
+            "ASYNC",
+            "sync",
+            "Round",
+            "truncate",
+            "json",
+            "a.example b.example",
+            "127.0.0.1:1",
+            "debug",
+            "soon",
+        ];
+        for key in KEYS {
+            for text in samples {
+                let mut from_env = Config::default();
+                let env = from_env.set(key, text).map(|()| from_env);
+                let file = Config::from_toml(&format!("{key} = {text:?}\n"));
+                match (env, file) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{key} = {text:?}"),
+                    (Err(a), Err(b)) => assert_eq!(b.to_string(), format!("config: line 1: {key}: {a}")),
+                    (a, b) => panic!("{key} = {text:?}: environment {a:?}, file {b:?}"),
+                }
+            }
+        }
     }
 
     #[test]
@@ -1251,7 +1003,8 @@ mod tests {
         let cli = Cli { config: None, flags: vec![("auth_token", String::new())] };
         let e = Config::load(&cli, env(&[])).unwrap_err().to_string();
         assert!(e.contains("--auth-token") && e.contains("must not be empty"), "{e}");
-        let e = Config::from_toml("auth_token = \"\"\n").unwrap().validate().unwrap_err().to_string();
+        // The file's value goes through the same parser as the environment's: refused as it is read.
+        let e = Config::from_toml("auth_token = \"\"\n").unwrap_err().to_string();
         assert!(e.contains("auth_token") && e.contains("must not be empty"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("d.toml");

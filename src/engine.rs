@@ -14,6 +14,7 @@ use tracing::debug;
 
 use crate::config::{BrokerConfig, DelayPolicy};
 use crate::error::{Error, Result};
+use crate::limits::{MAX_ATTEMPTS_LIMIT, MAX_BACKOFF_STEPS, MAX_ID_BYTES, MAX_TOPIC_LEN, UNLIMITED_ATTEMPTS};
 use crate::live::LeftBehind;
 use crate::message::{
     Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, ProduceRequest, Produced,
@@ -32,16 +33,6 @@ use crate::storage::reclaim::ReclaimPolicy;
 use crate::storage::store::{
     dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig, TopicQueue,
 };
-
-/// Longest accepted id, in bytes.
-pub const MAX_ID_LEN: usize = 128;
-/// Longest accepted topic name, in bytes.
-pub const MAX_TOPIC_LEN: usize = 128;
-/// Highest accepted `max_attempts` (the index keeps attempts in 16 bits).
-pub const MAX_ATTEMPTS_LIMIT: u32 = 10_000;
-/// `max_attempts` of a message that is never dead-lettered (a compat job by default, as the
-/// original redelivers forever); kept in the Put as is.
-pub const UNLIMITED_ATTEMPTS: u32 = u32::MAX;
 
 /// Index slots copied per chunk of a maintenance call during a resize: a `pwrite` each (2–3 µs
 /// on a VM), so the deadline is looked at every few hundred microseconds.
@@ -65,8 +56,8 @@ pub fn validate_topic(topic: &str) -> Result<()> {
 /// Checks a client-chosen id: 1 to 128 bytes of UTF-8 without control characters. (The native
 /// API also refuses whitespace; compat ids, as the original's, may contain spaces.)
 pub fn validate_id(id: &str) -> Result<()> {
-    if id.is_empty() || id.len() > MAX_ID_LEN {
-        return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_LEN} bytes")));
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_BYTES} bytes")));
     }
     if id.chars().any(|c| c.is_control()) {
         return Err(Error::invalid("id", "must not contain control characters"));
@@ -475,8 +466,9 @@ impl Engine {
             return Err(Error::invalid("max_attempts", format!("must be 1 to {MAX_ATTEMPTS_LIMIT}")));
         }
         let backoff_ms = req.backoff_ms.clone().unwrap_or_default();
-        if backoff_ms.len() > 1000 || backoff_ms.iter().any(|b| *b > self.cfg.max_delay_ms) {
-            return Err(Error::invalid("backoff", "at most 1000 steps, each no longer than max_delay"));
+        if backoff_ms.len() > MAX_BACKOFF_STEPS || backoff_ms.iter().any(|b| *b > self.cfg.max_delay_ms) {
+            let why = format!("at most {MAX_BACKOFF_STEPS} steps, each no longer than max_delay");
+            return Err(Error::invalid("backoff", why));
         }
         let now_us = self.clock.now_us();
         let now = now_us / 1000;

@@ -25,6 +25,7 @@ pub mod engine;
 mod engine_tests;
 pub mod error;
 pub mod http;
+pub mod limits;
 mod live;
 pub mod message;
 pub mod metrics;
@@ -37,6 +38,7 @@ pub mod schedule;
 pub mod storage;
 #[cfg(test)]
 mod topic_tests;
+pub mod units;
 
 pub use broker::Broker;
 pub use error::{Error, Result};

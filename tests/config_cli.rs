@@ -167,3 +167,36 @@ fn the_configuration_page_lists_every_key_with_its_variable() {
         assert!(page.contains(&row), "docs/configuration.md has no row {row}");
     }
 }
+
+#[test]
+fn a_value_means_the_same_in_the_file_as_in_the_environment() {
+    // Written as the environment writes them: a count as a string, a name in capitals, a boolean
+    // as a word. Each is read by the key's one parser, whichever source gives it.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("delayd.toml");
+    std::fs::write(
+        &file,
+        "max_batch = \"2\"\nflush = \"ASYNC\"\nreclaim = \"on\"\nmax_delay = 10800000\ndelay_policy = \"Chain\"\n",
+    )
+    .unwrap();
+    let s = Server::start(&[("DELAYD_CONFIG", file.to_str().unwrap())]);
+    let batch = |n: usize| json!({ "messages": vec![json!({ "body": "b" }); n] });
+    assert_eq!(s.post("/v1/topics/u/messages/batch", &batch(2)).0, 201);
+    let (st, v) = s.post("/v1/topics/u/messages/batch", &batch(3));
+    Server::assert_error(st, &v, 413, "too_large");
+    let p = "/v1/topics/u/messages";
+    assert_eq!(s.post(p, &json!({ "body": "b", "delay_ms": 10_800_000 })).0, 201);
+    assert_eq!(s.post(p, &json!({ "body": "b", "delay_ms": 10_800_001 })).0, 400);
+    drop(s);
+    // A bad value is told the same way in all three places: the key (or where it was written),
+    // the value, and what is wrong.
+    let why = "\"many\" is not a non-negative integer";
+    refused(&[], &[("DELAYD_MAX_BATCH", "many")], &["DELAYD_MAX_BATCH", why]);
+    refused(&["--max-batch", "many"], &[], &["--max-batch", why]);
+    std::fs::write(&file, "max_batch = \"many\"\n").unwrap();
+    refused(&["--config", file.to_str().unwrap()], &[], &["line 1: max_batch", why]);
+    std::fs::write(&file, "flush = \"sometimes\"\n").unwrap();
+    let why = "\"sometimes\" is not one of sync, async";
+    refused(&["--config", file.to_str().unwrap()], &[], &["line 1: flush", why]);
+    refused(&[], &[("DELAYD_FLUSH", "sometimes")], &["DELAYD_FLUSH", why]);
+}

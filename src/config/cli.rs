@@ -57,7 +57,7 @@ impl Cli {
             if let Some(default) = defaults.get(key.name) {
                 arg = arg.default_value(default);
             }
-            if key.name == "auth_token" {
+            if key.secret {
                 arg = arg.hide_env_values(true);
             }
             cmd = cmd.arg(arg);
@@ -109,6 +109,14 @@ mod tests {
         assert_eq!(Cli::try_parse_from(["delayd"]).unwrap(), Cli::default());
         let cli = Cli::try_parse_from(["delayd", "--auth-token="]).unwrap();
         assert_eq!(cli.flags, vec![("auth_token", String::new())]);
+    }
+
+    #[test]
+    fn only_the_token_is_kept_out_of_help() {
+        let secret: Vec<&str> = KEY_TABLE.iter().filter(|k| k.secret).map(|k| k.name).collect();
+        assert_eq!(secret, ["auth_token"]);
+        let arg = Cli::command().get_arguments().find(|a| a.get_id() == "auth_token").cloned().unwrap();
+        assert!(arg.is_hide_env_values_set());
     }
 
     #[test]

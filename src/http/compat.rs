@@ -17,13 +17,11 @@ use super::extract::RawBody;
 use super::native::pop_or_shutdown;
 use super::{validate, AppState};
 use crate::error::Error;
+use crate::limits::COMPAT_MAX_TTR_S;
 use crate::message::{MessageState, PopRequest, ProduceRequest, When};
 
-/// Longest time-to-run the original API accepts, in seconds.
-const MAX_TTR_S: u64 = 86_400;
-
 /// Longest storage name of a compat topic (it names a directory, `t-<name>.dlq` included).
-const MAX_STORED_TOPIC: usize = crate::engine::MAX_TOPIC_LEN;
+const MAX_STORED_TOPIC: usize = crate::limits::MAX_TOPIC_LEN;
 
 /// The name a compat topic is stored under. The original takes any non-empty string; storage
 /// takes `[A-Za-z0-9._-]`. A topic a native client could name is its own storage name (so both
@@ -240,14 +238,14 @@ fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, Produc
     let ttr = int_field(m, "ttr")?;
     let ttr_s = u64::try_from(ttr)
         .ok()
-        .filter(|t| (1..=MAX_TTR_S).contains(t))
-        .ok_or_else(|| format!("ttr must be 1 to {MAX_TTR_S} seconds"))?;
+        .filter(|t| (1..=COMPAT_MAX_TTR_S).contains(t))
+        .ok_or_else(|| format!("ttr must be 1 to {COMPAT_MAX_TTR_S} seconds"))?;
     let req = ProduceRequest {
         id: Some(id),
         body: body.into(),
         when: When::DelayMs(delay_ms),
         ttr_ms: Some(ttr_s * 1000),
-        max_attempts: Some(limits.compat_max_attempts.unwrap_or(crate::engine::UNLIMITED_ATTEMPTS)),
+        max_attempts: Some(limits.compat_max_attempts.unwrap_or(crate::limits::UNLIMITED_ATTEMPTS)),
         backoff_ms: None,
     };
     Ok((topic, req))

@@ -17,9 +17,9 @@ use prometheus::{Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCo
 use super::error::ApiError;
 use super::process::{self, ProcessStats};
 use super::AppState;
-use crate::config::units::fmt_ms;
 use crate::message::{Stats, TopicStats};
 use crate::metrics::{Histogram, Metrics};
+use crate::units::fmt_ms;
 
 /// The content type Prometheus expects for the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

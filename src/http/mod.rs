@@ -33,8 +33,7 @@ use crate::config::Config;
 use crate::schedule::clock::{Clock, SystemClock};
 pub use error::ApiError;
 
-/// Room for the JSON envelope around a body of `max_body_bytes` (escaping, other fields, batch framing).
-pub const ENVELOPE_BYTES: usize = 64 << 10;
+use crate::limits::ENVELOPE_BYTES;
 
 /// Limits and switches the handlers need from the configuration.
 #[derive(Debug, Clone)]

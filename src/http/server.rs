@@ -96,7 +96,7 @@ impl ServeConfig {
             body_timeout: Duration::from_millis(cfg.http_body_timeout),
             max_connections: cfg.max_connections,
             max_connections_per_ip: cfg.max_connections_per_ip,
-            body_limit: cfg.max_body_bytes.saturating_add(crate::http::ENVELOPE_BYTES as u64),
+            body_limit: cfg.max_body_bytes.saturating_add(crate::limits::ENVELOPE_BYTES as u64),
             max_body_memory: cfg.max_body_memory,
             auth_token: cfg.auth_token.clone(),
         }

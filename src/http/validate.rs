@@ -9,14 +9,8 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::Limits;
-use crate::config::units::{fmt_ms, parse_duration, parse_duration_list};
-
-/// Longest topic name, in characters.
-pub const MAX_TOPIC_LEN: usize = 128;
-/// Longest id, in bytes.
-pub const MAX_ID_BYTES: usize = 128;
-/// Most steps a per-message backoff may have.
-pub const MAX_BACKOFF_STEPS: usize = 1000;
+use crate::limits::{MAX_BACKOFF_STEPS, MAX_ID_BYTES, MAX_TOPIC_LEN};
+use crate::units::{fmt_ms, parse_duration, parse_duration_list};
 
 /// Checks a topic name.
 pub fn topic(t: &str) -> Result<(), ApiError> {

@@ -1,8 +1,13 @@
 //! Delay levels and how a delay is split into hops across them.
 
-use crate::config::units::fmt_ms;
 use crate::error::{Error, Result};
 use crate::storage::format::Route;
+use crate::units::{fmt_ms, HOUR_MS as H, MINUTE_MS as M, SECOND_MS as S};
+
+/// Default delay levels, RocketMQ's list: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+#[rustfmt::skip]
+pub const DEFAULT_LEVELS_MS: [u64; 18] =
+    [S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
 
 /// Checks a level list: non-empty, strictly ascending, every level at least 1 ms.
 pub fn validate_levels(levels: &[u64]) -> Result<()> {
@@ -45,8 +50,7 @@ pub fn nearest_level(levels: &[u64], delay_ms: u64) -> u64 {
 /// The full list of hop durations a chained delay takes if every hop fires on time.
 ///
 /// ```
-/// use delayd::config::DEFAULT_LEVELS_MS;
-/// use delayd::schedule::levels::chain;
+/// use delayd::schedule::levels::{chain, DEFAULT_LEVELS_MS};
 /// let levels = DEFAULT_LEVELS_MS;
 /// // 1h 2m 5.25s: three full levels, then the 250 ms remainder, exact to the millisecond.
 /// assert_eq!(chain(&levels, 3_725_250), vec![3_600_000, 120_000, 5_000, 250]);
@@ -67,7 +71,7 @@ mod tests {
     use super::*;
 
     fn defaults() -> Vec<u64> {
-        crate::config::DEFAULT_LEVELS_MS.to_vec()
+        DEFAULT_LEVELS_MS.to_vec()
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Durations and sizes as people write them in the config file, the environment, flags and API fields.
 //!
-//! The one parser of each, shared by the config and the HTTP API. A plain number is milliseconds or
+//! The one parser of each, shared by the config, the HTTP API and the delay levels; it sits below
+//! all of them and imports nothing of the crate. A plain number is milliseconds or
 //! bytes; anything else goes to a well-kept crate so the units mean what they say everywhere:
 //! `humantime` for durations (`500ms`, `10s`, `1h30m`, `2days`) and `bytesize` for sizes, where
 //! decimal units are powers of 1000 (`4MB` = 4,000,000 bytes) and binary units powers of 1024
