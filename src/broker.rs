@@ -279,7 +279,7 @@ impl Drop for Interest<'_> {
 pub struct Broker {
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
-    push_metrics: Arc<crate::push::PushMetrics>,
+    push_metrics: Arc<crate::metrics::PushMetrics>,
     durability: Durability,
 }
 
@@ -516,7 +516,7 @@ impl Broker {
     }
 
     /// Push delivery counters and histograms, per topic.
-    pub fn push_metrics(&self) -> &crate::push::PushMetrics {
+    pub fn push_metrics(&self) -> &crate::metrics::PushMetrics {
         &self.push_metrics
     }
 

@@ -1219,7 +1219,7 @@ impl Engine {
             live_bytes: self.store.live_bytes(),
             index_entries: self.store.index.len(),
             index_slots: self.store.index.capacity(),
-            reclaim: self.store.reclaim_stats(),
+            reclaim: self.store.reclaim_stats().into(),
             store_writable: self.durability.writable(),
             store_error: self
                 .durability

@@ -232,10 +232,58 @@ pub struct Stats {
     /// Slots of the id index table new messages go to; it grows before it fills up.
     pub index_slots: u64,
     /// What reclaim did since start.
-    pub reclaim: ReclaimStats,
+    pub reclaim: ReclaimCounts,
     /// False while writes are refused: a sync failed (until a restart), or the last write ran out
     /// of disk space or file handles (until one succeeds).
     pub store_writable: bool,
     /// Why writes are refused (operation, file, OS error), if they are.
     pub store_error: Option<String>,
+}
+
+/// What reclaim did since start, as `/v1/stats` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = ReclaimStats)]
+pub struct ReclaimCounts {
+    /// Messages copied forward.
+    pub carried: u64,
+    /// Bytes of Carry records written.
+    pub carried_bytes: u64,
+    /// Commit-log segments deleted.
+    pub segments_deleted: u64,
+    /// Bytes of segment files deleted.
+    pub segment_bytes_deleted: u64,
+    /// Consume-queue files deleted.
+    pub queue_files_deleted: u64,
+    /// Final messages removed from the id index after `done_retention`.
+    pub expired: u64,
+    /// Emptied topics forgotten: files and directory deleted, no longer counted in `max_topics`.
+    pub topics_forgotten: u64,
+    /// Records read by scans of the oldest segments (a scan runs only when the segments' counts
+    /// say it could free or carry something, and again only once something there changed).
+    pub scanned_records: u64,
+}
+
+impl From<ReclaimStats> for ReclaimCounts {
+    fn from(s: ReclaimStats) -> Self {
+        let ReclaimStats {
+            carried,
+            carried_bytes,
+            segments_deleted,
+            segment_bytes_deleted,
+            queue_files_deleted,
+            expired,
+            topics_forgotten,
+            scanned_records,
+        } = s;
+        ReclaimCounts {
+            carried,
+            carried_bytes,
+            segments_deleted,
+            segment_bytes_deleted,
+            queue_files_deleted,
+            expired,
+            topics_forgotten,
+            scanned_records,
+        }
+    }
 }

@@ -5,6 +5,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
 /// Upper bounds (inclusive) of the lateness histogram buckets, in ms.
 pub const LATENESS_BUCKETS_MS: [u64; 12] = [0, 1, 2, 5, 10, 20, 50, 100, 250, 500, 1000, 5000];
 /// Upper bounds of the flush latency histogram buckets, in microseconds.
@@ -198,6 +200,70 @@ impl<'a> GaugeGuard<'a> {
 impl Drop for GaugeGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Upper bounds of the delivery-latency histogram, seconds: a fast local endpoint answers in well
+/// under a millisecond, a slow one may use its whole timeout.
+const LATENCY_BUCKETS_SECONDS: [f64; 14] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Push delivery metrics, per topic. Kept here rather than in `push` so the broker, which owns
+/// them, does not import the push workers that import the broker.
+pub struct PushMetrics {
+    pub(crate) attempts: IntCounterVec,
+    pub(crate) latency: HistogramVec,
+    pub(crate) in_flight: IntGaugeVec,
+    pub(crate) in_flight_limit: IntGauge,
+}
+
+impl PushMetrics {
+    /// Empty push metrics.
+    pub fn new() -> PushMetrics {
+        // The `expect`s cannot fire: names, labels and buckets are constants Prometheus accepts,
+        // and the unit tests build them.
+        let attempts = IntCounterVec::new(
+            Opts::new(
+                "delayd_push_attempts_total",
+                "Push deliveries tried, by topic and outcome (ok, refused: a non-2xx answer, failed: no answer in time or no connection).",
+            ),
+            &["topic", "outcome"],
+        )
+        .expect("valid counter");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "delayd_push_duration_seconds",
+                "Time from sending a push delivery until its answer (or its failure), by topic.",
+            )
+            .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+            &["topic"],
+        )
+        .expect("valid histogram");
+        let in_flight = IntGaugeVec::new(
+            Opts::new("delayd_push_in_flight", "Push deliveries under way now, by topic."),
+            &["topic"],
+        )
+        .expect("valid gauge");
+        let in_flight_limit = IntGauge::new(
+            "delayd_push_in_flight_limit",
+            "Most push deliveries under way at once over every topic (push_max_in_flight).",
+        )
+        .expect("valid gauge");
+        PushMetrics { attempts, latency, in_flight, in_flight_limit }
+    }
+
+    /// Adds the families to `reg` for a scrape.
+    pub fn register(&self, reg: &Registry) -> prometheus::Result<()> {
+        reg.register(Box::new(self.attempts.clone()))?;
+        reg.register(Box::new(self.latency.clone()))?;
+        reg.register(Box::new(self.in_flight.clone()))?;
+        reg.register(Box::new(self.in_flight_limit.clone()))
+    }
+}
+
+impl Default for PushMetrics {
+    fn default() -> Self {
+        PushMetrics::new()
     }
 }
 

@@ -420,7 +420,7 @@ mod tests {
             live_bytes: 100,
             index_entries: 1024,
             index_slots: 4096,
-            reclaim: crate::storage::reclaim::ReclaimStats { carried: 7, ..Default::default() },
+            reclaim: crate::message::ReclaimCounts { carried: 7, ..Default::default() },
             store_writable: false,
             store_error: Some("fdatasync /data/commitlog/0: Input/output error".into()),
         }

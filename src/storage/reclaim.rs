@@ -72,8 +72,9 @@ pub struct Reclaim {
     pub stats: ReclaimStats,
 }
 
-/// Counters of what reclaim did since the broker started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+/// Counters of what reclaim did since the broker started. The HTTP answer is
+/// [`crate::message::ReclaimCounts`]: storage does not shape what clients see.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReclaimStats {
     /// Messages copied forward.
     pub carried: u64,
