@@ -19,9 +19,9 @@ pub mod slot;
 pub const RECORD_MAGIC: u16 = 0xD71A;
 /// Version written in records of the original kinds (Put, Transition, Hop, EndOfSegment).
 pub const RECORD_VERSION: u8 = 1;
-/// Version of records of kinds added later (Carry), of a Put that replaces the message its id
-/// named before (the compat `/push`), and of a Reserve Transition that records the due time of the
-/// delivery it reserves: a delayd that knows only version 1 refuses to start on them instead of
+/// Version of records of kinds added later (Carry, Pause, Push), of a Put that replaces the message
+/// its id named before (the compat `/push`), and of a Transition with a due time but no link back
+/// (delayd now links every Transition, so writes those as [`RECORD_VERSION_LINKED`]): a delayd that knows only version 1 refuses to start on them instead of
 /// taking them for damage, or for a Put that leaves the old message in place.
 pub const RECORD_VERSION_CARRY: u8 = 2;
 /// Version of a Transition that links back to the message's record before it (so a look-up can
@@ -138,8 +138,9 @@ pub enum Cause {
     DeadLetter = 6,
     /// Cancelled by id.
     Cancel = 7,
-    /// An operator moved it from the dead-letter topic back to its topic (written in a version 2
-    /// Transition, so an older delayd refuses the log instead of taking it for damage).
+    /// An operator moved it from the dead-letter topic back to its topic (written in a Transition
+    /// of version 2 or later, today always 3, so a delayd that knows only version 1 refuses the
+    /// log instead of taking it for damage).
     Redrive = 8,
 }
 
@@ -810,7 +811,7 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(h.kind).ok_or(DecodeError::Invalid("unknown record kind"))?;
-    // Carry and Pause exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
+    // Carry, Pause and Push exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
     // 1, 2 (it ends with a due time) or 3 (a due time and a link to the record before it); the rest
     // only 1.
     let v2 = h.version == RECORD_VERSION_CARRY;
