@@ -672,17 +672,17 @@ impl Engine {
             .store(self.store.corrupt_records(), std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The (msg_offset, hash, seq, due) a queue entry's record refers to; `None` when the record
+    /// The timer a queue entry's record stands for; `None` when the record
     /// was reclaimed (its message was carried forward or expired, so the entry is stale).
-    fn timer_of(&self, offset: u64) -> Result<Option<(u64, u64, u32, u64)>> {
+    fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
         if offset < self.store.log.start() {
             return Ok(None);
         }
         Ok(Some(match self.store.log.read(offset)?.0 {
-            Record::Put(p) => (offset, format::id_hash(p.id), 0, p.deliver_at_ms),
-            Record::Carry(c) => (offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
-            Record::Transition(t) => (t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
-            Record::Hop(h) => (h.msg_offset, h.id_hash, h.seq, h.target_ms),
+            Record::Put(p) => Timer::new(offset, format::id_hash(p.id), 0, p.deliver_at_ms),
+            Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
+            Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
+            Record::Hop(h) => Timer::new(h.msg_offset, h.id_hash, h.seq, h.target_ms),
             Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => {
                 return Err(Error::Corrupt {
                     file: "commitlog".into(),
@@ -694,7 +694,7 @@ impl Engine {
     }
 
     fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
-        let Some((msg_offset, hash, seq, _)) = self.timer_of(entry.offset)? else { return Ok(None) };
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else { return Ok(None) };
         let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
@@ -1109,7 +1109,9 @@ impl Engine {
     }
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
-        let Some((msg_offset, hash, seq, target)) = self.timer_of(entry.offset)? else { return Ok(()) };
+        let Some(Timer { msg_offset, hash, seq, due_ms: target }) = self.timer_of(entry.offset)? else {
+            return Ok(());
+        };
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
@@ -1252,7 +1254,7 @@ impl Engine {
     /// The message a queue entry still stands for: its slot, if the entry is its live timer or
     /// queue entry (same seq) and it is not final, and it belongs to queue `topic`.
     fn live_entry(&self, entry: &Entry, topic: &str) -> Result<Option<Slot>> {
-        let Some((msg_offset, hash, seq, _)) = self.timer_of(entry.offset)? else { return Ok(None) };
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else { return Ok(None) };
         let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
         if slot.seq != seq || slot.state.is_final() {
             return Ok(None);
@@ -1529,6 +1531,25 @@ impl Engine {
     /// Entries the level schedulers hold in memory (bounded by the read-ahead window).
     pub fn scheduler_window(&self) -> usize {
         self.schedulers.values().map(|s| s.held()).sum()
+    }
+}
+
+/// What a queue entry's record says of the message's timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timer {
+    /// The message's Put or Carry record.
+    msg_offset: u64,
+    /// Its id hash, to find its index slot.
+    hash: u64,
+    /// The delivery sequence the timer belongs to; a slot with another is past it.
+    seq: u32,
+    /// When the timer is due (the hop's target, or the message's due time), unix ms.
+    due_ms: u64,
+}
+
+impl Timer {
+    fn new(msg_offset: u64, hash: u64, seq: u32, due_ms: u64) -> Timer {
+        Timer { msg_offset, hash, seq, due_ms }
     }
 }
 

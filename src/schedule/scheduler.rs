@@ -13,6 +13,25 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use crate::storage::consumequeue::{ConsumeQueue, Entry};
 
+/// An entry held by the scheduler, ordered by due time and then by its index in the queue (the
+/// field order is the order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Held {
+    /// When it falls due: the entry's tag, unix ms.
+    due_ms: u64,
+    /// Its index in the level queue.
+    idx: u64,
+    /// The record it stands for.
+    offset: u64,
+    size: u32,
+}
+
+impl Held {
+    fn new(idx: u64, e: &Entry) -> Held {
+        Held { due_ms: e.tag, idx, offset: e.offset, size: e.size }
+    }
+}
+
 /// Reader state of one level queue.
 #[derive(Debug)]
 pub struct LevelScheduler {
@@ -23,7 +42,7 @@ pub struct LevelScheduler {
     /// Entries read but not all handled, from the cursor on; `true` once handled.
     window: VecDeque<bool>,
     window_start: u64,
-    heap: BinaryHeap<Reverse<(u64, u64, u64, u32)>>,
+    heap: BinaryHeap<Reverse<Held>>,
     last_read_due: u64,
 }
 
@@ -56,8 +75,8 @@ impl LevelScheduler {
     /// and the cursor behind it, for good).
     pub fn fill_checked(&mut self, cq: &ConsumeQueue, mut is_bad: impl FnMut(&Entry) -> bool) -> Option<u64> {
         while self.read_pos < cq.len() {
-            if let Some(Reverse((min_due, ..))) = self.heap.peek() {
-                if *min_due <= self.last_read_due.saturating_sub(self.skew_ms) {
+            if let Some(Reverse(min)) = self.heap.peek() {
+                if min.due_ms <= self.last_read_due.saturating_sub(self.skew_ms) {
                     break;
                 }
             }
@@ -65,7 +84,7 @@ impl LevelScheduler {
             if is_bad(&e) {
                 return Some(self.read_pos);
             }
-            self.heap.push(Reverse((e.tag, self.read_pos, e.offset, e.size)));
+            self.heap.push(Reverse(Held::new(self.read_pos, &e)));
             self.window.push_back(false);
             self.last_read_due = e.tag;
             self.read_pos += 1;
@@ -75,15 +94,15 @@ impl LevelScheduler {
 
     /// Due time of the earliest held entry.
     pub fn next_due(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse((due, ..))| *due)
+        self.heap.peek().map(|Reverse(h)| h.due_ms)
     }
 
     /// Takes the earliest entry if it is due at `now_ms`; call [`done`](Self::done) once handled.
     pub fn take_due(&mut self, now_ms: u64) -> Option<(u64, Entry)> {
         match self.heap.peek() {
-            Some(Reverse((due, ..))) if *due <= now_ms => {
-                let Reverse((tag, idx, offset, size)) = self.heap.pop()?;
-                Some((idx, Entry { offset, size, tag }))
+            Some(Reverse(h)) if h.due_ms <= now_ms => {
+                let Reverse(Held { due_ms, idx, offset, size }) = self.heap.pop()?;
+                Some((idx, Entry { offset, size, tag: due_ms }))
             }
             _ => None,
         }
@@ -92,7 +111,7 @@ impl LevelScheduler {
     /// Gives back an entry [`take_due`](Self::take_due) yielded whose handling failed (nothing
     /// was written for it), so it is yielded again on the next try.
     pub fn put_back(&mut self, idx: u64, e: Entry) {
-        self.heap.push(Reverse((e.tag, idx, e.offset, e.size)));
+        self.heap.push(Reverse(Held::new(idx, &e)));
     }
 
     /// Marks entry `idx` handled and advances the cursor over the handled prefix.
