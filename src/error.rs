@@ -29,10 +29,12 @@ pub enum Error {
     /// Configuration that cannot be used.
     #[error("config: {0}")]
     Config(String),
-    /// An I/O error with the path or operation that caused it.
-    #[error("{context}: {source}")]
+    /// An I/O error: the operation, the file it was on (if any) and the OS error, kept apart so
+    /// each reader (the log, a client, the poison record) takes what it needs.
+    #[error("{op}{}: {source}", file.as_ref().map(|f| format!(" {}", f.display())).unwrap_or_default())]
     Io {
-        context: String,
+        op: String,
+        file: Option<std::path::PathBuf>,
         #[source]
         source: io::Error,
     },
@@ -44,9 +46,14 @@ impl Error {
         Error::Invalid { field: field.into(), message: message.into() }
     }
 
-    /// Wraps an I/O error with what was being done.
-    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+    /// Wraps an I/O error with what was being done, on no file in particular.
+    pub fn io(op: impl Into<String>, source: io::Error) -> Self {
+        Error::Io { op: op.into(), file: None, source }
+    }
+
+    /// Wraps an I/O error with what was being done and on which file.
+    pub fn io_at(op: impl Into<String>, file: impl AsRef<std::path::Path>, source: io::Error) -> Self {
+        Error::Io { op: op.into(), file: Some(file.as_ref().to_path_buf()), source }
     }
 
     /// A stable snake_case code for API clients.

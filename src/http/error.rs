@@ -111,7 +111,14 @@ impl From<Error> for ApiError {
             // The whole story (file, offset, OS error) goes to the log; the client learns what
             // failed and why, but not where the files are.
             StoreFailureLog::global().note(&e);
-            format!("{}; the server log has the details", without_paths(&e.to_string()))
+            // Built from the error's fields, so the file is simply left out; the scrub stays for
+            // messages that arrive as text (a poisoned store's reason).
+            let told = match &e {
+                Error::Io { op, source, .. } => format!("{op}: {source}"),
+                Error::Corrupt { offset, reason, .. } => format!("corrupt data at offset {offset}: {reason}"),
+                other => other.to_string(),
+            };
+            format!("{}; the server log has the details", without_paths(&told))
         } else {
             e.to_string()
         };
@@ -259,12 +266,12 @@ mod tests {
                  writes are refused until a restart",
             ),
             (
-                Error::io("preallocate ./data/commitlog/00000000000067108864", std::io::Error::from_raw_os_error(28)),
-                "preallocate <file>: No space left on device (os error 28)",
+                Error::io_at("preallocate", "./data/commitlog/00000000000067108864", std::io::Error::from_raw_os_error(28)),
+                "preallocate: No space left on device (os error 28)",
             ),
             (
                 Error::Corrupt { file: "/srv/d/index/ids-1".into(), offset: 7, reason: "crc".into() },
-                "corrupt data in <file> at offset 7: crc",
+                "corrupt data at offset 7: crc",
             ),
             (Error::Unavailable("the broker is shutting down".into()), "store unavailable: the broker is shutting down"),
         ];

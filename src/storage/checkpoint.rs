@@ -36,7 +36,7 @@ impl Checkpoint {
         match fs::read(path) {
             Ok(b) => Ok(Checkpoint::decode_checked(&b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ok(Checkpoint::default())),
-            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+            Err(e) => Err(Error::io_at("read", path, e)),
         }
     }
 
@@ -100,19 +100,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let written = (|| {
         // 0600: the receipt key is written this way, and nothing here is for other users.
         let opts = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).clone();
-        let f = io::open(&opts, &tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
+        let f = io::open(&opts, &tmp).map_err(|e| Error::io_at("create", &tmp, e))?;
         // A temp file left by a crash keeps the mode it was made with; `mode` covers new ones only.
-        f.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::io(format!("chmod {}", tmp.display()), e))?;
-        io::write_all_at(&f, &tmp, bytes, 0).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
-        io::sync_all(&f, &tmp).map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))
+        f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(|e| Error::io_at("chmod", &tmp, e))?;
+        io::write_all_at(&f, &tmp, bytes, 0).map_err(|e| Error::io_at("write", &tmp, e))?;
+        io::sync_all(&f, &tmp).map_err(|e| Error::io_at("fsync", &tmp, e))
     })();
     if let Err(e) = written {
         // A part-written temp file only holds disk space that a full disk needs back.
         let _ = io::remove_file(&tmp);
         return Err(e);
     }
-    io::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
+    io::rename(&tmp, path).map_err(|e| Error::io_at("rename", &tmp, e))?;
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
         _ => sync_dir(Path::new(".")),
@@ -129,9 +128,9 @@ pub fn take_clean_marker(path: &Path) -> Result<Option<u64>> {
     let b = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+        Err(e) => return Err(Error::io_at("read", path, e)),
     };
-    io::remove_file(path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    io::remove_file(path).map_err(|e| Error::io_at("remove", path, e))?;
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }

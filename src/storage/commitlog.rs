@@ -79,7 +79,7 @@ pub struct CommitLog {
     /// Until when making the next segment is not tried again for a new message, and what refused
     /// it last time: on a full disk every produce would otherwise preallocate (and give back) a
     /// whole segment.
-    roll_refused: Option<(Instant, String, i32)>,
+    roll_refused: Option<(Instant, (String, Option<std::path::PathBuf>), i32)>,
     /// The next segment (by base), being made on a helper thread.
     next: Option<MadeAhead>,
 }
@@ -110,7 +110,7 @@ impl CommitLog {
         claims: &[DurableClaim],
         durability: Durability,
     ) -> Result<(CommitLog, RecoveryReport)> {
-        fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        fs::create_dir_all(dir).map_err(|e| Error::io_at("create", dir, e))?;
         let mut segments = Vec::new();
         let bases = list_numbered(dir)?;
         // The newest segment's size before it is extended below: a file cut short looks, once
@@ -118,8 +118,7 @@ impl CommitLog {
         let last_on_disk = match bases.last() {
             Some(base) => {
                 let path = dir.join(segment_name(*base));
-                let len =
-                    fs::metadata(&path).map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
+                let len = fs::metadata(&path).map_err(|e| Error::io_at("stat", &path, e))?.len();
                 Some((*base, len, path))
             }
             None => None,
@@ -349,8 +348,7 @@ impl CommitLog {
             if let Some(seg) = self.segments.pop() {
                 let path = seg.file.path().to_path_buf();
                 drop(seg);
-                super::io::remove_file(&path)
-                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+                super::io::remove_file(&path).map_err(|e| Error::io_at("remove", &path, e))?;
                 sync_dir(&self.dir)?;
             }
         }
@@ -476,9 +474,10 @@ impl CommitLog {
         let last = self.segments.len() - 1;
         let eos = format::encode_end_of_segment();
         let next = self.segments[last].end();
-        if let Some((until, context, code)) = &self.roll_refused {
+        if let Some((until, (op, file), code)) = &self.roll_refused {
             if grows && Instant::now() < *until {
-                return Err(Error::io(context.clone(), std::io::Error::from_raw_os_error(*code)));
+                let source = std::io::Error::from_raw_os_error(*code);
+                return Err(Error::Io { op: op.clone(), file: file.clone(), source });
             }
             self.roll_refused = None;
         }
@@ -489,11 +488,12 @@ impl CommitLog {
         {
             Ok(file) => file,
             Err(e) => {
-                if let Error::Io { context, source } = &e {
+                if let Error::Io { op, file, source } = &e {
                     if let (true, Some(code)) =
                         (super::io::is_resource_exhausted(source), source.raw_os_error())
                     {
-                        self.roll_refused = Some((Instant::now() + ROLL_RETRY_AFTER, context.clone(), code));
+                        let what = (op.clone(), file.clone());
+                        self.roll_refused = Some((Instant::now() + ROLL_RETRY_AFTER, what, code));
                     }
                 }
                 return Err(e);
@@ -627,7 +627,7 @@ impl CommitLog {
         let seg = self.segments.remove(0);
         let (path, bytes) = (seg.file.path().to_path_buf(), seg.file.len());
         drop(seg);
-        super::io::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+        super::io::remove_file(&path).map_err(|e| Error::io_at("remove", &path, e))?;
         sync_dir(&self.dir)?;
         Ok(bytes)
     }
@@ -699,10 +699,10 @@ pub fn list_numbered(dir: &Path) -> Result<Vec<u64>> {
     let rd = match super::io::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(Error::io(format!("read dir {}", dir.display()), e)),
+        Err(e) => return Err(Error::io_at("read dir", dir, e)),
     };
     for entry in rd {
-        let entry = entry.map_err(|e| Error::io(format!("read dir {}", dir.display()), e))?;
+        let entry = entry.map_err(|e| Error::io_at("read dir", dir, e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         if name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()) {

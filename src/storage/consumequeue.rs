@@ -51,7 +51,7 @@ impl ConsumeQueue {
     /// Entries at or past `len` are zeroed: they were written after the checkpoint and the
     /// dispatcher writes them again.
     pub fn open(dir: &Path, per_file: u64, len: Option<u64>) -> Result<ConsumeQueue> {
-        fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        fs::create_dir_all(dir).map_err(|e| Error::io_at("create", dir, e))?;
         let names = list_numbered(dir)?;
         let mut files = Vec::with_capacity(names.len());
         // Reclaim deletes whole files from the front, so the first may start past entry 0; with no
@@ -415,7 +415,7 @@ impl ConsumeQueue {
                 drop(self.files.remove(0));
             }
             let path = self.file_path(self.first_file);
-            super::io::remove_file(&path).map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+            super::io::remove_file(&path).map_err(|e| Error::io_at("remove", &path, e))?;
             self.first_file += 1;
             self.file_count -= 1;
             dropped += 1;
@@ -439,7 +439,7 @@ impl ConsumeQueue {
         match super::io::remove_dir_all(&self.dir) {
             Ok(()) => Ok(self.file_count as usize),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(Error::io(format!("remove {}", self.dir.display()), e)),
+            Err(e) => Err(Error::io_at("remove", &self.dir, e)),
         }
     }
 
@@ -457,7 +457,7 @@ fn create_dir_durably(dir: &Path) -> Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
-    fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    fs::create_dir_all(dir).map_err(|e| Error::io_at("create", dir, e))?;
     match dir.parent() {
         Some(parent) => sync_dir(parent),
         None => Ok(()),

@@ -45,12 +45,11 @@ impl Failure {
         Failure { op: op.into(), file: file.into(), error: error.to_string() }
     }
 
-    /// Describes a broker error: an I/O error's context holds the operation and the file.
+    /// Describes a broker error.
     pub fn from_error(e: &Error) -> Failure {
         match e {
-            Error::Io { context, source } => {
-                let (op, file) = context.split_once(' ').unwrap_or((context.as_str(), ""));
-                Failure::new(op, file, source)
+            Error::Io { op, file, source } => {
+                Failure::new(op, file.as_ref().map(|f| f.display().to_string()).unwrap_or_default(), source)
             }
             Error::Corrupt { file, offset, reason } => {
                 Failure::new("read", format!("{file} at offset {offset}"), reason)
@@ -341,11 +340,11 @@ impl Reserve {
     /// reserve and runs `f` once more.
     pub fn retry_on_full_disk<T>(&self, mut f: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
         match f() {
-            Err(Error::Io { source, context }) if is_disk_full(&source) => {
+            Err(Error::Io { op, file, source }) if is_disk_full(&source) => {
                 if self.release() {
                     f()
                 } else {
-                    Err(Error::Io { source, context })
+                    Err(Error::Io { op, file, source })
                 }
             }
             r => r,
@@ -356,4 +355,24 @@ impl Reserve {
 /// True for ENOSPC and EDQUOT.
 pub fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_takes_the_operation_and_the_file_from_the_error_fields() {
+        // A two-word operation used to be split at its first space ("read" on "dir /d").
+        let e = Error::io_at("read dir", "/data/cq/topic", std::io::Error::from_raw_os_error(24));
+        let f = Failure::from_error(&e);
+        assert_eq!((f.op.as_str(), f.file.as_str()), ("read dir", "/data/cq/topic"));
+        assert!(f.error.contains("os error 24"), "{}", f.error);
+        assert_eq!(
+            e.to_string(),
+            format!("read dir /data/cq/topic: {}", std::io::Error::from_raw_os_error(24))
+        );
+        let f = Failure::from_error(&Error::io("spawn engine thread", std::io::Error::other("no threads")));
+        assert_eq!((f.op.as_str(), f.file.as_str()), ("spawn engine thread", ""));
+    }
 }

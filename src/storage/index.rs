@@ -573,8 +573,7 @@ impl IdIndex {
             // The new file must be durable before the rename drops the old one, or a power loss
             // could leave `ids` without slots copied since the last checkpoint.
             handle.sync_data()?;
-            super::io::rename(&next, &path)
-                .map_err(|e| Error::io(format!("rename {}", next.display()), e))?;
+            super::io::rename(&next, &path).map_err(|e| Error::io_at("rename", &next, e))?;
             if let Some(dir) = path.parent() {
                 sync_dir(dir)?;
             }
@@ -639,8 +638,7 @@ fn finish_interrupted(path: &Path, old: Table, mut next: Table) -> Result<Table>
     next.file.flush()?;
     drop(old);
     let next_path = next.file.path().to_path_buf();
-    super::io::rename(&next_path, path)
-        .map_err(|e| Error::io(format!("rename {}", next_path.display()), e))?;
+    super::io::rename(&next_path, path).map_err(|e| Error::io_at("rename", &next_path, e))?;
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }
@@ -660,7 +658,7 @@ fn create_table(tmp: &Path, dest: &Path, slots: u64) -> Result<MappedFile> {
     file.write_at(0, &encode_index_header(slots));
     file.flush()?;
     file.sync_all()?;
-    super::io::rename(tmp, dest).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
+    super::io::rename(tmp, dest).map_err(|e| Error::io_at("rename", tmp, e))?;
     if let Some(dir) = dest.parent() {
         sync_dir(dir)?;
     }
@@ -673,7 +671,7 @@ fn remove_if_exists(path: &Path) -> Result<()> {
     match super::io::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
+        Err(e) => Err(Error::io_at("remove", path, e)),
     }
 }
 

@@ -239,7 +239,7 @@ pub fn create_private_dir(dir: &Path) -> crate::error::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| crate::error::Error::io(format!("create {}", dir.display()), e))?;
+        .map_err(|e| crate::error::Error::io_at("create", dir, e))?;
     if existed {
         if let Ok(meta) = std::fs::metadata(dir) {
             let mode = meta.permissions().mode() & 0o777;

@@ -86,7 +86,7 @@ impl MappedFile {
             return Ok(());
         }
         io::preallocate(&self.file, &self.path, len)
-            .map_err(|e| Error::io(format!("preallocate {}", self.path.display()), e))?;
+            .map_err(|e| Error::io_at("preallocate", &self.path, e))?;
         // The old mapping stays valid until the new one replaces it (the file only grew).
         self.map = map_whole(&self.path, &self.file)?;
         Ok(())
@@ -165,8 +165,7 @@ impl MappedFile {
         if len == 0 {
             return Ok(());
         }
-        io::msync(&self.map, &self.path, offset, len)
-            .map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
+        io::msync(&self.map, &self.path, offset, len).map_err(|e| Error::io_at("msync", &self.path, e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), Some((offset as u64, len as u64)));
         Ok(())
@@ -178,8 +177,7 @@ impl MappedFile {
     /// mapping dirty the page cache like write(2) does, so fdatasync covers them; it skips
     /// msync's walk of the mapping and measured cheaper here.
     pub fn sync_data(&self) -> Result<()> {
-        io::sync_data(&self.file, &self.path)
-            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+        io::sync_data(&self.file, &self.path).map_err(|e| Error::io_at("fdatasync", &self.path, e))
     }
 
     /// Byte ranges at or after `from` that may hold data: the file's allocated, written extents
@@ -240,13 +238,13 @@ impl MappedFile {
             Err(_) => io::open(OpenOptions::new().read(true), &self.path),
         };
         file.map(|file| SyncFile { file, path: self.path.clone() })
-            .map_err(|e| Error::io(format!("open {}", self.path.display()), e))
+            .map_err(|e| Error::io_at("open", &self.path, e))
     }
 
     /// Makes the whole mapping durable.
     pub fn flush(&self) -> Result<()> {
         io::msync(&self.map, &self.path, 0, self.map.len())
-            .map_err(|e| Error::io(format!("msync {}", self.path.display()), e))?;
+            .map_err(|e| Error::io_at("msync", &self.path, e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), None);
         Ok(())
@@ -254,8 +252,7 @@ impl MappedFile {
 
     /// fsyncs file metadata too (after creation).
     pub fn sync_all(&self) -> Result<()> {
-        io::sync_all(&self.file, &self.path)
-            .map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))
+        io::sync_all(&self.file, &self.path).map_err(|e| Error::io_at("fsync", &self.path, e))
     }
 }
 
@@ -264,8 +261,7 @@ fn map_whole(path: &Path, file: &File) -> Result<MmapMut> {
     // SAFETY: delayd owns the data directory (guarded by the LOCK file) and never truncates a file
     // while it is mapped, so the mapping stays valid for its lifetime. Other processes modifying
     // the files underneath us is outside the supported model.
-    let map =
-        unsafe { MmapMut::map_mut(file) }.map_err(|e| Error::io(format!("mmap {}", path.display()), e))?;
+    let map = unsafe { MmapMut::map_mut(file) }.map_err(|e| Error::io_at("mmap", path, e))?;
     // MADV_RANDOM turns off fault-around readahead, so faults map single pages instead of
     // large folios. With large folios (ext4 on recent kernels) one 20-byte queue entry or
     // index slot dirtied a whole folio and every fdatasync wrote it back: measured here, a
@@ -358,14 +354,14 @@ pub(super) fn sync_file_range(file: &File, offset: u64, len: u64) -> std::io::Re
 fn open_preallocated(path: &Path, len: u64) -> Result<File> {
     let existed = path.exists();
     let file = open_rw(path, true)?;
-    let cur = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?.len();
+    let cur = file.metadata().map_err(|e| Error::io_at("stat", path, e))?.len();
     if cur < len {
         if let Err(e) = io::preallocate(&file, path, len) {
             if !existed {
                 drop(file);
                 let _ = io::remove_file(path);
             }
-            return Err(Error::io(format!("preallocate {}", path.display()), e));
+            return Err(Error::io_at("preallocate", path, e));
         }
     }
     Ok(file)
@@ -376,7 +372,7 @@ fn open_preallocated(path: &Path, len: u64) -> Result<File> {
 /// of need, whose map and unmap would only cost the process's other threads.
 pub fn create_durably(path: &Path, len: u64) -> Result<()> {
     let file = open_preallocated(path, len)?;
-    io::sync_all(&file, path).map_err(|e| Error::io(format!("fsync {}", path.display()), e))?;
+    io::sync_all(&file, path).map_err(|e| Error::io_at("fsync", path, e))?;
     // Closed before the directory is opened: a helper making a file ahead holds one handle at a
     // time, which is what `open_queues` budgets for.
     drop(file);
@@ -431,22 +427,20 @@ impl Drop for MadeAhead {
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     // 0600 whatever the umask: log segments hold push subscriptions' secrets.
     io::open(OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o600), path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))
+        .map_err(|e| Error::io_at("open", path, e))
 }
 
 /// fdatasyncs the file at `path` through a new handle. Pages written through a mapping that is
 /// gone are still the file's dirty pages, so this makes them durable too.
 pub fn sync_path(path: &Path) -> Result<()> {
-    let f = io::open(OpenOptions::new().read(true), path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    io::sync_data(&f, path).map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))
+    let f = io::open(OpenOptions::new().read(true), path).map_err(|e| Error::io_at("open", path, e))?;
+    io::sync_data(&f, path).map_err(|e| Error::io_at("fdatasync", path, e))
 }
 
 /// fsyncs a directory so a create, rename or delete in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    let f = io::open(OpenOptions::new().read(true), dir)
-        .map_err(|e| Error::io(format!("open dir {}", dir.display()), e))?;
-    io::sync_all(&f, dir).map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))
+    let f = io::open(OpenOptions::new().read(true), dir).map_err(|e| Error::io_at("open dir", dir, e))?;
+    io::sync_all(&f, dir).map_err(|e| Error::io_at("fsync dir", dir, e))
 }
 
 /// A file handle of its own (its own open file description) with the path it names, for syncing
@@ -461,19 +455,17 @@ impl SyncFile {
     pub fn open(path: &Path) -> Result<SyncFile> {
         io::open(OpenOptions::new().read(true), path)
             .map(|file| SyncFile { file, path: path.to_path_buf() })
-            .map_err(|e| Error::io(format!("open {}", path.display()), e))
+            .map_err(|e| Error::io_at("open", path, e))
     }
 
     /// fdatasync, under the store's durability owner.
     pub fn sync_data(&self) -> Result<()> {
-        io::sync_data(&self.file, &self.path)
-            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+        io::sync_data(&self.file, &self.path).map_err(|e| Error::io_at("fdatasync", &self.path, e))
     }
 
     /// fsync (data and metadata: a size grown by preallocation), under the store's durability owner.
     pub fn sync_all(&self) -> Result<()> {
-        io::sync_all(&self.file, &self.path)
-            .map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))
+        io::sync_all(&self.file, &self.path).map_err(|e| Error::io_at("fsync", &self.path, e))
     }
 
     /// The path.
@@ -501,7 +493,7 @@ impl DirLock {
                     path.display()
                 )));
             }
-            return Err(Error::io(format!("flock {}", path.display()), err));
+            return Err(Error::io_at("flock", path, err));
         }
         use std::io::Write;
         let _ = file.set_len(0);

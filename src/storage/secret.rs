@@ -37,7 +37,7 @@ pub fn load_or_create(path: &Path, holds_log: bool) -> Result<[u8; KEY_BYTES]> {
              time-to-run). Restore the file from a backup of this directory to keep them valid"
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+        Err(e) => return Err(Error::io_at("read", path, e)),
     }
     let key = random_key()?;
     write_atomic(path, &encode_receipt_key(&key))?;

@@ -179,7 +179,7 @@ fn remove_index_files(ids: &Path) -> Result<()> {
     for path in [ids.to_path_buf(), ids.with_extension("next"), ids.with_extension("new")] {
         match super::io::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::io(format!("remove {}", path.display()), e))
+                return Err(Error::io_at("remove", &path, e))
             }
             _ => {}
         }
@@ -189,9 +189,7 @@ fn remove_index_files(ids: &Path) -> Result<()> {
 
 fn remove_dir_if_present(dir: &Path) -> Result<()> {
     match super::io::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(Error::io(format!("remove {}", dir.display()), e))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io_at("remove", dir, e)),
         _ => Ok(()),
     }
 }
@@ -702,8 +700,7 @@ impl Store {
         self.lru.clear();
         let cq_root = self.dir.join("cq");
         if cq_root.exists() {
-            super::io::remove_dir_all(&cq_root)
-                .map_err(|e| Error::io(format!("remove {}", cq_root.display()), e))?;
+            super::io::remove_dir_all(&cq_root).map_err(|e| Error::io_at("remove", &cq_root, e))?;
         }
         let index_path = self.dir.join("index").join("ids");
         remove_index_files(&index_path)?;
