@@ -179,7 +179,9 @@ config_keys! {
         |v| rule(*v > 0, || "must be longer than 0ms".into());
     max_attempts: u32 [Count<u32>] = 16, "N",
         "Deliveries before a message moves to {topic}.dlq",
-        |v| rule(*v >= 1, || "must be at least 1".into());
+        // The same bound a produce's own max_attempts has: past it every produce that leans on
+        // the default would be refused.
+        |v| rule((1..=MAX_ATTEMPTS_LIMIT).contains(v), || format!("must be 1 to {MAX_ATTEMPTS_LIMIT}"));
     /// In milliseconds.
     backoff: Vec<u64> [Durations] = DEFAULT_BACKOFF_MS.to_vec(), "DURATIONS",
         "Nack retry schedule when the message carries none",

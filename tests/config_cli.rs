@@ -200,3 +200,12 @@ fn a_value_means_the_same_in_the_file_as_in_the_environment() {
     refused(&["--config", file.to_str().unwrap()], &[], &["line 1: flush", why]);
     refused(&[], &[("DELAYD_FLUSH", "sometimes")], &["DELAYD_FLUSH", why]);
 }
+
+#[test]
+fn a_default_max_attempts_no_produce_could_carry_is_refused_at_start() {
+    // 20,000 used to start, and then every produce without its own max_attempts was a 400.
+    refused(&[], &[("DELAYD_MAX_ATTEMPTS", "20000")], &["max_attempts", "must be 1 to 10000"]);
+    refused(&["--max-attempts", "0"], &[], &["max_attempts", "must be 1 to 10000"]);
+    let s = Server::start(&[("DELAYD_MAX_ATTEMPTS", "10000")]);
+    assert_eq!(s.post("/v1/topics/t/messages", &json!({ "body": "b" })).0, 201);
+}
