@@ -29,6 +29,32 @@ fn wait_for_http_stats(s: &Server, what: &str, ok: impl Fn(&serde_json::Value) -
     }
 }
 
+/// 16 clients sending 4 authenticated produces of `body` each, at once: every answer's status and
+/// whether it carried `Retry-After`.
+fn produce_burst(s: &Server, body: &[u8]) -> Vec<(u16, bool)> {
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let (url, body) = (s.url("/v1/topics/mem/messages"), body.to_vec());
+            std::thread::spawn(move || {
+                let client = common::client();
+                (0..4)
+                    .map(|_| {
+                        let r = client
+                            .post(&url)
+                            .bearer_auth(TOKEN)
+                            .header("content-type", "application/json")
+                            .body(body.clone())
+                            .send()
+                            .expect("an answer");
+                        (r.status().as_u16(), r.headers().get("retry-after").is_some())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    threads.into_iter().flat_map(|t| t.join().expect("burst thread")).collect()
+}
+
 #[test]
 fn request_bodies_past_max_body_memory_get_503_with_retry_after() {
     // Room for two bodies of ~60 KB, not three (one request may be up to 64KiB + 64KiB here).
@@ -65,27 +91,8 @@ fn request_bodies_past_max_body_memory_get_503_with_retry_after() {
     assert_eq!(third.exchange(&request("GET", "/healthz", &[], b""), false).unwrap().status, 200);
 
     // A burst meanwhile: every one is refused, none panics the server.
-    let burst: Vec<_> = (0..16)
-        .map(|_| {
-            let (url, body) = (s.url("/v1/topics/mem/messages"), body.clone());
-            std::thread::spawn(move || {
-                let client = common::client();
-                (0..4)
-                    .map(|_| {
-                        let r = client
-                            .post(&url)
-                            .bearer_auth(TOKEN)
-                            .header("content-type", "application/json")
-                            .body(body.clone())
-                            .send()
-                            .expect("an answer");
-                        (r.status().as_u16(), r.headers().get("retry-after").is_some())
-                    })
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    for (status, retry_after) in burst.into_iter().flat_map(|t| t.join().expect("burst thread")) {
+    let burst = produce_burst(&s, &body);
+    for (status, retry_after) in burst {
         assert_eq!((status, retry_after), (503, true), "while the budget is full");
     }
 
@@ -98,28 +105,7 @@ fn request_bodies_past_max_body_memory_get_503_with_retry_after() {
     wait_for_http_stats(&s, "reservations given back", |h| h["body_memory_bytes"] == 0);
 
     // Concurrent bodies with room for two at a time: each is served or refused with 503, nothing else.
-    let burst: Vec<_> = (0..16)
-        .map(|_| {
-            let (url, body) = (s.url("/v1/topics/mem/messages"), body.clone());
-            std::thread::spawn(move || {
-                let client = common::client();
-                (0..4)
-                    .map(|_| {
-                        client
-                            .post(&url)
-                            .bearer_auth(TOKEN)
-                            .header("content-type", "application/json")
-                            .body(body.clone())
-                            .send()
-                            .expect("an answer")
-                            .status()
-                            .as_u16()
-                    })
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let statuses: Vec<u16> = burst.into_iter().flat_map(|t| t.join().expect("burst thread")).collect();
+    let statuses: Vec<u16> = produce_burst(&s, &body).into_iter().map(|(status, _)| status).collect();
     assert!(statuses.iter().all(|s| *s == 201 || *s == 503), "{statuses:?}");
     assert!(statuses.contains(&201), "{statuses:?}");
     let v = wait_for_http_stats(&s, "all given back", |h| h["body_memory_bytes"] == 0);
