@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use delayd::storage::durability::Durability;
 use delayd::storage::format::{Home, State};
 use delayd::storage::index::{IdIndex, Slot};
 
@@ -156,14 +157,14 @@ fn main() -> delayd::error::Result<()> {
     // thread never waits for it).
     let big = (2 * n + 2).next_power_of_two();
     let t = Instant::now();
-    drop(IdIndex::open(&tmp.path().join("probe"), big)?);
+    drop(IdIndex::open(&tmp.path().join("probe"), big, &Durability::new(tmp.path()))?);
     println!("create + fallocate + fsync a {big}-slot table: {:.1?}", t.elapsed());
     let t = Instant::now();
     std::fs::remove_file(tmp.path().join("probe")).map_err(|e| delayd::error::Error::io("rm", e))?;
     println!("unlink it: {:.1?}", t.elapsed());
 
     let t0 = Instant::now();
-    let mut idx = IdIndex::open(&path, initial)?;
+    let mut idx = IdIndex::open(&path, initial, &Durability::new(&path))?;
     let every = (n / 10).max(1);
     for i in 0..n {
         let s = slot(i);
@@ -190,7 +191,7 @@ fn main() -> delayd::error::Result<()> {
     }
     drop(idx);
     let t = Instant::now();
-    let mut idx = IdIndex::open(&path, initial)?;
+    let mut idx = IdIndex::open(&path, initial, &Durability::new(&path))?;
     println!("reopen (validate + recount {} slots): {:.1?}", idx.capacity(), t.elapsed());
 
     let t1 = Instant::now();

@@ -59,15 +59,9 @@ fn commit_log_append(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for size in [100usize, 1024] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut log, _) = CommitLog::open(
-            dir.path(),
-            256 << 20,
-            0,
-            RecoveryMode::Strict,
-            &[],
-            Durability::register(dir.path()),
-        )
-        .expect("open log");
+        let (mut log, _) =
+            CommitLog::open(dir.path(), 256 << 20, 0, RecoveryMode::Strict, &[], Durability::new(dir.path()))
+                .expect("open log");
         let rec = put_record(&vec![7u8; size]);
         g.bench_function(BenchmarkId::from_parameter(format!("{size}B")), |b| {
             b.iter(|| log.append(&rec).expect("append"))
@@ -141,7 +135,8 @@ fn broker_produce_sync(c: &mut Criterion) {
 
 fn consume_queue_read(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut q = ConsumeQueue::open(dir.path(), 1 << 20, None).expect("open queue");
+    let mut q =
+        ConsumeQueue::open(dir.path(), 1 << 20, None, &Durability::new(dir.path())).expect("open queue");
     const N: u64 = 2_000_000;
     for i in 0..N {
         q.append(Entry { offset: i * 100, size: 100, tag: i }).expect("append");

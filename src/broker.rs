@@ -11,9 +11,8 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,13 +29,9 @@ pub use crate::message::{
 };
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
-use crate::storage::checkpoint::{Captured, Checkpoint, CheckpointJob};
-use crate::storage::durability::{Durability, Failure, FailureLog, LogSyncer};
+use crate::storage::durability::{Durability, Failure, FailureLog};
+use crate::storage::writer::{CheckpointDone, Driver, Release, Writer, WriterConfig};
 
-/// A batch of at most this many requests and bytes may be flushed on the engine thread.
-const INLINE_FLUSH_MAX: usize = 2;
-/// See [`INLINE_FLUSH_MAX`].
-const INLINE_FLUSH_BYTES: u64 = 64 << 10;
 /// Largest number of requests the engine takes off the channel at once.
 const MAX_BATCH: usize = 1024;
 /// Timers fired between two looks at the clock.
@@ -53,11 +48,6 @@ const TIMERS_UNTIL: Duration = Duration::from_millis(4);
 /// 5 ms, whatever the load, so a long-poll or an ack is never stuck behind a burst of work, and
 /// the 10 ms bound holds with room for one large request.
 const STEP_UNTIL: Duration = Duration::from_millis(5);
-/// How often queue lengths and cursors are persisted. Each checkpoint fdatasyncs the id index,
-/// whose random slot writes dirty most of its pages under load; every 5 s rather than every 1 s cut
-/// the flush latency of a sustained 64-writer sync load by a fifth (554 -> 454 us) here, and costs
-/// at most 5 s of records to re-dispatch after a crash.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 /// A request applied inline wakes the sleeping engine thread only for a deadline this much
 /// earlier than the one it sleeps until.
 const WAKE_SLACK: Duration = Duration::from_micros(200);
@@ -171,9 +161,9 @@ enum Pending {
     Walk(oneshot::Sender<Result<WalkStep>>, Result<WalkStep>),
 }
 
-impl Pending {
+impl Release for Pending {
     /// Sends the reply, or an `Unavailable` error instead when the flush covering it failed.
-    fn send(self, flush_err: Option<&Error>) {
+    fn release(self, flush_err: Option<&Error>) {
         match self {
             Pending::Produce(tx, r) => answer(tx, r, flush_err),
             Pending::Pop(tx, r) => answer(tx, r, flush_err),
@@ -551,73 +541,6 @@ impl Broker {
     }
 }
 
-/// A batch's replies, released once the log is durable up to `end`.
-struct SyncJob {
-    /// Segment files holding the batch's records.
-    paths: Vec<PathBuf>,
-    /// Log offset one past the batch.
-    end: u64,
-    replies: Vec<Pending>,
-}
-
-/// The group-commit flusher: fdatasyncs the log for every batch handed to it, coalescing batches
-/// that queued up meanwhile, then releases their replies. Running it beside the engine lets the
-/// engine apply the next batch while the disk works on the previous one.
-///
-/// It syncs through open file descriptions of its own (a writeback error is reported once per
-/// description, so sharing one with another thread could hide it), under the store's durability
-/// owner: once any sync anywhere failed, every later batch is refused, never synced again.
-fn run_flusher(
-    rx: std::sync::mpsc::Receiver<SyncJob>,
-    durability: Durability,
-    metrics: Arc<Metrics>,
-    in_flight: Arc<AtomicUsize>,
-) {
-    let mut syncer = LogSyncer::new(durability);
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            jobs.push(more);
-        }
-        let started = Instant::now();
-        let mut paths: Vec<&PathBuf> = jobs.iter().flat_map(|j| &j.paths).collect();
-        paths.sort();
-        paths.dedup();
-        let end = jobs.iter().map(|j| j.end).max().unwrap_or(0);
-        let failure = syncer.sync(&paths, end).err();
-        metrics.flush_us.observe(started.elapsed().as_micros() as u64);
-        let n = jobs.len();
-        for job in jobs {
-            for p in job.replies {
-                p.send(failure.as_ref());
-            }
-        }
-        in_flight.fetch_sub(n, Ordering::AcqRel);
-    }
-}
-
-/// A checkpoint job's outcome, sent back to the engine.
-struct CheckpointDone {
-    checkpoint: Checkpoint,
-    captured: Captured,
-    result: Result<()>,
-}
-
-/// The checkpoint thread: syncs the files a checkpoint covers (its own descriptions), writes it,
-/// and reports back; the engine counts the files synced only when the job succeeded.
-fn run_checkpointer(
-    rx: std::sync::mpsc::Receiver<CheckpointJob>,
-    done: std::sync::mpsc::Sender<CheckpointDone>,
-    busy: Arc<AtomicBool>,
-) {
-    while let Ok(job) = rx.recv() {
-        let (checkpoint, captured) = (job.checkpoint.clone(), job.captured.clone());
-        let result = job.run();
-        let _ = done.send(CheckpointDone { checkpoint, captured, result });
-        busy.store(false, Ordering::Release);
-    }
-}
-
 /// How long timers and reclaim wait before trying again after a write failed for lack of a
 /// resource (disk space, file handles).
 const RETRY_AFTER_TROUBLE: Duration = Duration::from_secs(1);
@@ -629,32 +552,18 @@ const REMIND_EVERY: Duration = Duration::from_secs(60);
 struct Core {
     engine: Engine,
     clock: Arc<dyn Clock>,
-    flush: FlushMode,
-    flush_every: Duration,
     shared: std::sync::Weak<Shared>,
     durability: Durability,
     /// Requests taken off the channel and not yet applied (a step stops at its time budget).
     batch: std::collections::VecDeque<Command>,
     /// A produce batch cut by the end of a step: applied first in the next one.
     producing: Option<Producing>,
+    /// Replies owed for what the step applied, handed to the writer's commit.
     pending: Vec<Pending>,
     metrics: Arc<Metrics>,
     shutdown: Option<oneshot::Sender<Result<()>>>,
-    last_checkpoint: Instant,
-    last_flush: Instant,
-    /// Bounded: when the disk falls behind, the engine waits instead of queueing without limit.
-    sync_tx: Option<std::sync::mpsc::SyncSender<SyncJob>>,
-    flusher: Option<JoinHandle<()>>,
-    in_flight: Arc<AtomicUsize>,
-    cp_tx: Option<std::sync::mpsc::SyncSender<CheckpointJob>>,
-    /// Durable checkpoints come back to the engine: only then may reclaim delete what they replace.
-    cp_done: std::sync::mpsc::Receiver<CheckpointDone>,
-    cp_busy: Arc<AtomicBool>,
-    checkpointer: Option<JoinHandle<()>>,
-    /// Log offset up to which appends were handed to a flush.
-    handed_off: u64,
-    /// Log end at the last checkpoint captured.
-    checkpointed_end: u64,
+    /// The storage write path: group commit, flusher and checkpoint threads.
+    writer: Writer<Pending>,
     /// Timers (or reclaim) failed for lack of a resource: not before this instant again.
     timers_retry_at: Option<Instant>,
     reclaim_retry_at: Option<Instant>,
@@ -804,7 +713,7 @@ fn run_engine(core: Arc<Mutex<Option<Core>>>, rx: flume::Receiver<Command>) {
 }
 
 impl Core {
-    /// The core of a freshly opened engine, with its flusher and checkpoint threads started.
+    /// The core of a freshly opened engine, with its writer (flusher and checkpoint threads) started.
     fn start(
         engine: Engine,
         clock: Arc<dyn Clock>,
@@ -814,45 +723,19 @@ impl Core {
         metrics: Arc<Metrics>,
     ) -> Core {
         let durability = engine.durability().clone();
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
-        let flusher = {
-            let (durability, metrics, in_flight) = (durability.clone(), metrics.clone(), in_flight.clone());
-            std::thread::Builder::new()
-                .name("delayd-flusher".into())
-                .spawn(move || run_flusher(sync_rx, durability, metrics, in_flight))
+        let on_flush = {
+            let metrics = metrics.clone();
+            Arc::new(move |took: Duration| metrics.flush_us.observe(took.as_micros() as u64))
         };
-        let (sync_tx, flusher) = match flusher {
-            Ok(h) => (Some(sync_tx), Some(h)),
-            Err(e) => {
-                error!(error = %e, "could not start the flusher thread; flushing inline");
-                (None, None)
-            }
-        };
-        let (cp_tx, cp_rx) = std::sync::mpsc::sync_channel::<CheckpointJob>(1);
-        let (done_tx, cp_done) = std::sync::mpsc::channel::<CheckpointDone>();
-        // A captured job's files count as synced only once it reports success, and the next job is
-        // captured only when it is done.
-        let cp_busy = Arc::new(AtomicBool::new(false));
-        let checkpointer = {
-            let busy = cp_busy.clone();
-            std::thread::Builder::new()
-                .name("delayd-checkpoint".into())
-                .spawn(move || run_checkpointer(cp_rx, done_tx, busy))
-        };
-        let (cp_tx, checkpointer) = match checkpointer {
-            Ok(h) => (Some(cp_tx), Some(h)),
-            Err(e) => {
-                error!(error = %e, "could not start the checkpoint thread; checkpointing inline");
-                (None, None)
-            }
-        };
-        let handed_off = engine.log_end();
+        let writer = Writer::start(
+            WriterConfig { flush, flush_every, on_flush },
+            durability.clone(),
+            engine.log_end(),
+            Vec::new(),
+        );
         Core {
             engine,
             clock,
-            flush,
-            flush_every,
             shared,
             durability,
             batch: std::collections::VecDeque::with_capacity(MAX_BATCH),
@@ -860,17 +743,7 @@ impl Core {
             pending: Vec::with_capacity(MAX_BATCH),
             metrics,
             shutdown: None,
-            last_checkpoint: Instant::now(),
-            last_flush: Instant::now(),
-            sync_tx,
-            flusher,
-            in_flight,
-            cp_tx,
-            cp_done,
-            cp_busy,
-            checkpointer,
-            handed_off,
-            checkpointed_end: u64::MAX,
+            writer,
             timers_retry_at: None,
             reclaim_retry_at: None,
             timer_log: FailureLog::new(REMIND_EVERY),
@@ -885,7 +758,9 @@ impl Core {
     fn step(&mut self) -> bool {
         let mut step = StepTimer::start(true);
         self.apply(&mut step);
-        self.commit(false, true);
+        let driver =
+            if self.shutdown.is_some() { Driver::Stopping } else { Driver::Engine { alone: self.alone() } };
+        self.commit(driver);
         step.mark("commit");
         self.notify();
         step.mark("notify");
@@ -906,7 +781,7 @@ impl Core {
             && self.batch.is_empty()
             && self.producing.is_none()
             && self.pending.is_empty()
-            && (self.flush == FlushMode::Async || self.in_flight.load(Ordering::Acquire) == 0)
+            && self.writer.settled()
     }
 
     /// Applies the request just put in `batch` on the caller's thread and answers it (a lone
@@ -917,7 +792,7 @@ impl Core {
         let log_end = self.engine.log_end();
         self.apply_requests(step.started + REQUESTS_UNTIL);
         step.mark("requests");
-        self.commit(true, may_block);
+        self.commit(Driver::Inline { may_block, alone: self.alone() });
         step.mark("commit");
         self.notify();
         step.mark("notify");
@@ -941,13 +816,10 @@ impl Core {
     /// a due time in the past would make the wait zero: a busy loop); one that failed for lack of
     /// a resource wakes for them again after [`RETRY_AFTER_TROUBLE`].
     fn wait_time(&mut self) -> Duration {
-        let mut wait = CHECKPOINT_EVERY.saturating_sub(self.last_checkpoint.elapsed());
         if self.producing.is_some() || !self.batch.is_empty() {
             return Duration::ZERO;
         }
-        if self.flush == FlushMode::Async && self.engine.dirty() {
-            wait = wait.min(self.flush_every.saturating_sub(self.last_flush.elapsed()));
-        }
+        let mut wait = self.writer.next_work(self.engine.dirty());
         if !self.durability.is_poisoned() {
             match retry_wait(&mut self.timers_retry_at) {
                 Some(backoff) => wait = wait.min(backoff),
@@ -1096,7 +968,7 @@ impl Core {
 
     /// Applies durable checkpoints and runs a slice of reclaim, until `until`.
     fn reclaim(&mut self, until: Instant) {
-        while let Ok(done) = self.cp_done.try_recv() {
+        for done in self.writer.checkpoints_done() {
             self.checkpoint_done(done);
         }
         if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() {
@@ -1112,63 +984,16 @@ impl Core {
         }
     }
 
-    /// Makes the batch durable and answers it: hands it to the flusher, or flushes inline. An
-    /// `inline` step (on a request's thread) leaves the periodic async flush to the engine thread,
-    /// and flushes a lone batch itself only when it `may_block` its thread.
-    fn commit(&mut self, inline: bool, may_block: bool) {
-        let end = self.engine.log_end();
-        match (self.flush, self.sync_tx.as_ref()) {
-            // Syncs go to the flusher, so the engine never stops for an fdatasync (5-70 ms now
-            // and then on a busy disk, however little it writes); only a lone small batch with
-            // nothing else queued or in flight is flushed right here (next arm), where a thread
-            // wake-up would cost a lone writer a third of its throughput.
-            (FlushMode::Sync, Some(tx))
-                if end > self.handed_off && !(may_block && self.lone_small_batch(end)) =>
-            {
-                self.in_flight.fetch_add(1, Ordering::AcqRel);
-                // Replies wait for the flusher; the engine goes on with the next batch.
-                let paths = self.engine.log_paths(self.handed_off, end);
-                let job = SyncJob { paths, end, replies: std::mem::take(&mut self.pending) };
-                if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
-                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                    let e = self.durability.poison(Failure::new("hand off", "commit log", "flusher stopped"));
-                    job.replies.into_iter().for_each(|p| p.send(Some(&e)));
-                }
-                self.handed_off = end;
-            }
-            (FlushMode::Sync, _) => {
-                // Nothing appended, a lone small batch, or no flusher thread: flush inline if
-                // needed, answer now.
-                let mut flush_err = None;
-                if end > self.handed_off {
-                    flush_err = self.engine.flush().err();
-                    self.handed_off = end;
-                }
-                // A sync on another thread may have failed: nothing is answered after that.
-                let flush_err = flush_err.or_else(|| self.durability.check().err());
-                self.pending.drain(..).for_each(|p| p.send(flush_err.as_ref()));
-            }
-            (FlushMode::Async, _) => {
-                self.pending.drain(..).for_each(|p| p.send(None));
-                if !inline && (self.last_flush.elapsed() >= self.flush_every || self.shutdown.is_some()) {
-                    if self.engine.dirty() && !self.durability.is_poisoned() {
-                        let _ = self.engine.flush();
-                    }
-                    self.last_flush = Instant::now();
-                }
-            }
-        }
+    /// Makes the step's records durable and answers its requests, through the writer's one
+    /// commit call (whichever thread drives the step).
+    fn commit(&mut self, driver: Driver) {
+        self.engine.commit(&mut self.writer, &mut self.pending, driver);
     }
 
-    /// True when the batch just applied is small, and nothing waits behind it or is being
-    /// flushed: syncing it on the engine thread delays nobody.
-    fn lone_small_batch(&self, end: u64) -> bool {
-        self.pending.len() <= INLINE_FLUSH_MAX
-            && end - self.handed_off <= INLINE_FLUSH_BYTES
-            && self.in_flight.load(Ordering::Acquire) == 0
-            && self.batch.is_empty()
-            && self.producing.is_none()
-            && self.queued() == 0
+    /// True when nothing waits behind the step just applied: no request taken or queued, none
+    /// half applied.
+    fn alone(&self) -> bool {
+        self.batch.is_empty() && self.producing.is_none() && self.queued() == 0
     }
 
     /// Wakes long-polls waiting on topics that got entries.
@@ -1187,25 +1012,13 @@ impl Core {
         }
     }
 
-    /// Every [`CHECKPOINT_EVERY`], hands a checkpoint to the checkpoint thread.
+    /// Every checkpoint period, captures a checkpoint and hands it to the writer's checkpoint
+    /// thread.
     fn checkpoint(&mut self) {
-        if self.last_checkpoint.elapsed() < CHECKPOINT_EVERY {
+        if !self.writer.checkpoint_due(self.engine.log_end()) {
             return;
         }
-        self.last_checkpoint = Instant::now();
-        // An idle broker has nothing new to record: skip the fsyncs. (A pop that only skipped
-        // stale entries moves a cursor without an append; it is saved with the next change.)
-        // A poisoned one must not record anything: its files' state is unknown.
-        if self.engine.log_end() == self.checkpointed_end || self.durability.is_poisoned() {
-            return;
-        }
-        // The fdatasyncs run on the checkpoint thread; if the last one is still running, this
-        // round is skipped rather than stalling the schedulers.
-        if self.cp_busy.load(Ordering::Acquire) {
-            tracing::debug!("previous checkpoint still running; skipped");
-            return;
-        }
-        while let Ok(done) = self.cp_done.try_recv() {
+        for done in self.writer.checkpoints_done() {
             self.checkpoint_done(done);
         }
         let job = match self.engine.checkpoint_job() {
@@ -1215,24 +1028,8 @@ impl Core {
                 return;
             }
         };
-        self.checkpointed_end = self.engine.log_end();
-        self.cp_busy.store(true, Ordering::Release);
-        let unsent = match &self.cp_tx {
-            None => Some(job),
-            Some(tx) => match tx.try_send(job) {
-                Ok(()) => return,
-                Err(
-                    std::sync::mpsc::TrySendError::Full(job)
-                    | std::sync::mpsc::TrySendError::Disconnected(job),
-                ) => Some(job),
-            },
-        };
-        // No checkpoint thread: run it here rather than drop it.
-        self.cp_busy.store(false, Ordering::Release);
-        if let Some(job) = unsent {
-            let (checkpoint, captured) = (job.checkpoint.clone(), job.captured.clone());
-            let result = job.run();
-            self.checkpoint_done(CheckpointDone { checkpoint, captured, result });
+        if let Some(done) = self.writer.checkpoint(job, self.engine.log_end()) {
+            self.checkpoint_done(done);
         }
     }
 
@@ -1248,9 +1045,8 @@ impl Core {
             }
             // A failed sync poisoned the store and was logged where it happened.
             Err(_) if self.durability.is_poisoned() => {}
+            // Out of space or handles: the writer captures everything since at the next round.
             Err(e) => {
-                // Out of space or handles: the next round tries again with everything since.
-                self.checkpointed_end = u64::MAX;
                 self.checkpoint_log.report("checkpoint", &Failure::from_error(&e));
             }
         }
@@ -1261,15 +1057,7 @@ impl Core {
     /// scan the log instead of trusting files in an unknown state).
     fn stop(mut self, rx: &flume::Receiver<Command>) {
         rx.drain().for_each(drop);
-        self.sync_tx.take();
-        if let Some(h) = self.flusher.take() {
-            let _ = h.join();
-        }
-        self.cp_tx.take();
-        if let Some(h) = self.checkpointer.take() {
-            let _ = h.join();
-        }
-        while let Ok(done) = self.cp_done.try_recv() {
+        for done in self.writer.stop() {
             self.checkpoint_done(done);
         }
         let shutdown = self.shutdown.take();

@@ -21,6 +21,7 @@ use crate::limits::{ENVELOPE_BYTES, MAX_ATTEMPTS_LIMIT, MAX_BATCH_LIMIT};
 use crate::schedule::levels::validate_levels;
 pub use crate::schedule::levels::DEFAULT_LEVELS_MS;
 pub use crate::storage::commitlog::RecoveryMode;
+pub use crate::storage::writer::FlushMode;
 use crate::units::{fmt_ms, fmt_size, DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS};
 use value::{
     AttemptsLimit, AutoCount, Choice, Choices, Count, Duration, Durations, Hosts, Kind, OptionalCount, Size,
@@ -309,16 +310,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// How appends become durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FlushMode {
-    /// A write is acknowledged only after its bytes are on disk (group commit).
-    Sync,
-    /// A background flush every `flush_interval_ms`; a crash of the machine may lose that window.
-    Async,
 }
 
 /// How an arbitrary delay maps onto delay levels.

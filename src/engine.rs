@@ -33,6 +33,7 @@ use crate::storage::reclaim::ReclaimPolicy;
 use crate::storage::store::{
     dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig, TopicQueue,
 };
+use crate::storage::writer::{Driver, Release, Writer};
 
 /// Index slots copied per chunk of a maintenance call during a resize: a `pwrite` each (2–3 µs
 /// on a VM), so the deadline is looked at every few hundred microseconds.
@@ -167,6 +168,7 @@ impl Engine {
         let receipts = Receipts::new(&crate::storage::secret::load_or_create(
             &cfg.data_dir.join("receipt_key"),
             holds_log,
+            &durability,
         )?);
         let mut engine = Engine {
             cfg,
@@ -340,23 +342,20 @@ impl Engine {
         }
     }
 
-    /// Makes every append durable; a failed sync has poisoned the store (see `durability.rs`).
+    /// Makes every append durable on this thread, outside any writer (tools, benches and tests);
+    /// a failed sync has poisoned the store (see `durability.rs`).
     pub fn flush(&mut self) -> Result<()> {
-        self.writable()?;
-        if self.store.log.flushed() >= self.store.log.end() {
-            return Ok(());
-        }
         let started = std::time::Instant::now();
-        if let Err(e) = self.store.flush_log() {
-            // A sync failure poisoned the store in the io layer; anything else (opening a file)
-            // poisons here, since the flush's outcome is unknown.
-            return Err(match self.durability.check() {
-                Err(refusal) => refusal,
-                Ok(()) => self.durability.poison(Failure::from_error(&e)),
-            });
+        if crate::storage::writer::sync_log(&mut self.store.log, &self.durability)? {
+            self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
         }
-        self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
         Ok(())
+    }
+
+    /// The one commit call of the write path: the records this step appended become durable
+    /// through `writer`, which releases `replies` when they are (see `storage::writer`).
+    pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
+        writer.commit(&mut self.store.log, replies, driver);
     }
 
     /// True when appends are waiting for a flush.
@@ -396,11 +395,6 @@ impl Engine {
     /// Offset one past the last appended record.
     pub fn log_end(&self) -> u64 {
         self.store.log.end()
-    }
-
-    /// Paths of the segment files holding `[from, to)` of the log, for a background flusher.
-    pub fn log_paths(&self, from: u64, to: u64) -> Vec<std::path::PathBuf> {
-        self.store.log.paths(from, to)
     }
 
     /// Refuses every later write: something failed whose outcome is unknown.

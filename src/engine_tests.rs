@@ -271,7 +271,12 @@ fn deleted_queues_and_index_are_rebuilt_identically() {
     // The index is compared by content: where a slot lands depends on when the background resize
     // thread finished, so its bytes may differ while it holds the same messages.
     let slots = |root: &std::path::Path| {
-        let idx = crate::storage::index::IdIndex::open(&root.join("index").join("ids"), 64).unwrap();
+        let idx = crate::storage::index::IdIndex::open(
+            &root.join("index").join("ids"),
+            64,
+            &crate::storage::durability::Durability::new(root),
+        )
+        .unwrap();
         let mut v = Vec::new();
         idx.for_each(|s| v.push(s));
         v.sort_by_key(|s| s.msg_offset);

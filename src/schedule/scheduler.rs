@@ -138,7 +138,13 @@ mod tests {
     #[test]
     fn yields_in_due_order_within_the_skew_and_tracks_the_cursor() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cq = ConsumeQueue::open(dir.path(), 16, None).unwrap();
+        let mut cq = ConsumeQueue::open(
+            dir.path(),
+            16,
+            None,
+            &crate::storage::durability::Durability::new(dir.path()),
+        )
+        .unwrap();
         // Written at t=0,100,200,300: full hops of 1000 and remainders shorter than that.
         for (i, due) in [1000u64, 400, 1200, 350].iter().enumerate() {
             cq.append(Entry { offset: i as u64 * 10, size: 1, tag: *due }).unwrap();
@@ -164,7 +170,13 @@ mod tests {
     #[test]
     fn an_ordered_level_holds_one_entry() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cq = ConsumeQueue::open(dir.path(), 1024, None).unwrap();
+        let mut cq = ConsumeQueue::open(
+            dir.path(),
+            1024,
+            None,
+            &crate::storage::durability::Durability::new(dir.path()),
+        )
+        .unwrap();
         for i in 0..1000u64 {
             cq.append(Entry { offset: i, size: 1, tag: 5000 + i }).unwrap();
         }

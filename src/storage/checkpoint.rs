@@ -6,6 +6,7 @@ use std::fs;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+use super::durability::Durability;
 use super::io;
 use super::mmap::{sync_dir, sync_path};
 use crate::error::{Error, Result};
@@ -41,8 +42,8 @@ impl Checkpoint {
     }
 
     /// Replaces `path` atomically.
-    pub fn store(&self, path: &Path) -> Result<()> {
-        write_atomic(path, &self.encode())
+    pub fn store(&self, path: &Path, durability: &Durability) -> Result<()> {
+        write_atomic(path, &self.encode(), durability)
     }
 }
 
@@ -73,7 +74,9 @@ pub struct CheckpointJob {
     /// What the job covers, for [`Store::checkpoint_synced`](super::store::Store::checkpoint_synced).
     pub captured: Captured,
     /// Space to give up when the disk is full, so the checkpoint can still be written.
-    pub reserve: super::durability::Reserve,
+    pub reserve: super::reserve::Reserve,
+    /// The store's durability owner, which the job's syncs report to.
+    pub durability: Durability,
 }
 
 impl CheckpointJob {
@@ -83,19 +86,19 @@ impl CheckpointJob {
             f.sync_data()?;
         }
         for p in &self.queue_files {
-            match sync_path(p) {
+            match sync_path(p, &self.durability) {
                 // Reclaim deletes queue files only behind a durable checkpoint's cursors (or a
                 // forgotten topic's): a file gone since the capture holds nothing to sync.
                 Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
                 r => r?,
             }
         }
-        self.reserve.retry_on_full_disk(|| self.checkpoint.store(&self.path))
+        self.reserve.retry_on_full_disk(|| self.checkpoint.store(&self.path, &self.durability))
     }
 }
 
 /// Writes `bytes` to `path` so that a crash leaves the old or the new content, never a mix.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub fn write_atomic(path: &Path, bytes: &[u8], durability: &Durability) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let written = (|| {
         // 0600: the receipt key is written this way, and nothing here is for other users.
@@ -104,7 +107,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         // A temp file left by a crash keeps the mode it was made with; `mode` covers new ones only.
         f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(|e| Error::io_at("chmod", &tmp, e))?;
         io::write_all_at(&f, &tmp, bytes, 0).map_err(|e| Error::io_at("write", &tmp, e))?;
-        io::sync_all(&f, &tmp).map_err(|e| Error::io_at("fsync", &tmp, e))
+        io::sync_all(&f, &tmp, durability).map_err(|e| Error::io_at("fsync", &tmp, e))
     })();
     if let Err(e) = written {
         // A part-written temp file only holds disk space that a full disk needs back.
@@ -113,18 +116,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     io::rename(&tmp, path).map_err(|e| Error::io_at("rename", &tmp, e))?;
     match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
-        _ => sync_dir(Path::new(".")),
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir, durability),
+        _ => sync_dir(Path::new("."), durability),
     }
 }
 
 /// Writes the clean-shutdown marker holding the log end.
-pub fn write_clean_marker(path: &Path, log_end: u64) -> Result<()> {
-    write_atomic(path, &encode_clean_marker(log_end))
+pub fn write_clean_marker(path: &Path, log_end: u64, durability: &Durability) -> Result<()> {
+    write_atomic(path, &encode_clean_marker(log_end), durability)
 }
 
 /// Reads and removes the clean-shutdown marker; returns the log end it holds, if valid.
-pub fn take_clean_marker(path: &Path) -> Result<Option<u64>> {
+pub fn take_clean_marker(path: &Path, durability: &Durability) -> Result<Option<u64>> {
     let b = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -132,7 +135,7 @@ pub fn take_clean_marker(path: &Path) -> Result<Option<u64>> {
     };
     io::remove_file(path).map_err(|e| Error::io_at("remove", path, e))?;
     if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
+        sync_dir(dir, durability)?;
     }
     Ok(decode_clean_marker(&b).ok())
 }
@@ -174,7 +177,7 @@ mod tests {
             push: vec![("hooks".into(), 1234)],
             serial: 0,
         };
-        cp.store(&path).unwrap();
+        cp.store(&path, &Durability::new(dir.path())).unwrap();
         assert_eq!(Checkpoint::load(&path).unwrap(), cp);
         let mut b = fs::read(&path).unwrap();
         b[10] ^= 1;
@@ -209,8 +212,9 @@ mod tests {
     fn clean_marker_is_read_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("clean_shutdown");
-        write_clean_marker(&path, 77).unwrap();
-        assert_eq!(take_clean_marker(&path).unwrap(), Some(77));
-        assert_eq!(take_clean_marker(&path).unwrap(), None);
+        let d = Durability::new(dir.path());
+        write_clean_marker(&path, 77, &d).unwrap();
+        assert_eq!(take_clean_marker(&path, &d).unwrap(), Some(77));
+        assert_eq!(take_clean_marker(&path, &d).unwrap(), None);
     }
 }

@@ -147,9 +147,9 @@ impl CommitLog {
             // The newest segment may be short if power failed between its creation and its
             // preallocation: extend it (the tail is zeroes, i.e. unwritten).
             let file = if i + 1 == bases.len() {
-                MappedFile::open(&path, segment_bytes)?
+                MappedFile::open(&path, segment_bytes, &durability)?
             } else {
-                MappedFile::open_existing(&path)?
+                MappedFile::open_existing(&path, &durability)?
             };
             segments.push(Segment { base: *base, file });
         }
@@ -166,9 +166,9 @@ impl CommitLog {
             }
         }
         if segments.is_empty() {
-            let file = MappedFile::open(&dir.join(segment_name(0)), segment_bytes)?;
+            let file = MappedFile::open(&dir.join(segment_name(0)), segment_bytes, &durability)?;
             file.sync_all()?;
-            sync_dir(dir)?;
+            sync_dir(dir, &durability)?;
             segments.push(Segment { base: 0, file });
         }
         let mut log = CommitLog {
@@ -198,7 +198,7 @@ impl CommitLog {
         // What recovery kept is on disk (it read it back from there).
         log.durability.log_synced(report.end);
         log.drop_segments_after(report.end)?;
-        log.warmer = Warmer::start(segment_bytes);
+        log.warmer = Warmer::start(segment_bytes, log.durability.clone());
         log.warm_active();
         Ok((log, report))
     }
@@ -349,7 +349,7 @@ impl CommitLog {
                 let path = seg.file.path().to_path_buf();
                 drop(seg);
                 super::io::remove_file(&path).map_err(|e| Error::io_at("remove", &path, e))?;
-                sync_dir(&self.dir)?;
+                sync_dir(&self.dir, &self.durability)?;
             }
         }
         Ok(())
@@ -483,22 +483,23 @@ impl CommitLog {
         }
         let path = self.dir.join(segment_name(next));
         let made = self.next.take().is_some_and(|ahead| ahead.made(next));
-        let file = match if made { Ok(()) } else { create_durably(&path, self.segment_bytes) }
-            .and_then(|()| MappedFile::open_existing(&path))
-        {
-            Ok(file) => file,
-            Err(e) => {
-                if let Error::Io { op, file, source } = &e {
-                    if let (true, Some(code)) =
-                        (super::io::is_resource_exhausted(source), source.raw_os_error())
-                    {
-                        let what = (op.clone(), file.clone());
-                        self.roll_refused = Some((Instant::now() + ROLL_RETRY_AFTER, what, code));
+        let file =
+            match if made { Ok(()) } else { create_durably(&path, self.segment_bytes, &self.durability) }
+                .and_then(|()| MappedFile::open_existing(&path, &self.durability))
+            {
+                Ok(file) => file,
+                Err(e) => {
+                    if let Error::Io { op, file, source } = &e {
+                        if let (true, Some(code)) =
+                            (super::io::is_resource_exhausted(source), source.raw_os_error())
+                        {
+                            let what = (op.clone(), file.clone());
+                            self.roll_refused = Some((Instant::now() + ROLL_RETRY_AFTER, what, code));
+                        }
                     }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
+            };
         // The old segment's tail, marker included, must be durable before anything in the new one.
         self.write_last(&eos);
         self.flush()?;
@@ -519,7 +520,9 @@ impl CommitLog {
             return;
         }
         let (path, bytes) = (self.dir.join(segment_name(base)), self.segment_bytes);
-        self.next = MadeAhead::start("delayd-log-next", base, move || create_durably(&path, bytes));
+        let durability = self.durability.clone();
+        self.next =
+            MadeAhead::start("delayd-log-next", base, move || create_durably(&path, bytes, &durability));
     }
 
     /// Makes every appended byte durable; one msync per touched segment.
@@ -628,7 +631,7 @@ impl CommitLog {
         let (path, bytes) = (seg.file.path().to_path_buf(), seg.file.len());
         drop(seg);
         super::io::remove_file(&path).map_err(|e| Error::io_at("remove", &path, e))?;
-        sync_dir(&self.dir)?;
+        sync_dir(&self.dir, &self.durability)?;
         Ok(bytes)
     }
 
@@ -750,7 +753,7 @@ mod tests {
     }
 
     fn open(dir: &Path, seg: u64, mode: RecoveryMode) -> Result<(CommitLog, RecoveryReport)> {
-        CommitLog::open(dir, seg, 0, mode, &[], Durability::register(dir))
+        CommitLog::open(dir, seg, 0, mode, &[], Durability::new(dir))
     }
 
     fn offsets(log: &CommitLog) -> Vec<u64> {

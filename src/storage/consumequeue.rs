@@ -10,6 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::commitlog::{list_numbered, segment_name};
+use super::durability::Durability;
 use super::mmap::{create_durably, sync_dir, sync_path, MadeAhead, MappedFile, SyncFile};
 use crate::error::{Error, Result};
 
@@ -43,6 +44,8 @@ pub struct ConsumeQueue {
     flushed_len: u64,
     /// The next file (by number), being made on a helper thread.
     next: Option<MadeAhead>,
+    /// The store's durability owner, which every sync of the queue's files reports to.
+    durability: Durability,
 }
 
 impl ConsumeQueue {
@@ -50,7 +53,12 @@ impl ConsumeQueue {
     ///
     /// Entries at or past `len` are zeroed: they were written after the checkpoint and the
     /// dispatcher writes them again.
-    pub fn open(dir: &Path, per_file: u64, len: Option<u64>) -> Result<ConsumeQueue> {
+    pub fn open(
+        dir: &Path,
+        per_file: u64,
+        len: Option<u64>,
+        durability: &Durability,
+    ) -> Result<ConsumeQueue> {
         fs::create_dir_all(dir).map_err(|e| Error::io_at("create", dir, e))?;
         let names = list_numbered(dir)?;
         let mut files = Vec::with_capacity(names.len());
@@ -64,7 +72,7 @@ impl ConsumeQueue {
         for (i, first) in names.iter().enumerate() {
             let path = dir.join(segment_name(*first));
             let expect = (first_file + i as u64) * per_file;
-            let f = MappedFile::open_existing(&path)?;
+            let f = MappedFile::open_existing(&path, durability)?;
             // A power loss while growing or creating the last file can leave it at any length it
             // was preallocated to (even 0); its missing or zero tail is unwritten entries.
             let size_ok = if i + 1 == names.len() {
@@ -96,6 +104,7 @@ impl ConsumeQueue {
             len: 0,
             flushed_len: 0,
             next: None,
+            durability: durability.clone(),
         };
         let capacity =
             first_file * per_file + q.files.iter().map(|f| f.len() / ENTRY_BYTES as u64).sum::<u64>();
@@ -108,7 +117,7 @@ impl ConsumeQueue {
     }
 
     /// A new, empty queue in `dir`, closed; nothing is created on disk until the first append.
-    pub fn new_closed(dir: &Path, per_file: u64) -> ConsumeQueue {
+    pub fn new_closed(dir: &Path, per_file: u64, durability: &Durability) -> ConsumeQueue {
         ConsumeQueue {
             dir: dir.to_path_buf(),
             per_file,
@@ -120,6 +129,7 @@ impl ConsumeQueue {
             len: 0,
             flushed_len: 0,
             next: None,
+            durability: durability.clone(),
         }
     }
 
@@ -145,7 +155,7 @@ impl ConsumeQueue {
         let full = self.per_file * ENTRY_BYTES as u64;
         let mut files = Vec::with_capacity(self.file_count as usize);
         for k in 0..self.file_count {
-            let f = MappedFile::open_existing(&self.file_path(self.first_file + k))?;
+            let f = MappedFile::open_existing(&self.file_path(self.first_file + k), &self.durability)?;
             let want = if k + 1 == self.file_count { self.last_bytes } else { full };
             if f.len() != want {
                 return Err(Error::Corrupt {
@@ -286,13 +296,14 @@ impl ConsumeQueue {
             return;
         }
         // Opened here, where the file surely exists; reclaim may delete it before the helper runs.
-        let Ok(prev) = SyncFile::open(&self.file_path(k - 1)) else { return };
+        let Ok(prev) = SyncFile::open(&self.file_path(k - 1), &self.durability) else { return };
         let (path, bytes) = (self.file_path(k), self.new_file_bytes());
+        let durability = self.durability.clone();
         self.next = MadeAhead::start("delayd-cq-next", k, move || {
             prev.sync_all()?;
             // One handle at a time (see `create_durably`).
             drop(prev);
-            create_durably(&path, bytes)
+            create_durably(&path, bytes, &durability)
         });
     }
 
@@ -305,11 +316,11 @@ impl ConsumeQueue {
             match self.files.last() {
                 Some(prev) => prev.sync_all()?,
                 // The first file of a queue may also be the first thing in its directory.
-                None => create_dir_durably(&self.dir)?,
+                None => create_dir_durably(&self.dir, &self.durability)?,
             }
-            create_durably(&path, self.new_file_bytes())?;
+            create_durably(&path, self.new_file_bytes(), &self.durability)?;
         }
-        let f = MappedFile::open_existing(&path)?;
+        let f = MappedFile::open_existing(&path, &self.durability)?;
         self.last_bytes = f.len();
         self.files.push(f);
         self.file_count += 1;
@@ -377,7 +388,7 @@ impl ConsumeQueue {
                 self.files[(k - self.first_file) as usize]
                     .flush_range(a as usize * ENTRY_BYTES, (b - a) as usize * ENTRY_BYTES)?;
             } else {
-                sync_path(&self.file_path(k))?;
+                sync_path(&self.file_path(k), &self.durability)?;
             }
         }
         self.flushed_len = to;
@@ -426,7 +437,7 @@ impl ConsumeQueue {
         if dropped > 0 {
             // Deleted entries need no flush; the flush bookkeeping starts at the first kept one.
             self.flushed_len = self.flushed_len.max(self.first());
-            sync_dir(&self.dir)?;
+            sync_dir(&self.dir, &self.durability)?;
         }
         Ok(dropped)
     }
@@ -453,13 +464,13 @@ impl ConsumeQueue {
 }
 
 /// Creates `dir` if missing and makes its entry durable in its parent.
-fn create_dir_durably(dir: &Path) -> Result<()> {
+fn create_dir_durably(dir: &Path, durability: &Durability) -> Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
     fs::create_dir_all(dir).map_err(|e| Error::io_at("create", dir, e))?;
     match dir.parent() {
-        Some(parent) => sync_dir(parent),
+        Some(parent) => sync_dir(parent, durability),
         None => Ok(()),
     }
 }
@@ -477,6 +488,11 @@ fn grown_entries(cur: u64, need: u64, full: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Opens a queue with an owner of its own.
+    fn open(dir: &Path, per_file: u64, len: Option<u64>) -> Result<ConsumeQueue> {
+        ConsumeQueue::open(dir, per_file, len, &Durability::new(dir))
+    }
     use crate::storage::io::{Fault, Op};
 
     #[test]
@@ -485,7 +501,7 @@ mod tests {
         let path = dir.path().to_path_buf();
         // Every sync the appending thread itself tries fails; only the first file (and the
         // directory) may be synced there, before the fault is in place.
-        let mut q = ConsumeQueue::open(&path, 4, None).unwrap();
+        let mut q = open(&path, 4, None).unwrap();
         q.append(entry(0)).unwrap();
         let _fault = Fault::new(Op::Sync, &path, libc::EIO).on_thread("cq-appender").inject();
         let q = std::thread::Builder::new()
@@ -505,30 +521,37 @@ mod tests {
         // The file prepared for entries 12.. may stand empty after the last one: a valid queue.
         // Entry 12 filled nothing, but its file was created full (4 entries), so 16 is prepared.
         assert_eq!(list_numbered(&path).unwrap(), vec![0, 4, 8, 12, 16]);
-        let q = ConsumeQueue::open(&path, 4, None).unwrap();
+        let q = open(&path, 4, None).unwrap();
         assert_eq!(q.len(), 13);
         assert_eq!(q.get(12), Some(entry(12)));
     }
 
     #[test]
-    fn a_failed_preparation_is_redone_and_reported_where_the_file_is_needed() {
+    fn a_failed_preparation_poisons_the_store_and_the_append_that_needs_the_file_fails() {
         let dir = tempfile::tempdir().unwrap();
         let fault = Fault::new(Op::Sync, dir.path(), libc::EIO).on_thread("delayd-cq-next").inject();
-        let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
-        for i in 0..6u64 {
+        let owner = Durability::new(dir.path());
+        let mut q = ConsumeQueue::open(dir.path(), 4, None, &owner).unwrap();
+        for i in 0..4u64 {
             assert_eq!(q.append(entry(i)).unwrap(), i);
         }
-        assert_eq!(q.get(5), Some(entry(5)));
-        drop(q);
+        // The helper making the next file met the failed sync: it reported it to the store's
+        // owner, so the append that needs that file is refused, not written into a file whose
+        // state is unknown.
+        let e = q.append(entry(4)).unwrap_err();
         assert!(fault.failed() >= 1, "the helper's sync failed");
-        assert_eq!(ConsumeQueue::open(dir.path(), 4, None).unwrap().len(), 6);
+        assert!(owner.is_poisoned(), "{e}");
+        assert!(e.to_string().contains("poisoned"), "{e}");
+        drop(q);
+        drop(fault);
+        assert_eq!(open(dir.path(), 4, None).unwrap().len(), 4);
     }
 
     #[test]
     fn append_get_reopen_truncate() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
+            let mut q = open(dir.path(), 4, None).unwrap();
             for i in 0..10u64 {
                 assert_eq!(q.append(Entry { offset: i * 100, size: 10, tag: i }).unwrap(), i);
             }
@@ -536,25 +559,25 @@ mod tests {
             assert_eq!(q.get(7), Some(Entry { offset: 700, size: 10, tag: 7 }));
             assert_eq!(q.get(10), None);
         }
-        let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
+        let mut q = open(dir.path(), 4, None).unwrap();
         assert_eq!(q.len(), 10);
         assert_eq!(q.truncate_to_offset(450).unwrap(), 5);
         assert_eq!(q.len(), 5);
         drop(q);
-        let q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
+        let q = open(dir.path(), 4, None).unwrap();
         assert_eq!(q.len(), 5);
         // A checkpointed length below what is on disk zeroes the rest.
         drop(q);
-        let q = ConsumeQueue::open(dir.path(), 4, Some(2)).unwrap();
+        let q = open(dir.path(), 4, Some(2)).unwrap();
         assert_eq!(q.len(), 2);
         drop(q);
-        assert_eq!(ConsumeQueue::open(dir.path(), 4, None).unwrap().len(), 2);
+        assert_eq!(open(dir.path(), 4, None).unwrap().len(), 2);
     }
 
     #[test]
     fn files_behind_the_reader_are_deleted_and_indexes_keep_counting() {
         let dir = tempfile::tempdir().unwrap();
-        let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
+        let mut q = open(dir.path(), 4, None).unwrap();
         for i in 0..10u64 {
             q.append(Entry { offset: i * 100, size: 10, tag: i }).unwrap();
         }
@@ -567,7 +590,7 @@ mod tests {
         drop(q);
         // File 8 is full, so the one after it was prepared.
         assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8, 12]);
-        let mut q = ConsumeQueue::open(dir.path(), 4, Some(10)).unwrap();
+        let mut q = open(dir.path(), 4, Some(10)).unwrap();
         assert_eq!((q.first(), q.len()), (4, 10));
         assert_eq!(q.get(9), Some(Entry { offset: 900, size: 10, tag: 9 }));
         assert_eq!(q.truncate_to_offset(850).unwrap(), 1);
@@ -586,7 +609,7 @@ mod tests {
         // As if a crash came before its helper created it: with every file gone the checkpointed
         // length alone says where appends resume.
         std::fs::remove_file(dir.path().join(segment_name(12))).unwrap();
-        let mut q = ConsumeQueue::open(dir.path(), 4, Some(12)).unwrap();
+        let mut q = open(dir.path(), 4, Some(12)).unwrap();
         assert_eq!((q.first(), q.len(), q.get(11)), (12, 12, None));
         assert_eq!(q.append(Entry { offset: 1200, size: 10, tag: 12 }).unwrap(), 12);
         assert_eq!(q.get(12), Some(Entry { offset: 1200, size: 10, tag: 12 }));
@@ -595,16 +618,16 @@ mod tests {
     #[test]
     fn a_changed_entry_count_is_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let mut q = ConsumeQueue::open(dir.path(), 4, None).unwrap();
+        let mut q = open(dir.path(), 4, None).unwrap();
         for i in 0..5 {
             q.append(Entry { offset: i + 1, size: 1, tag: 1 }).unwrap();
         }
         drop(q);
         // Files 0 and 4: with 8 per file the second would have to be named 8, with 2 per file the
         // first is too long.
-        assert!(matches!(ConsumeQueue::open(dir.path(), 8, None), Err(Error::Corrupt { .. })));
-        assert!(matches!(ConsumeQueue::open(dir.path(), 2, None), Err(Error::Corrupt { .. })));
-        assert_eq!(ConsumeQueue::open(dir.path(), 4, None).unwrap().len(), 5);
+        assert!(matches!(open(dir.path(), 8, None), Err(Error::Corrupt { .. })));
+        assert!(matches!(open(dir.path(), 2, None), Err(Error::Corrupt { .. })));
+        assert_eq!(open(dir.path(), 4, None).unwrap().len(), 5);
     }
 
     fn entry(i: u64) -> Entry {
@@ -623,7 +646,7 @@ mod tests {
     fn files_start_small_and_double_up_to_the_full_range() {
         let dir = tempfile::tempdir().unwrap();
         let per_file = 5000;
-        let mut q = ConsumeQueue::open(dir.path(), per_file, None).unwrap();
+        let mut q = open(dir.path(), per_file, None).unwrap();
         let mut sizes = vec![];
         for i in 0..per_file + 1 {
             q.append(entry(i)).unwrap();
@@ -656,7 +679,7 @@ mod tests {
         }
         q.flush().unwrap();
         drop(q);
-        let q = ConsumeQueue::open(dir.path(), per_file, None).unwrap();
+        let q = open(dir.path(), per_file, None).unwrap();
         assert_eq!(q.len(), per_file + 1);
         assert_eq!(q.get(4999), Some(entry(4999)));
         assert_eq!(q.get(5000), Some(entry(5000)));
@@ -665,13 +688,13 @@ mod tests {
     #[test]
     fn a_partly_grown_file_reopens_and_keeps_growing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut q = ConsumeQueue::open(dir.path(), 5000, None).unwrap();
+        let mut q = open(dir.path(), 5000, None).unwrap();
         for i in 0..1500 {
             q.append(entry(i)).unwrap();
         }
         drop(q);
         assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20)]);
-        let mut q = ConsumeQueue::open(dir.path(), 5000, None).unwrap();
+        let mut q = open(dir.path(), 5000, None).unwrap();
         assert_eq!(q.len(), 1500);
         for i in 1500..3000 {
             q.append(entry(i)).unwrap();
@@ -679,16 +702,16 @@ mod tests {
         assert_eq!(file_sizes(dir.path()), vec![(0, 4096 * 20)]);
         drop(q);
         // A checkpointed length inside the grown part zeroes what follows; the size stays.
-        let q = ConsumeQueue::open(dir.path(), 5000, Some(2100)).unwrap();
+        let q = open(dir.path(), 5000, Some(2100)).unwrap();
         assert_eq!((q.len(), q.get(2099), q.get(2100)), (2100, Some(entry(2099)), None));
         drop(q);
-        assert_eq!(ConsumeQueue::open(dir.path(), 5000, None).unwrap().len(), 2100);
+        assert_eq!(open(dir.path(), 5000, None).unwrap().len(), 2100);
     }
 
     #[test]
     fn crash_shaped_files() {
         let dir = tempfile::tempdir().unwrap();
-        let mut q = ConsumeQueue::open(dir.path(), 2048, None).unwrap();
+        let mut q = open(dir.path(), 2048, None).unwrap();
         for i in 0..2049 {
             q.append(entry(i)).unwrap();
         }
@@ -699,10 +722,10 @@ mod tests {
             |p: &Path, len: u64| fs::OpenOptions::new().write(true).open(p).unwrap().set_len(len).unwrap();
         // Grown (preallocated) but never written past the old end: zeros are unwritten entries.
         set_len(&last, 2048 * 20);
-        assert_eq!(ConsumeQueue::open(dir.path(), 2048, None).unwrap().len(), 2049);
+        assert_eq!(open(dir.path(), 2048, None).unwrap().len(), 2049);
         // Created but not yet preallocated: a zero-length last file holds nothing and grows again.
         set_len(&last, 0);
-        let mut q = ConsumeQueue::open(dir.path(), 2048, None).unwrap();
+        let mut q = open(dir.path(), 2048, None).unwrap();
         assert_eq!(q.len(), 2048);
         assert_eq!(q.append(entry(2048)).unwrap(), 2048);
         assert_eq!(q.get(2048), Some(entry(2048)));
@@ -710,19 +733,19 @@ mod tests {
         assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20), (2048, 1024 * 20)]);
         // A last file cut inside an entry, or longer than the full range: damage.
         set_len(&last, 1024 * 20 + 7);
-        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        assert!(matches!(open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
         set_len(&last, 4096 * 20);
-        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        assert!(matches!(open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
         set_len(&last, 1024 * 20);
         // A short file before the last one: damage too (the next file is only made once it is full).
         set_len(&first, 1024 * 20);
-        assert!(matches!(ConsumeQueue::open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
+        assert!(matches!(open(dir.path(), 2048, None), Err(Error::Corrupt { .. })));
     }
 
     #[test]
     fn a_closed_queue_keeps_its_state_and_reopens() {
         let dir = tempfile::tempdir().unwrap();
-        let mut q = ConsumeQueue::new_closed(dir.path(), 4);
+        let mut q = ConsumeQueue::new_closed(dir.path(), 4, &Durability::new(dir.path()));
         assert!(!dir.path().exists() || list_numbered(dir.path()).unwrap().is_empty());
         // Appending reopens; the first file creates the directory.
         for i in 0..6 {
@@ -752,14 +775,14 @@ mod tests {
         q.close();
         assert_eq!(q.drop_before(8).unwrap(), 0, "the file taking the next append stays");
         drop(q);
-        let q = ConsumeQueue::open(dir.path(), 4, Some(7)).unwrap();
+        let q = open(dir.path(), 4, Some(7)).unwrap();
         assert_eq!((q.first(), q.len(), q.get(6)), (4, 7, Some(entry(6))));
     }
 
     #[test]
     fn reopening_a_file_changed_behind_a_closed_queue_is_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let mut q = ConsumeQueue::open(dir.path(), 4096, None).unwrap();
+        let mut q = open(dir.path(), 4096, None).unwrap();
         q.append(entry(0)).unwrap();
         q.close();
         fs::OpenOptions::new()

@@ -1,9 +1,9 @@
 //! The one owner of durability: how far the commit log is known durable, and the store's health.
 //!
-//! A store registers its data directory here when it opens. Every sync of a file under that
-//! directory (fsync, fdatasync, msync, sync_file_range; see [`super::io`]) consults it, whatever
-//! thread makes the call: the engine, the flusher, the checkpointer, the warmer or a reclaim
-//! deletion. The first failed sync **poisons** the store: the kernel may already have dropped the
+//! A store makes one owner when it opens and hands a clone to every file it opens: each sync of
+//! one of its files (fsync, fdatasync, msync, sync_file_range; see [`super::io`]) goes through
+//! it, whatever thread makes the call: the engine, the flusher, the checkpointer, the warmer or a
+//! reclaim deletion. Nothing finds it by path: a file is told its owner when it is opened. The first failed sync **poisons** the store: the kernel may already have dropped the
 //! dirty pages it could not write (and reports a writeback error only once per open file
 //! description), so a later sync that succeeds proves nothing about them. From then on every sync
 //! is refused without being tried, nothing more is acknowledged, state-changing calls answer
@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{error, warn};
@@ -60,9 +60,8 @@ impl Failure {
 }
 
 struct Inner {
-    /// The data directory as given (file paths are built from it) and canonical.
+    /// The data directory.
     dir: PathBuf,
-    canon: PathBuf,
     poisoned: AtomicBool,
     poison: Mutex<Option<Failure>>,
     trouble: Mutex<Option<Failure>>,
@@ -75,47 +74,17 @@ pub struct Durability {
     inner: Arc<Inner>,
 }
 
-static STORES: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
-
 impl Durability {
-    /// Registers the store in `dir`: syncs of files under it report to the returned owner.
-    pub fn register(dir: &Path) -> Durability {
-        let canon = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    /// The owner of the store in `dir`; the store passes it to every file it opens.
+    pub fn new(dir: &Path) -> Durability {
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
-            canon,
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
             trouble: Mutex::new(None),
             log_durable: AtomicU64::new(0),
         });
-        let mut stores = STORES.lock().unwrap_or_else(|p| p.into_inner());
-        stores.retain(|w| w.strong_count() > 0);
-        stores.push(Arc::downgrade(&inner));
         Durability { inner }
-    }
-
-    /// The owner of the store holding `path`, if one is open (the newest, if a store was reopened).
-    pub fn for_path(path: &Path) -> Option<Durability> {
-        let stores = STORES.lock().unwrap_or_else(|p| p.into_inner());
-        if stores.is_empty() {
-            return None;
-        }
-        // Store paths are built from the registered directory, so the literal path usually
-        // matches; canonicalize only when it does not (a relative data dir).
-        let find = |p: &Path| {
-            stores
-                .iter()
-                .rev()
-                .filter_map(Weak::upgrade)
-                .find(|i| p.starts_with(&i.dir) || p.starts_with(&i.canon))
-                .map(|inner| Durability { inner })
-        };
-        if let Some(d) = find(path) {
-            return Some(d);
-        }
-        let canon = path.canonicalize().ok().or_else(|| path.parent().and_then(|p| p.canonicalize().ok()))?;
-        find(&canon)
     }
 
     /// The data directory.
@@ -201,52 +170,6 @@ fn refusal(p: Option<&Failure>) -> String {
     }
 }
 
-/// Syncs commit-log segments for the flusher thread, through file descriptions of its own (a
-/// writeback error is reported once per description, so sharing one with another thread could
-/// hide it), and records the log offset made durable.
-pub struct LogSyncer {
-    durability: Durability,
-    own: Vec<super::mmap::SyncFile>,
-}
-
-impl LogSyncer {
-    /// A syncer reporting to `durability`.
-    pub fn new(durability: Durability) -> LogSyncer {
-        LogSyncer { durability, own: Vec::new() }
-    }
-
-    /// fdatasyncs every segment in `paths` (the only ones still written: descriptions of others
-    /// are closed, as reclaim may delete them), then records `end` as durable. An error means
-    /// nothing up to `end` may be acknowledged: the store is poisoned (a failed sync), or a
-    /// file could not be opened (out of handles: nothing is lost, the next sync covers it).
-    pub fn sync(&mut self, paths: &[&PathBuf], end: u64) -> Result<(), Error> {
-        self.durability.check()?;
-        self.own.retain(|f| paths.iter().any(|p| p.as_path() == f.path()));
-        for path in paths {
-            let at = match self.own.iter().position(|f| f.path() == path.as_path()) {
-                Some(i) => i,
-                None => match super::mmap::SyncFile::open(path) {
-                    Ok(f) => {
-                        self.own.push(f);
-                        self.own.len() - 1
-                    }
-                    Err(e) => {
-                        self.durability.note_trouble(Failure::from_error(&e));
-                        return Err(Error::Unavailable(e.to_string()));
-                    }
-                },
-            };
-            if let Err(e) = self.own[at].sync_data() {
-                return Err(self.durability.check().err().unwrap_or(Error::Unavailable(e.to_string())));
-            }
-        }
-        // Another thread's sync may have failed meanwhile: nothing is acknowledged after that.
-        self.durability.check()?;
-        self.durability.log_synced(end);
-        Ok(())
-    }
-}
-
 /// Logs each distinct failure once, then a reminder at most every `every` while it goes on.
 pub struct FailureLog {
     last: Option<Failure>,
@@ -282,79 +205,6 @@ impl FailureLog {
     pub fn clear(&mut self) {
         self.last = None;
     }
-}
-
-/// Name of the reserve file in the data directory.
-pub const RESERVE_FILE: &str = "reserve";
-/// Size of the reserve file: room for many checkpoints, a clean-shutdown marker and the growth of
-/// a few consume-queue files when the disk is otherwise full.
-pub const RESERVE_BYTES: u64 = 4 << 20;
-
-/// A preallocated file of zeroes that holds disk space back for the writes that let a full disk
-/// recover (checkpoints, a clean shutdown, queue entries of acks and deliveries): it is deleted
-/// when one of them meets a full disk, and made again once there is room.
-#[derive(Debug, Clone)]
-pub struct Reserve {
-    path: PathBuf,
-}
-
-impl Reserve {
-    /// The reserve of the data directory `dir` (not created yet).
-    pub fn new(dir: &Path) -> Reserve {
-        Reserve { path: dir.join(RESERVE_FILE) }
-    }
-
-    /// True when the reserve file exists.
-    pub fn is_held(&self) -> bool {
-        self.path.exists()
-    }
-
-    /// Creates the reserve if it is missing; false when there is no room for it (then no partial
-    /// file is left behind).
-    pub fn ensure(&self) -> bool {
-        if self.is_held() {
-            return true;
-        }
-        let tmp = self.path.with_extension("new");
-        let opts = std::fs::OpenOptions::new().write(true).create(true).truncate(true).clone();
-        let made = super::io::open(&opts, &tmp)
-            .and_then(|f| super::io::preallocate(&f, &tmp, RESERVE_BYTES))
-            // Renamed into place only when whole, so a crash never leaves a short reserve.
-            .and_then(|()| super::io::rename(&tmp, &self.path));
-        if made.is_err() {
-            let _ = super::io::remove_file(&tmp);
-        }
-        made.is_ok()
-    }
-
-    /// Deletes the reserve, giving its space to the next write; true if there was one.
-    pub fn release(&self) -> bool {
-        let released = super::io::remove_file(&self.path).is_ok();
-        if released {
-            warn!(file = %self.path.display(), bytes = RESERVE_BYTES, "disk full: released the reserve");
-        }
-        released
-    }
-
-    /// Runs `f`; when it fails for lack of disk space and the reserve is held, releases the
-    /// reserve and runs `f` once more.
-    pub fn retry_on_full_disk<T>(&self, mut f: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
-        match f() {
-            Err(Error::Io { op, file, source }) if is_disk_full(&source) => {
-                if self.release() {
-                    f()
-                } else {
-                    Err(Error::Io { op, file, source })
-                }
-            }
-            r => r,
-        }
-    }
-}
-
-/// True for ENOSPC and EDQUOT.
-pub fn is_disk_full(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 #[cfg(test)]

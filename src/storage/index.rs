@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
+use super::durability::Durability;
 use super::format::slot::{
     decode_index_header, encode_index_header, slot_hash, slot_is_live, slot_is_occupied, slot_msg_offset,
     slot_removed_flags, SLOT_FLAGS_AT,
@@ -60,8 +61,8 @@ struct Table {
 
 impl Table {
     /// Maps and validates an existing table file.
-    fn open(path: &Path) -> Result<Table> {
-        let file = MappedFile::open_existing(path)?;
+    fn open(path: &Path, durability: &Durability) -> Result<Table> {
+        let file = MappedFile::open_existing(path, durability)?;
         let b = file.bytes();
         let bad = |reason: &str| Error::Corrupt {
             file: path.display().to_string(),
@@ -195,19 +196,21 @@ pub struct IdIndex {
     retry_in: u64,
     /// Set when a background fsync or rename failed: the files' state is unknown, writes stop.
     poisoned: Option<String>,
+    /// The store's durability owner, which every sync of the tables reports to.
+    durability: Durability,
 }
 
 impl IdIndex {
     /// Opens the index at `path` (`index/ids`), creating it with `initial_slots` (rounded up to a
     /// power of two, at least [`MIN_SLOTS`]). A migration left by a crash is finished here.
-    pub fn open(path: &Path, initial_slots: u64) -> Result<IdIndex> {
+    pub fn open(path: &Path, initial_slots: u64, durability: &Durability) -> Result<IdIndex> {
         let initial_slots = initial_slots.max(MIN_SLOTS).next_power_of_two();
         let next_path = path.with_extension("next");
         let tmp_path = path.with_extension("new");
         let (cur, live) = if path.exists() {
-            let mut cur = Table::open(path)?;
+            let mut cur = Table::open(path, durability)?;
             if next_path.exists() {
-                let next = Table::open(&next_path)?;
+                let next = Table::open(&next_path, durability)?;
                 cur = finish_interrupted(path, cur, next)?;
             }
             remove_if_exists(&tmp_path)?;
@@ -217,7 +220,7 @@ impl IdIndex {
             // The protocol never leaves `ids.next` without `ids` (it becomes `ids` by rename); a
             // lone one is stale, next to an `ids` deleted to force a rebuild.
             remove_if_exists(&next_path)?;
-            (Table::fresh(create_table(&tmp_path, path, initial_slots)?, initial_slots), 0)
+            (Table::fresh(create_table(&tmp_path, path, initial_slots, durability)?, initial_slots), 0)
         };
         Ok(IdIndex {
             path: path.to_path_buf(),
@@ -231,6 +234,7 @@ impl IdIndex {
             step_slots: MIGRATE_SLOTS_PER_OP,
             retry_in: 0,
             poisoned: None,
+            durability: durability.clone(),
         })
     }
 
@@ -468,9 +472,10 @@ impl IdIndex {
         // next resize is at least a quarter of the table away.
         let slots = self.live.saturating_mul(2).saturating_add(2).next_power_of_two().max(self.initial_slots);
         let (tmp, next) = (self.tmp_path.clone(), self.next_path.clone());
+        let durability = self.durability.clone();
         let spawned = std::thread::Builder::new()
             .name("index-prepare".into())
-            .spawn(move || create_table(&tmp, &next, slots));
+            .spawn(move || create_table(&tmp, &next, slots, &durability));
         match spawned {
             Ok(thread) => self.job = Some(Job::Prepare { slots, thread }),
             Err(e) => {
@@ -566,6 +571,7 @@ impl IdIndex {
             }
         };
         let (next, path) = (self.next_path.clone(), self.path.clone());
+        let durability = self.durability.clone();
         // The retire thread's sync write-protects the new table's pages.
         self.cur.heat.cool();
         let old = m.table;
@@ -575,7 +581,7 @@ impl IdIndex {
             handle.sync_data()?;
             super::io::rename(&next, &path).map_err(|e| Error::io_at("rename", &next, e))?;
             if let Some(dir) = path.parent() {
-                sync_dir(dir)?;
+                sync_dir(dir, &durability)?;
             }
             // Unmapping a large table takes milliseconds and blocks the engine's page faults
             // meanwhile: release it in small pieces first, here, not on the engine.
@@ -640,7 +646,7 @@ fn finish_interrupted(path: &Path, old: Table, mut next: Table) -> Result<Table>
     let next_path = next.file.path().to_path_buf();
     super::io::rename(&next_path, path).map_err(|e| Error::io_at("rename", &next_path, e))?;
     if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
+        sync_dir(dir, next.file.durability())?;
     }
     next.file.set_path(path);
     tracing::info!(copied, slots = next.slots, "finished an interrupted id index resize");
@@ -652,15 +658,15 @@ fn table_bytes(slots: u64) -> u64 {
 }
 
 /// Creates a preallocated, empty table at `tmp` and renames it to `dest` durably.
-fn create_table(tmp: &Path, dest: &Path, slots: u64) -> Result<MappedFile> {
+fn create_table(tmp: &Path, dest: &Path, slots: u64, durability: &Durability) -> Result<MappedFile> {
     remove_if_exists(tmp)?;
-    let mut file = MappedFile::open(tmp, table_bytes(slots))?;
+    let mut file = MappedFile::open(tmp, table_bytes(slots), durability)?;
     file.write_at(0, &encode_index_header(slots));
     file.flush()?;
     file.sync_all()?;
     super::io::rename(tmp, dest).map_err(|e| Error::io_at("rename", tmp, e))?;
     if let Some(dir) = dest.parent() {
-        sync_dir(dir)?;
+        sync_dir(dir, durability)?;
     }
     file.set_path(dest);
     file.prefault();
@@ -700,7 +706,7 @@ mod tests {
     /// An index whose migrations copy as few slots per operation as the pacing allows, so tests
     /// meet them half done.
     fn open_slow(path: &Path) -> IdIndex {
-        let mut idx = IdIndex::open(path, 64).unwrap();
+        let mut idx = IdIndex::open(path, 64, &Durability::new(Path::new("/"))).unwrap();
         idx.step_slots = 1;
         idx
     }
@@ -841,7 +847,7 @@ mod tests {
     fn grows_and_shrinks_back_leaving_one_file() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("ids");
-        let mut idx = IdIndex::open(&path, 64).unwrap();
+        let mut idx = IdIndex::open(&path, 64, &Durability::new(Path::new("/"))).unwrap();
         let mut model = BTreeMap::new();
         for i in 0..3000u64 {
             // Force collisions: many ids share a hash and are told apart by offset.
@@ -1030,28 +1036,37 @@ mod tests {
     fn a_damaged_header_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ids");
-        drop(IdIndex::open(&path, 64).unwrap());
+        drop(IdIndex::open(&path, 64, &Durability::new(Path::new("/"))).unwrap());
         let mut b = fs::read(&path).unwrap();
         b[0] = b'X';
         fs::write(&path, &b).unwrap();
-        assert!(matches!(IdIndex::open(&path, 64), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            IdIndex::open(&path, 64, &Durability::new(Path::new("/"))),
+            Err(Error::Corrupt { .. })
+        ));
         // A version-1 file is refused too (the store rebuilds the index from the log).
         b[0] = b'D';
         b[4] = 1;
         fs::write(&path, &b).unwrap();
-        assert!(matches!(IdIndex::open(&path, 64), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            IdIndex::open(&path, 64, &Durability::new(Path::new("/"))),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
     fn a_damaged_next_table_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ids");
-        drop(IdIndex::open(&path, 64).unwrap());
+        drop(IdIndex::open(&path, 64, &Durability::new(Path::new("/"))).unwrap());
         fs::write(dir.path().join("ids.next"), b"DLYX").unwrap();
-        assert!(matches!(IdIndex::open(&path, 64), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            IdIndex::open(&path, 64, &Durability::new(Path::new("/"))),
+            Err(Error::Corrupt { .. })
+        ));
         // Without `ids` (deleted to force a rebuild) a stale next table is discarded.
         fs::remove_file(&path).unwrap();
-        let idx = IdIndex::open(&path, 64).unwrap();
+        let idx = IdIndex::open(&path, 64, &Durability::new(Path::new("/"))).unwrap();
         assert!(idx.is_empty());
         assert_eq!(files(dir.path()), vec!["ids"]);
     }

@@ -302,44 +302,54 @@ pub fn write_all_at(file: &File, path: &Path, data: &[u8], offset: u64) -> io::R
 
 /// Runs a sync of `path` under its store's durability owner: refused without being tried once the
 /// store is poisoned, and poisoning it when it fails.
-fn guarded(op: &str, path: &Path, call: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
-    let owner = Durability::for_path(path);
-    if let Some(f) = owner.as_ref().and_then(Durability::poison_reason) {
+fn guarded(
+    op: &str,
+    path: &Path,
+    owner: &Durability,
+    call: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
+    if let Some(f) = owner.poison_reason() {
         return Err(io::Error::other(format!("not tried: the store was poisoned by {f}")));
     }
     let r = fail_if_injected(Op::Sync, path).and_then(|()| call());
-    if let (Err(e), Some(d)) = (&r, &owner) {
-        d.poison(Failure::new(op, path.display().to_string(), e));
+    if let Err(e) = &r {
+        owner.poison(Failure::new(op, path.display().to_string(), e));
     }
     r
 }
 
 /// fdatasync.
-pub fn sync_data(file: &File, path: &Path) -> io::Result<()> {
-    guarded("fdatasync", path, || file.sync_data())?;
+pub fn sync_data(file: &File, path: &Path, owner: &Durability) -> io::Result<()> {
+    guarded("fdatasync", path, owner, || file.sync_data())?;
     #[cfg(test)]
     super::synced::note(file, Some(path), None);
     Ok(())
 }
 
 /// fsync (data and metadata).
-pub fn sync_all(file: &File, path: &Path) -> io::Result<()> {
-    guarded("fsync", path, || file.sync_all())?;
+pub fn sync_all(file: &File, path: &Path, owner: &Durability) -> io::Result<()> {
+    guarded("fsync", path, owner, || file.sync_all())?;
     #[cfg(test)]
     super::synced::note(file, Some(path), None);
     Ok(())
 }
 
 /// msync(MS_SYNC) of part of a mapping.
-pub fn msync(map: &memmap2::MmapMut, path: &Path, offset: usize, len: usize) -> io::Result<()> {
-    guarded("msync", path, || map.flush_range(offset, len))
+pub fn msync(
+    map: &memmap2::MmapMut,
+    path: &Path,
+    offset: usize,
+    len: usize,
+    owner: &Durability,
+) -> io::Result<()> {
+    guarded("msync", path, owner, || map.flush_range(offset, len))
 }
 
 /// Writes back `[offset, offset + len)` of `file` and waits for it (sync_file_range): data only,
 /// no metadata and no cache flush, so it makes nothing durable by itself, but it does report (and
 /// consume) a writeback error, so it counts as a sync.
-pub fn sync_range(file: &File, path: &Path, offset: u64, len: u64) -> io::Result<()> {
-    guarded("sync_file_range", path, || super::mmap::sync_file_range(file, offset, len))
+pub fn sync_range(file: &File, path: &Path, offset: u64, len: u64, owner: &Durability) -> io::Result<()> {
+    guarded("sync_file_range", path, owner, || super::mmap::sync_file_range(file, offset, len))
 }
 
 /// Renames `from` to `to`.
@@ -382,14 +392,16 @@ mod tests {
         let f = File::create(&p).unwrap();
         let q = other.path().join("f");
         let fq = File::create(&q).unwrap();
-        assert!(sync_data(&fq, &q).is_ok(), "another directory is untouched");
-        assert!(sync_data(&f, &p).is_ok(), "the first call is skipped");
-        assert_eq!(sync_data(&f, &p).unwrap_err().raw_os_error(), Some(libc::EIO));
-        assert_eq!(sync_all(&f, &p).unwrap_err().raw_os_error(), Some(libc::EIO));
-        assert!(sync_data(&f, &p).is_ok(), "only two calls fail");
+        // A fresh owner each call: this test is about which calls the fault hits, not poison.
+        let d = || Durability::new(dir.path());
+        assert!(sync_data(&fq, &q, &d()).is_ok(), "another directory is untouched");
+        assert!(sync_data(&f, &p, &d()).is_ok(), "the first call is skipped");
+        assert_eq!(sync_data(&f, &p, &d()).unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert_eq!(sync_all(&f, &p, &d()).unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert!(sync_data(&f, &p, &d()).is_ok(), "only two calls fail");
         assert_eq!(g.failed(), 2);
         drop(g);
-        assert!(sync_data(&f, &p).is_ok());
+        assert!(sync_data(&f, &p, &d()).is_ok());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
 
+use super::durability::Durability;
 use super::io;
 use crate::error::{Error, Result};
 
@@ -20,6 +21,8 @@ pub struct MappedFile {
     path: PathBuf,
     file: File,
     map: MmapMut,
+    /// The store's durability owner, which every sync of this file reports to.
+    durability: Durability,
 }
 
 impl MappedFile {
@@ -27,8 +30,8 @@ impl MappedFile {
     ///
     /// A file this call created is removed again when it cannot be preallocated, so a full disk
     /// leaves no partial file behind.
-    pub fn open(path: &Path, len: u64) -> Result<MappedFile> {
-        Self::map(path, open_preallocated(path, len)?)
+    pub fn open(path: &Path, len: u64, durability: &Durability) -> Result<MappedFile> {
+        Self::map(path, open_preallocated(path, len)?, durability)
     }
 
     /// Drops this mapping's page-table entries a megabyte at a time (the file and its page cache
@@ -67,14 +70,14 @@ impl MappedFile {
     }
 
     /// Opens an existing file at its current length.
-    pub fn open_existing(path: &Path) -> Result<MappedFile> {
+    pub fn open_existing(path: &Path, durability: &Durability) -> Result<MappedFile> {
         let file = open_rw(path, false)?;
-        Self::map(path, file)
+        Self::map(path, file, durability)
     }
 
-    fn map(path: &Path, file: File) -> Result<MappedFile> {
+    fn map(path: &Path, file: File, durability: &Durability) -> Result<MappedFile> {
         let map = map_whole(path, &file)?;
-        Ok(MappedFile { path: path.to_path_buf(), file, map })
+        Ok(MappedFile { path: path.to_path_buf(), file, map, durability: durability.clone() })
     }
 
     /// Preallocates the file to `len` bytes and maps it again at that length; never shrinks it.
@@ -165,7 +168,8 @@ impl MappedFile {
         if len == 0 {
             return Ok(());
         }
-        io::msync(&self.map, &self.path, offset, len).map_err(|e| Error::io_at("msync", &self.path, e))?;
+        io::msync(&self.map, &self.path, offset, len, &self.durability)
+            .map_err(|e| Error::io_at("msync", &self.path, e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), Some((offset as u64, len as u64)));
         Ok(())
@@ -177,7 +181,8 @@ impl MappedFile {
     /// mapping dirty the page cache like write(2) does, so fdatasync covers them; it skips
     /// msync's walk of the mapping and measured cheaper here.
     pub fn sync_data(&self) -> Result<()> {
-        io::sync_data(&self.file, &self.path).map_err(|e| Error::io_at("fdatasync", &self.path, e))
+        io::sync_data(&self.file, &self.path, &self.durability)
+            .map_err(|e| Error::io_at("fdatasync", &self.path, e))
     }
 
     /// Byte ranges at or after `from` that may hold data: the file's allocated, written extents
@@ -237,13 +242,13 @@ impl MappedFile {
             // No /proc: open the path (the file is not renamed while a handle is taken).
             Err(_) => io::open(OpenOptions::new().read(true), &self.path),
         };
-        file.map(|file| SyncFile { file, path: self.path.clone() })
+        file.map(|file| SyncFile { file, path: self.path.clone(), durability: self.durability.clone() })
             .map_err(|e| Error::io_at("open", &self.path, e))
     }
 
     /// Makes the whole mapping durable.
     pub fn flush(&self) -> Result<()> {
-        io::msync(&self.map, &self.path, 0, self.map.len())
+        io::msync(&self.map, &self.path, 0, self.map.len(), &self.durability)
             .map_err(|e| Error::io_at("msync", &self.path, e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), None);
@@ -252,7 +257,13 @@ impl MappedFile {
 
     /// fsyncs file metadata too (after creation).
     pub fn sync_all(&self) -> Result<()> {
-        io::sync_all(&self.file, &self.path).map_err(|e| Error::io_at("fsync", &self.path, e))
+        io::sync_all(&self.file, &self.path, &self.durability)
+            .map_err(|e| Error::io_at("fsync", &self.path, e))
+    }
+
+    /// The durability owner this file's syncs report to.
+    pub fn durability(&self) -> &Durability {
+        &self.durability
     }
 }
 
@@ -370,14 +381,14 @@ fn open_preallocated(path: &Path, len: u64) -> Result<File> {
 /// Creates the file `path` preallocated to `len` bytes (as [`MappedFile::open`] does) and makes it
 /// and its directory entry durable, without mapping it: for a helper thread making a file ahead
 /// of need, whose map and unmap would only cost the process's other threads.
-pub fn create_durably(path: &Path, len: u64) -> Result<()> {
+pub fn create_durably(path: &Path, len: u64, durability: &Durability) -> Result<()> {
     let file = open_preallocated(path, len)?;
-    io::sync_all(&file, path).map_err(|e| Error::io_at("fsync", path, e))?;
+    io::sync_all(&file, path, durability).map_err(|e| Error::io_at("fsync", path, e))?;
     // Closed before the directory is opened: a helper making a file ahead holds one handle at a
     // time, which is what `open_queues` budgets for.
     drop(file);
     match path.parent() {
-        Some(dir) => sync_dir(dir),
+        Some(dir) => sync_dir(dir, durability),
         None => Ok(()),
     }
 }
@@ -432,15 +443,15 @@ fn open_rw(path: &Path, create: bool) -> Result<File> {
 
 /// fdatasyncs the file at `path` through a new handle. Pages written through a mapping that is
 /// gone are still the file's dirty pages, so this makes them durable too.
-pub fn sync_path(path: &Path) -> Result<()> {
+pub fn sync_path(path: &Path, durability: &Durability) -> Result<()> {
     let f = io::open(OpenOptions::new().read(true), path).map_err(|e| Error::io_at("open", path, e))?;
-    io::sync_data(&f, path).map_err(|e| Error::io_at("fdatasync", path, e))
+    io::sync_data(&f, path, durability).map_err(|e| Error::io_at("fdatasync", path, e))
 }
 
 /// fsyncs a directory so a create, rename or delete in it survives power loss.
-pub fn sync_dir(dir: &Path) -> Result<()> {
+pub fn sync_dir(dir: &Path, durability: &Durability) -> Result<()> {
     let f = io::open(OpenOptions::new().read(true), dir).map_err(|e| Error::io_at("open dir", dir, e))?;
-    io::sync_all(&f, dir).map_err(|e| Error::io_at("fsync dir", dir, e))
+    io::sync_all(&f, dir, durability).map_err(|e| Error::io_at("fsync dir", dir, e))
 }
 
 /// A file handle of its own (its own open file description) with the path it names, for syncing
@@ -448,24 +459,27 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 pub struct SyncFile {
     file: File,
     path: PathBuf,
+    durability: Durability,
 }
 
 impl SyncFile {
     /// Opens `path` read-only: enough to fdatasync it.
-    pub fn open(path: &Path) -> Result<SyncFile> {
+    pub fn open(path: &Path, durability: &Durability) -> Result<SyncFile> {
         io::open(OpenOptions::new().read(true), path)
-            .map(|file| SyncFile { file, path: path.to_path_buf() })
+            .map(|file| SyncFile { file, path: path.to_path_buf(), durability: durability.clone() })
             .map_err(|e| Error::io_at("open", path, e))
     }
 
     /// fdatasync, under the store's durability owner.
     pub fn sync_data(&self) -> Result<()> {
-        io::sync_data(&self.file, &self.path).map_err(|e| Error::io_at("fdatasync", &self.path, e))
+        io::sync_data(&self.file, &self.path, &self.durability)
+            .map_err(|e| Error::io_at("fdatasync", &self.path, e))
     }
 
     /// fsync (data and metadata: a size grown by preallocation), under the store's durability owner.
     pub fn sync_all(&self) -> Result<()> {
-        io::sync_all(&self.file, &self.path).map_err(|e| Error::io_at("fsync", &self.path, e))
+        io::sync_all(&self.file, &self.path, &self.durability)
+            .map_err(|e| Error::io_at("fsync", &self.path, e))
     }
 
     /// The path.
@@ -550,7 +564,8 @@ mod tests {
     fn scattered_writes_land_in_the_file_whichever_way_they_go() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        let mut file = MappedFile::open(&path, 4 * HEAT_PAGE_BYTES as u64).unwrap();
+        let mut file =
+            MappedFile::open(&path, 4 * HEAT_PAGE_BYTES as u64, &Durability::new(dir.path())).unwrap();
         let mut heat = WriteHeat::default();
         // Enough writes to one page that the later ones are stores, one to another page (a pwrite).
         for i in 0..2 * HOT_WRITES as usize {

@@ -10,8 +10,10 @@ pub mod index;
 pub mod io;
 pub mod mmap;
 pub mod reclaim;
+pub mod reserve;
 pub mod secret;
 pub mod store;
 #[cfg(test)]
 pub mod synced;
 pub mod warmer;
+pub mod writer;

@@ -10,6 +10,7 @@ use std::path::Path;
 use tracing::warn;
 
 use super::checkpoint::write_atomic;
+use super::durability::Durability;
 use crate::error::{Error, Result};
 
 pub use super::format::receipt_key::KEY_BYTES;
@@ -17,7 +18,7 @@ use super::format::receipt_key::{decode_receipt_key, encode_receipt_key};
 
 /// Reads the key in `path`, or makes, stores and returns a new one when the file is missing or
 /// fails its check.
-pub fn load_or_create(path: &Path, holds_log: bool) -> Result<[u8; KEY_BYTES]> {
+pub fn load_or_create(path: &Path, holds_log: bool, durability: &Durability) -> Result<[u8; KEY_BYTES]> {
     match std::fs::read(path) {
         Ok(b) => match decode_receipt_key(&b) {
             Ok(key) => {
@@ -40,7 +41,7 @@ pub fn load_or_create(path: &Path, holds_log: bool) -> Result<[u8; KEY_BYTES]> {
         Err(e) => return Err(Error::io_at("read", path, e)),
     }
     let key = random_key()?;
-    write_atomic(path, &encode_receipt_key(&key))?;
+    write_atomic(path, &encode_receipt_key(&key), durability)?;
     Ok(key)
 }
 
@@ -84,16 +85,18 @@ mod tests {
     fn a_key_is_made_once_kept_across_opens_and_replaced_when_damaged() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("receipt_key");
-        let a = load_or_create(&path, false).unwrap();
+        let d = Durability::new(dir.path());
+        let a = load_or_create(&path, false, &d).unwrap();
         assert_eq!(std::fs::read(&path).unwrap().len(), super::super::format::receipt_key::KEY_FILE_BYTES);
-        assert_eq!(load_or_create(&path, false).unwrap(), a, "the key survives a reopen");
-        let other = load_or_create(&tempfile::tempdir().unwrap().path().join("receipt_key"), false).unwrap();
+        assert_eq!(load_or_create(&path, false, &d).unwrap(), a, "the key survives a reopen");
+        let other =
+            load_or_create(&tempfile::tempdir().unwrap().path().join("receipt_key"), false, &d).unwrap();
         assert_ne!(a, other, "each data directory has its own key");
         let mut b = std::fs::read(&path).unwrap();
         b[10] ^= 1;
         std::fs::write(&path, &b).unwrap();
-        let c = load_or_create(&path, false).unwrap();
+        let c = load_or_create(&path, false, &d).unwrap();
         assert_ne!(c, a, "a damaged key is replaced");
-        assert_eq!(load_or_create(&path, false).unwrap(), c);
+        assert_eq!(load_or_create(&path, false, &d).unwrap(), c);
     }
 }

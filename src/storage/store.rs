@@ -10,10 +10,11 @@ use tracing::{error, info, warn};
 use super::checkpoint::{self, Captured, Checkpoint, CheckpointDamage, CheckpointJob, QueueKind, QueueState};
 use super::commitlog::{CommitLog, DurableClaim, RecoveryMode, RecoveryReport};
 use super::consumequeue::{ConsumeQueue, Entry};
-use super::durability::{Durability, Failure, Reserve};
+use super::durability::{Durability, Failure};
 use super::format::{self, Cause, Home, Put, Record, Route, State};
 use super::index::{IdIndex, Slot, SlotRef};
 use super::mmap::DirLock;
+use super::reserve::Reserve;
 use crate::error::{Error, Result};
 
 /// Sizes and policies of the files.
@@ -265,9 +266,9 @@ impl Store {
     pub fn open(dir: &Path, cfg: StoreConfig) -> Result<(Store, OpenReport)> {
         super::io::create_private_dir(dir)?;
         let lock = DirLock::acquire(&dir.join("LOCK"))?;
-        let durability = Durability::register(dir);
+        let durability = Durability::new(dir);
         let reserve = Reserve::new(dir);
-        let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"))?;
+        let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"), &durability)?;
         let cp_path = dir.join("checkpoint");
         let (cp, cp_damaged) = match Checkpoint::load_or_damage(&cp_path)? {
             Ok(cp) => (cp, false),
@@ -324,14 +325,14 @@ impl Store {
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
         let mut rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
-        let index = match IdIndex::open(&index_path, cfg.index_initial_slots) {
+        let index = match IdIndex::open(&index_path, cfg.index_initial_slots, &durability) {
             Ok(index) => index,
             // The index is derived: a damaged or older-layout one is rebuilt from the log.
             Err(Error::Corrupt { file, reason, .. }) => {
                 warn!(%file, %reason, "id index unusable; rebuilding it from the commit log");
                 rebuild = true;
                 remove_index_files(&index_path)?;
-                IdIndex::open(&index_path, cfg.index_initial_slots)?
+                IdIndex::open(&index_path, cfg.index_initial_slots, &durability)?
             }
             Err(e) => return Err(e),
         };
@@ -430,10 +431,7 @@ impl Store {
         }
         store.touched.clear();
         if !store.reserve.ensure() {
-            warn!(
-                bytes = super::durability::RESERVE_BYTES,
-                "no room for the reserve file; starting without it"
-            );
+            warn!(bytes = super::reserve::RESERVE_BYTES, "no room for the reserve file; starting without it");
         }
         store.live_bytes = store.count_live_bytes();
         store.recount_segments();
@@ -477,7 +475,7 @@ impl Store {
                 // checkpoint (files partly or wholly gone) and even recreated from entry 0, so it
                 // restarts empty at entry 0 whatever its directory holds.
                 remove_dir_if_present(&path)?;
-                let cq = ConsumeQueue::new_closed(&path, per_file);
+                let cq = ConsumeQueue::new_closed(&path, per_file, &self.durability);
                 let mut t = TopicQueue::new(cq, 0, q.reserved, q.dead, 0);
                 (t.delayed, t.ready) = (q.delayed, q.ready);
                 self.topics.insert(q.name.clone(), t);
@@ -487,7 +485,7 @@ impl Store {
                 warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
                 return Ok(false);
             }
-            let mut cq = match ConsumeQueue::open(&path, per_file, Some(q.len)) {
+            let mut cq = match ConsumeQueue::open(&path, per_file, Some(q.len), &self.durability) {
                 Ok(cq) => cq,
                 Err(Error::Corrupt { file, reason, .. }) => {
                     warn!(%file, %reason, "damaged consume queue; rebuilding all queues from the commit log");
@@ -536,7 +534,9 @@ impl Store {
                     QueueKind::Level => {
                         if let Ok(ms) = name.parse::<u64>() {
                             if let std::collections::btree_map::Entry::Vacant(v) = self.levels.entry(ms) {
-                                let Ok(cq) = ConsumeQueue::open(&e.path(), per_file, Some(0)) else {
+                                let Ok(cq) =
+                                    ConsumeQueue::open(&e.path(), per_file, Some(0), &self.durability)
+                                else {
                                     return Ok(false);
                                 };
                                 v.insert(LevelQueue { cq, cursor: 0 });
@@ -704,7 +704,7 @@ impl Store {
         }
         let index_path = self.dir.join("index").join("ids");
         remove_index_files(&index_path)?;
-        self.index = IdIndex::open(&index_path, self.cfg.index_initial_slots)?;
+        self.index = IdIndex::open(&index_path, self.cfg.index_initial_slots, &self.durability)?;
         self.dispatched = self.log.start();
         let per_file = self.cfg.cq_entries_per_file;
         // The log may have lost its oldest segments since the queues were made, so rebuilt queues
@@ -715,12 +715,18 @@ impl Store {
             match q.kind {
                 QueueKind::Level => {
                     if let Ok(ms) = q.name.parse::<u64>() {
-                        let cq = ConsumeQueue::open(&level_dir(&self.dir, ms), per_file, Some(0))?;
+                        let cq = ConsumeQueue::open(
+                            &level_dir(&self.dir, ms),
+                            per_file,
+                            Some(0),
+                            &self.durability,
+                        )?;
                         self.levels.insert(ms, LevelQueue { cq, cursor: 0 });
                     }
                 }
                 QueueKind::Topic => {
-                    let cq = ConsumeQueue::new_closed(&topic_dir(&self.dir, &q.name), per_file);
+                    let cq =
+                        ConsumeQueue::new_closed(&topic_dir(&self.dir, &q.name), per_file, &self.durability);
                     self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, 0, 0, 0));
                 }
             }
@@ -731,8 +737,12 @@ impl Store {
     /// The level queue for `level_ms`, created on first use.
     pub fn level_queue(&mut self, level_ms: u64) -> Result<&mut LevelQueue> {
         if !self.levels.contains_key(&level_ms) {
-            let cq =
-                ConsumeQueue::open(&level_dir(&self.dir, level_ms), self.cfg.cq_entries_per_file, Some(0))?;
+            let cq = ConsumeQueue::open(
+                &level_dir(&self.dir, level_ms),
+                self.cfg.cq_entries_per_file,
+                Some(0),
+                &self.durability,
+            )?;
             self.levels.insert(level_ms, LevelQueue { cq, cursor: 0 });
         }
         self.levels.get_mut(&level_ms).ok_or_else(|| Error::Unavailable("level queue vanished".into()))
@@ -742,7 +752,11 @@ impl Store {
     /// only use is a counter never gets a directory).
     fn topic_state(&mut self, topic: &str) -> Result<&mut TopicQueue> {
         if !self.topics.contains_key(topic) {
-            let cq = ConsumeQueue::new_closed(&topic_dir(&self.dir, topic), self.cfg.cq_entries_per_file);
+            let cq = ConsumeQueue::new_closed(
+                &topic_dir(&self.dir, topic),
+                self.cfg.cq_entries_per_file,
+                &self.durability,
+            );
             // Dispatch creates queues, and it is applying the record at `dispatched` right now.
             self.topics.insert(topic.to_string(), TopicQueue::new(cq, 0, 0, 0, self.dispatched));
         }
@@ -1475,7 +1489,7 @@ impl Store {
         self.index.flush()?;
         self.cp_log_end = self.dispatched;
         let path = self.dir.join("checkpoint");
-        self.reserve.retry_on_full_disk(|| cp.store(&path))?;
+        self.reserve.retry_on_full_disk(|| cp.store(&path, &self.durability))?;
         Ok(cp)
     }
 
@@ -1497,6 +1511,7 @@ impl Store {
             captured.queues.push((QueueKind::Topic, name.clone(), q.created_at, q.cq.len()));
         }
         Ok(CheckpointJob {
+            durability: self.durability.clone(),
             checkpoint,
             files,
             queue_files,
@@ -1538,8 +1553,9 @@ impl Store {
             }
         }
         let end = self.log.end();
-        self.reserve
-            .retry_on_full_disk(|| checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), end))
+        self.reserve.retry_on_full_disk(|| {
+            checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), end, &self.durability)
+        })
     }
 
     /// Bytes of disk the data files occupy.

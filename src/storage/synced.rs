@@ -96,9 +96,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         watch(dir.path());
         let path = dir.path().join("checkpoint");
-        crate::storage::checkpoint::write_atomic(&path, b"first").unwrap();
+        crate::storage::checkpoint::write_atomic(
+            &path,
+            b"first",
+            &crate::storage::durability::Durability::new(dir.path()),
+        )
+        .unwrap();
         assert_eq!(image(&path).as_deref(), Some(&b"first"[..]));
-        crate::storage::checkpoint::write_atomic(&path, b"second").unwrap();
+        crate::storage::checkpoint::write_atomic(
+            &path,
+            b"second",
+            &crate::storage::durability::Durability::new(dir.path()),
+        )
+        .unwrap();
         assert_eq!(image(&path).as_deref(), Some(&b"second"[..]));
         unwatch(dir.path());
     }

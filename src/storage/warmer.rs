@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 
 use tracing::{error, warn};
 
+use super::durability::Durability;
 use super::io::{self, sync_range};
 
 /// Zeroes are written in pieces of one page, so the page cache holds them in single-page folios.
@@ -79,7 +80,7 @@ struct Target {
 
 impl Warmer {
     /// Starts the thread for segments of `segment_bytes`; `None` where they are too small to bother.
-    pub fn start(segment_bytes: u64) -> Option<Warmer> {
+    pub fn start(segment_bytes: u64, durability: Durability) -> Option<Warmer> {
         let chunk = (segment_bytes / 16).min(MAX_CHUNK) & !(PIECE as u64 - 1);
         if chunk == 0 {
             return None;
@@ -91,7 +92,9 @@ impl Warmer {
         });
         let thread = {
             let shared = shared.clone();
-            std::thread::Builder::new().name("delayd-warmer".into()).spawn(move || run(&shared, chunk))
+            std::thread::Builder::new()
+                .name("delayd-warmer".into())
+                .spawn(move || run(&shared, chunk, &durability))
         };
         match thread {
             Ok(t) => Some(Warmer { shared, chunk, thread: Some(t) }),
@@ -153,7 +156,7 @@ fn round_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
 
-fn run(shared: &Shared, chunk: u64) {
+fn run(shared: &Shared, chunk: u64, durability: &Durability) {
     let zeroes = [0u8; PIECE];
     // The segment last written to, synced once the window is full.
     let mut unsynced: Option<(Arc<File>, PathBuf)> = None;
@@ -175,7 +178,7 @@ fn run(shared: &Shared, chunk: u64) {
                 if let Some((f, path)) = unsynced.take() {
                     // Caught up: sync the zeroes' extent conversion here, not in the next commit.
                     drop(st);
-                    if let Err(e) = io::sync_data(&f, &path) {
+                    if let Err(e) = io::sync_data(&f, &path, durability) {
                         // The io layer has poisoned the store: a writeback error is reported once
                         // per open file description, and this one saw it. Zeroing stops too.
                         error!(error = %e, segment = %path.display(), "commit-log warmer fdatasync failed");
@@ -207,7 +210,7 @@ fn run(shared: &Shared, chunk: u64) {
             let mut pos = at;
             while pos < at + len {
                 let n = WRITEBACK_PIECE.min(at + len - pos);
-                sync_range(&target.file, &target.path, pos, n)?;
+                sync_range(&target.file, &target.path, pos, n, durability)?;
                 pos += n;
             }
             Ok(())
