@@ -1,13 +1,17 @@
 //! Appending records and dispatching them: each record applied to the queues, the id index and
 //! the counters.
 
+use std::borrow::Cow;
+
 use tracing::warn;
 
 use super::{dead_letter_topic, Store};
 use crate::error::Result;
 use crate::storage::consumequeue::Entry;
 use crate::storage::durability::Failure;
-use crate::storage::format::{self, Cause, Home, Record, Route, State};
+use crate::storage::format::{
+    self, Carry, Cause, Home, Hop, Pause, Push, Put, Record, Route, State, Transition,
+};
 use crate::storage::index::Slot;
 
 impl Store {
@@ -74,173 +78,213 @@ impl Store {
         Ok(n)
     }
 
+    /// Applies the record at `at` (end-of-segment markers skipped); returns its offset and the
+    /// offset after it, or `None` at the log end.
     fn dispatch_one(&mut self, at: u64) -> Result<Option<(u64, u64)>> {
         let Some((offset, rec, next)) = self.log.next(at)? else { return Ok(None) };
         let size = (next - offset) as u32;
-        // Owned copies end the borrow of the log before queues and index are touched.
+        // Records borrow the log, which must end before queues and index are touched: a record
+        // with bytes is handed on with owned copies of the ones dispatch reads (id and topic).
         match rec {
             Record::Put(p) => {
-                let hash = format::id_hash(p.id);
-                let topic = String::from_utf8_lossy(p.topic).into_owned();
-                let (route, deliver_at) = (p.route, p.deliver_at_ms);
-                if p.replaces {
-                    let id = p.id.to_vec();
-                    self.forget_others(hash, &id, offset);
-                }
-                // Live appends are dispatched exactly once and the engine already checked the id, so
-                // only a replay after a crash can meet a Put that is indexed already.
-                if !self.recovering || self.index.find(hash, |m| m == offset).is_none() {
-                    let state = if route == Route::Topic { State::Ready } else { State::Delayed };
-                    self.index.insert(Slot {
-                        hash,
-                        msg_offset: offset,
-                        last_offset: offset,
-                        seq: 0,
-                        attempt: 0,
-                        state,
-                        home: Home::Main,
-                    })?;
-                    self.live_bytes += u64::from(size);
-                    self.segs.add(&self.log, offset, u64::from(size));
-                }
-                // Counters move by the record alone (a replay starts from the checkpoint's counts).
-                let state = if route == Route::Topic { State::Ready } else { State::Delayed };
-                self.count(&topic, state, true)?;
-                self.route(route, &topic, Entry { offset, size, tag: deliver_at })?;
+                let held = Held::of(p.id, p.topic);
+                self.dispatch_put(offset, size, &held.put(p))?;
             }
             Record::Carry(c) => {
-                let hash = format::id_hash(c.put.id);
-                let topic = String::from_utf8_lossy(c.put.topic).into_owned();
-                let (prev, route, deliver_at) = (c.prev_msg_offset, c.put.route, c.deliver_at_ms);
-                if self.recovering && !self.replayed_hops.is_empty() {
-                    // The message's timer restarts from the Carry; records naming `prev` are stale.
-                    self.replayed_hops.remove(&(prev, c.seq));
-                }
-                let slot = Slot {
-                    hash,
-                    msg_offset: offset,
-                    last_offset: offset,
-                    seq: c.seq,
-                    attempt: c.attempt.min(u32::from(u16::MAX)) as u16,
-                    state: c.state,
-                    home: c.home,
-                };
-                let here = self.index.find(hash, |m| m == offset).is_some();
-                match self.index.find(hash, |m| m == prev) {
-                    // A replay re-inserted the message at its old record while the slot had moved
-                    // on to this Carry already: drop the resurrected copy, the moved slot is newer.
-                    Some((at, _)) if here => self.index.remove(at),
-                    Some((at, old)) => {
-                        if old.last_offset < offset {
-                            self.index.update(at, slot);
-                            let prev_len = self.log.record_len(prev);
-                            self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
-                            self.segs.sub(&self.log, prev, prev_len);
-                            self.segs.add(&self.log, offset, u64::from(size));
-                        }
-                    }
-                    None if here => {}
-                    // The replaced record is gone (a rebuild from a reclaimed log): the Carry alone
-                    // holds the message.
-                    None => {
-                        self.index.insert(slot)?;
-                        self.live_bytes += u64::from(size);
-                        self.segs.add(&self.log, offset, u64::from(size));
-                    }
-                }
-                let queue = match c.home {
-                    Home::Main => topic,
-                    Home::DeadLetter => dead_letter_topic(&topic),
-                };
-                // Moving a message changes no count, unless the record it replaces is gone from the
-                // log: then this is a rebuild, which never met the message before. (A replay after
-                // a crash never meets such a Carry: its segment goes only after a checkpoint that
-                // covers the Carry is durable. The index cannot tell, as it may be ahead.)
-                if prev < self.log.start() {
-                    self.count(&queue, c.state, true)?;
-                }
-                self.route(route, &queue, Entry { offset, size, tag: deliver_at })?;
+                let held = Held::of(c.put.id, c.put.topic);
+                self.dispatch_carry(offset, size, &held.carry(c))?;
             }
-            // Records of a message whose Put or Carry is in a reclaimed segment are history: the
-            // message was carried forward (a later Carry holds it) or expired.
-            Record::Transition(t) if t.msg_offset < self.log.start() => {}
-            Record::Hop(h) if h.msg_offset < self.log.start() => {}
-            Record::Transition(t) => {
-                if self.recovering && !self.replayed_hops.is_empty() {
-                    // The timer of the previous seq ended with this change.
-                    self.replayed_hops.remove(&(t.msg_offset, t.seq.wrapping_sub(1)));
-                }
-                let topic = self.topic_of(t.msg_offset)?;
-                if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
-                    if slot.last_offset < offset {
-                        self.segs.state(&self.log, slot.msg_offset, slot.state, t.state);
-                        slot.last_offset = offset;
-                        slot.seq = t.seq;
-                        slot.attempt = t.attempt.min(u16::MAX as u32) as u16;
-                        slot.state = t.state;
-                        slot.home = t.home;
-                        self.index.update(at, slot);
-                    }
-                } else if !self.recovering {
-                    warn!(
-                        offset,
-                        msg_offset = t.msg_offset,
-                        "transition for a message missing from the index"
-                    );
-                }
-                let queue = match t.home {
-                    Home::Main => topic.clone(),
-                    Home::DeadLetter => dead_letter_topic(&topic),
-                };
-                // Counters move by the record alone, so replay after a crash counts each change once.
-                let prev_queue = match t.cause {
-                    Cause::DeadLetter => topic.clone(),
-                    Cause::Redrive => dead_letter_topic(&topic),
-                    _ => queue.clone(),
-                };
-                self.count(&prev_queue, t.prev_state, false)?;
-                self.count(&queue, t.state, true)?;
-                if t.cause == Cause::DeadLetter {
-                    self.topic_state(&topic)?.dead += 1;
-                }
-                self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })?;
-            }
-            Record::Hop(h) => {
-                if self.recovering {
-                    self.replayed_hops.insert((h.msg_offset, h.seq), (h.id_hash, offset));
-                }
-                self.route(h.route, "", Entry { offset, size, tag: 0 })?;
-            }
+            Record::Transition(t) => self.dispatch_transition(offset, size, &t)?,
+            Record::Hop(h) => self.dispatch_hop(offset, size, &h)?,
             Record::Pause(p) => {
-                let topic = String::from_utf8_lossy(p.topic).into_owned();
-                let prev = if p.paused {
-                    self.segs.add(&self.log, offset, u64::from(size));
-                    self.paused.insert(topic, offset)
-                } else {
-                    self.paused.remove(&topic)
-                };
-                if let Some(prev) = prev {
-                    let len = self.log.record_len(prev);
-                    self.segs.sub(&self.log, prev, len);
-                }
+                let held = Held::of(&[], p.topic);
+                self.dispatch_pause(offset, size, &held.pause(p))?;
             }
             Record::Push(p) => {
-                let topic = String::from_utf8_lossy(p.topic).into_owned();
-                let prev = if p.target == format::PushTarget::None {
-                    self.push.remove(&topic)
-                } else {
-                    self.segs.add(&self.log, offset, u64::from(size));
-                    self.push.insert(topic, offset)
-                };
-                if let Some(prev) = prev {
-                    let len = self.log.record_len(prev);
-                    self.segs.sub(&self.log, prev, len);
-                }
-                self.push_changes += 1;
+                let held = Held::of(&[], p.topic);
+                self.dispatch_push(offset, size, &held.push(p))?;
             }
             Record::EndOfSegment => {}
         }
         Ok(Some((offset, next)))
+    }
+
+    /// Applies a Put: indexes the new message (dropping an older one it replaces), counts it and
+    /// appends its entry to its route's queue.
+    fn dispatch_put(&mut self, offset: u64, size: u32, p: &Put<'_>) -> Result<()> {
+        let hash = format::id_hash(p.id);
+        let topic = String::from_utf8_lossy(p.topic);
+        let (route, deliver_at) = (p.route, p.deliver_at_ms);
+        if p.replaces {
+            self.forget_others(hash, p.id, offset);
+        }
+        // Live appends are dispatched exactly once and the engine already checked the id, so
+        // only a replay after a crash can meet a Put that is indexed already.
+        if !self.recovering || self.index.find(hash, |m| m == offset).is_none() {
+            let state = if route == Route::Topic { State::Ready } else { State::Delayed };
+            self.index.insert(Slot {
+                hash,
+                msg_offset: offset,
+                last_offset: offset,
+                seq: 0,
+                attempt: 0,
+                state,
+                home: Home::Main,
+            })?;
+            self.live_bytes += u64::from(size);
+            self.segs.add(&self.log, offset, u64::from(size));
+        }
+        // Counters move by the record alone (a replay starts from the checkpoint's counts).
+        let state = if route == Route::Topic { State::Ready } else { State::Delayed };
+        self.count(&topic, state, true)?;
+        self.route(route, &topic, Entry { offset, size, tag: deliver_at })
+    }
+
+    /// Applies a Carry (reclaim copied a message forward): its slot moves to the new record, and
+    /// its entry goes to the queue the message is in.
+    fn dispatch_carry(&mut self, offset: u64, size: u32, c: &Carry<'_>) -> Result<()> {
+        let hash = format::id_hash(c.put.id);
+        let topic = String::from_utf8_lossy(c.put.topic);
+        let (prev, route, deliver_at) = (c.prev_msg_offset, c.put.route, c.deliver_at_ms);
+        if self.recovering && !self.replayed_hops.is_empty() {
+            // The message's timer restarts from the Carry; records naming `prev` are stale.
+            self.replayed_hops.remove(&(prev, c.seq));
+        }
+        let slot = Slot {
+            hash,
+            msg_offset: offset,
+            last_offset: offset,
+            seq: c.seq,
+            attempt: c.attempt.min(u32::from(u16::MAX)) as u16,
+            state: c.state,
+            home: c.home,
+        };
+        let here = self.index.find(hash, |m| m == offset).is_some();
+        match self.index.find(hash, |m| m == prev) {
+            // A replay re-inserted the message at its old record while the slot had moved
+            // on to this Carry already: drop the resurrected copy, the moved slot is newer.
+            Some((at, _)) if here => self.index.remove(at),
+            Some((at, old)) => {
+                if old.last_offset < offset {
+                    self.index.update(at, slot);
+                    let prev_len = self.log.record_len(prev);
+                    self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
+                    self.segs.sub(&self.log, prev, prev_len);
+                    self.segs.add(&self.log, offset, u64::from(size));
+                }
+            }
+            None if here => {}
+            // The replaced record is gone (a rebuild from a reclaimed log): the Carry alone
+            // holds the message.
+            None => {
+                self.index.insert(slot)?;
+                self.live_bytes += u64::from(size);
+                self.segs.add(&self.log, offset, u64::from(size));
+            }
+        }
+        let queue = match c.home {
+            Home::Main => topic,
+            Home::DeadLetter => Cow::Owned(dead_letter_topic(&topic)),
+        };
+        // Moving a message changes no count, unless the record it replaces is gone from the
+        // log: then this is a rebuild, which never met the message before. (A replay after
+        // a crash never meets such a Carry: its segment goes only after a checkpoint that
+        // covers the Carry is durable. The index cannot tell, as it may be ahead.)
+        if prev < self.log.start() {
+            self.count(&queue, c.state, true)?;
+        }
+        self.route(route, &queue, Entry { offset, size, tag: deliver_at })
+    }
+
+    /// Applies a Transition (a message changed state): its slot, the counters of the queues it
+    /// left and entered, and its entry on its new route.
+    fn dispatch_transition(&mut self, offset: u64, size: u32, t: &Transition) -> Result<()> {
+        // Records of a message whose Put or Carry is in a reclaimed segment are history: the
+        // message was carried forward (a later Carry holds it) or expired.
+        if t.msg_offset < self.log.start() {
+            return Ok(());
+        }
+        if self.recovering && !self.replayed_hops.is_empty() {
+            // The timer of the previous seq ended with this change.
+            self.replayed_hops.remove(&(t.msg_offset, t.seq.wrapping_sub(1)));
+        }
+        let topic = self.topic_of(t.msg_offset)?;
+        if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
+            if slot.last_offset < offset {
+                self.segs.state(&self.log, slot.msg_offset, slot.state, t.state);
+                slot.last_offset = offset;
+                slot.seq = t.seq;
+                slot.attempt = t.attempt.min(u16::MAX as u32) as u16;
+                slot.state = t.state;
+                slot.home = t.home;
+                self.index.update(at, slot);
+            }
+        } else if !self.recovering {
+            warn!(offset, msg_offset = t.msg_offset, "transition for a message missing from the index");
+        }
+        let queue = match t.home {
+            Home::Main => topic.clone(),
+            Home::DeadLetter => dead_letter_topic(&topic),
+        };
+        // Counters move by the record alone, so replay after a crash counts each change once.
+        let prev_queue = match t.cause {
+            Cause::DeadLetter => topic.clone(),
+            Cause::Redrive => dead_letter_topic(&topic),
+            _ => queue.clone(),
+        };
+        self.count(&prev_queue, t.prev_state, false)?;
+        self.count(&queue, t.state, true)?;
+        if t.cause == Cause::DeadLetter {
+            self.topic_state(&topic)?.dead += 1;
+        }
+        self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })
+    }
+
+    /// Applies a Hop (a timer moved to its next level): remembered during a replay, and queued on
+    /// its next level.
+    fn dispatch_hop(&mut self, offset: u64, size: u32, h: &Hop) -> Result<()> {
+        // A Hop of a message in a reclaimed segment is history (see `dispatch_transition`).
+        if h.msg_offset < self.log.start() {
+            return Ok(());
+        }
+        if self.recovering {
+            self.replayed_hops.insert((h.msg_offset, h.seq), (h.id_hash, offset));
+        }
+        self.route(h.route, "", Entry { offset, size, tag: 0 })
+    }
+
+    /// Applies a Pause (or resume): the topic's Pause record in effect, kept by reclaim.
+    fn dispatch_pause(&mut self, offset: u64, size: u32, p: &Pause<'_>) -> Result<()> {
+        let topic = String::from_utf8_lossy(p.topic).into_owned();
+        let prev = if p.paused {
+            self.segs.add(&self.log, offset, u64::from(size));
+            self.paused.insert(topic, offset)
+        } else {
+            self.paused.remove(&topic)
+        };
+        if let Some(prev) = prev {
+            let len = self.log.record_len(prev);
+            self.segs.sub(&self.log, prev, len);
+        }
+        Ok(())
+    }
+
+    /// Applies a Push (a topic's push subscription set or removed): the record in effect, kept by
+    /// reclaim, and a change the pushers notice.
+    fn dispatch_push(&mut self, offset: u64, size: u32, p: &Push<'_>) -> Result<()> {
+        let topic = String::from_utf8_lossy(p.topic).into_owned();
+        let prev = if p.target == format::PushTarget::None {
+            self.push.remove(&topic)
+        } else {
+            self.segs.add(&self.log, offset, u64::from(size));
+            self.push.insert(topic, offset)
+        };
+        if let Some(prev) = prev {
+            let len = self.log.record_len(prev);
+            self.segs.sub(&self.log, prev, len);
+        }
+        self.push_changes += 1;
+        Ok(())
     }
 
     /// One message of `queue` entered (`up`) or left `state`'s counter; final states count nowhere.
@@ -297,5 +341,82 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// The bytes of a record that dispatch reads (a message's id, a topic), copied out of the log so
+/// that its borrow ends before dispatch changes the store. The records rebuilt from it leave out
+/// the bytes dispatch never reads (a message's body; a push's url, subject and secret): they are
+/// for dispatch only.
+struct Held {
+    bytes: Vec<u8>,
+    id_len: usize,
+}
+
+impl Held {
+    fn of(id: &[u8], topic: &[u8]) -> Held {
+        let mut bytes = Vec::with_capacity(id.len() + topic.len());
+        bytes.extend_from_slice(id);
+        bytes.extend_from_slice(topic);
+        Held { bytes, id_len: id.len() }
+    }
+
+    fn id(&self) -> &[u8] {
+        &self.bytes[..self.id_len]
+    }
+
+    fn topic(&self) -> &[u8] {
+        &self.bytes[self.id_len..]
+    }
+
+    /// `p` reading its id and topic from the copy, without its body.
+    fn put(&self, p: Put<'_>) -> Put<'_> {
+        Put {
+            created_ms: p.created_ms,
+            deliver_at_ms: p.deliver_at_ms,
+            ttr_ms: p.ttr_ms,
+            max_attempts: p.max_attempts,
+            request_kind: p.request_kind,
+            request_value: p.request_value,
+            route: p.route,
+            id: self.id(),
+            topic: self.topic(),
+            backoff_ms: p.backoff_ms,
+            body: &[],
+            replaces: p.replaces,
+        }
+    }
+
+    /// `c` reading its message's id and topic from the copy, without its body.
+    fn carry(&self, c: Carry<'_>) -> Carry<'_> {
+        Carry {
+            prev_msg_offset: c.prev_msg_offset,
+            seq: c.seq,
+            attempt: c.attempt,
+            state: c.state,
+            home: c.home,
+            time_ms: c.time_ms,
+            deliver_at_ms: c.deliver_at_ms,
+            put: self.put(c.put),
+        }
+    }
+
+    /// `p` reading its topic from the copy.
+    fn pause(&self, p: Pause<'_>) -> Pause<'_> {
+        Pause { paused: p.paused, time_ms: p.time_ms, topic: self.topic() }
+    }
+
+    /// `p` reading its topic from the copy, without its url, subject and secret.
+    fn push(&self, p: Push<'_>) -> Push<'_> {
+        Push {
+            target: p.target,
+            time_ms: p.time_ms,
+            timeout_ms: p.timeout_ms,
+            max_in_flight: p.max_in_flight,
+            topic: self.topic(),
+            url: &[],
+            subject: &[],
+            secret: &[],
+        }
     }
 }
