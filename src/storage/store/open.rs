@@ -12,7 +12,7 @@ use super::{
     StoreConfig, TopicQueue,
 };
 use crate::error::{Error, Result};
-use crate::storage::checkpoint::{self, Checkpoint, CheckpointDamage, QueueKind};
+use crate::storage::checkpoint::{self, Checkpoint, CheckpointDamage, QueueKind, QueueState};
 use crate::storage::commitlog::{CommitLog, DurableClaim};
 use crate::storage::consumequeue::ConsumeQueue;
 use crate::storage::durability::{Durability, Reserve};
@@ -29,43 +29,8 @@ impl Store {
         let reserve = Reserve::new(dir);
         let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"))?;
         let cp_path = dir.join("checkpoint");
-        let (cp, cp_damaged) = match Checkpoint::load_or_damage(&cp_path)? {
-            Ok(cp) => (cp, false),
-            Err(why @ CheckpointDamage::OtherVersion(_)) => {
-                return Err(Error::Corrupt {
-                    file: cp_path.display().to_string(),
-                    offset: 0,
-                    reason: format!("checkpoint written by another delayd: {why}; upgrade instead"),
-                })
-            }
-            // Everything in it is derived from the log except the reader cursors, and a rebuild
-            // restarts readers at entry 0, where entries of handled messages are skipped.
-            Err(why) => {
-                error!(
-                    file = %cp_path.display(),
-                    %why,
-                    "checkpoint unusable; rebuilding queues, index and counters from the whole commit log"
-                );
-                (Checkpoint::default(), true)
-            }
-        };
-        // What other files vouch was durable: a log ending before it lost acknowledged records.
-        let mut claims = Vec::new();
-        if cp.dispatched > 0 {
-            claims.push(DurableClaim {
-                offset: cp.dispatched,
-                source: format!("the checkpoint ({}, field dispatched)", cp_path.display()),
-            });
-        }
-        if let Some(end) = clean_end {
-            claims.push(DurableClaim {
-                offset: end,
-                source: format!(
-                    "the clean-shutdown marker ({}, field log_end)",
-                    dir.join("clean_shutdown").display()
-                ),
-            });
-        }
+        let (cp, cp_damaged) = load_checkpoint(&cp_path)?;
+        let claims = durable_claims(dir, &cp_path, &cp, clean_end);
         let (log, log_report) = CommitLog::open(
             &dir.join("commitlog"),
             cfg.segment_bytes,
@@ -83,19 +48,38 @@ impl Store {
 
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
-        let mut rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
-        let index = match IdIndex::open(&index_path, cfg.index_initial_slots) {
-            Ok(index) => index,
-            // The index is derived: a damaged or older-layout one is rebuilt from the log.
-            Err(Error::Corrupt { file, reason, .. }) => {
-                warn!(%file, %reason, "id index unusable; rebuilding it from the commit log");
-                rebuild = true;
-                remove_index_files(&index_path)?;
-                IdIndex::open(&index_path, cfg.index_initial_slots)?
-            }
-            Err(e) => return Err(e),
-        };
-        let mut store = Store {
+        let rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
+        let (index, index_unusable) = open_index(&index_path, cfg.index_initial_slots)?;
+        let mut store = Store::fresh(dir, cfg, lock, log, index, durability, reserve);
+        let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
+        store.report_truncation(&mut report);
+        store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
+        let before = store.dispatched;
+        store.replay(&mut report)?;
+        store.finish_open(report.rebuilt)?;
+        info!(
+            clean = report.clean,
+            rebuilt = report.rebuilt,
+            log_end = store.log.end(),
+            from = before,
+            redispatched = report.redispatched,
+            entries_dropped = report.entries_dropped,
+            "store opened"
+        );
+        Ok((store, report))
+    }
+
+    /// A store over `log` and `index` with nothing derived yet: no queues, nothing dispatched.
+    fn fresh(
+        dir: &Path,
+        cfg: StoreConfig,
+        lock: DirLock,
+        log: CommitLog,
+        index: IdIndex,
+        durability: Durability,
+        reserve: Reserve,
+    ) -> Store {
+        Store {
             dir: dir.to_path_buf(),
             cfg,
             _lock: lock,
@@ -122,171 +106,205 @@ impl Store {
             corrupt_records: Default::default(),
             durability,
             reserve,
-        };
-        let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
-        if let Some(claimed) = report.log.claimed_end {
-            // Only `truncate` mode gets here: say what the lost records meant, from the index as it
-            // was (it is rebuilt below).
-            let end = store.log.end();
-            let (mut lost, mut reverted) = (0u64, 0u64);
-            store.index.for_each(|s| {
-                if s.msg_offset >= end {
-                    lost += 1;
-                } else if s.last_offset >= end {
-                    reverted += 1;
-                }
-            });
-            error!(
-                log_end = end,
-                claimed_end = claimed,
-                bytes_lost = report.log.durable_bytes_lost,
-                messages_lost = lost,
-                messages_reverted = reverted,
-                "recovery = truncate: records that were durable are gone; messages produced there are \
-                 lost and messages changed there (acked, cancelled, reserved, moved) go back to their \
-                 last state before the log end"
-            );
-            report.messages_lost = lost;
-            report.messages_reverted = reverted;
         }
+    }
+
+    /// In `truncate` mode, when the log lost records that were durable, says what they meant,
+    /// from the index as it was (it is rebuilt after).
+    fn report_truncation(&self, report: &mut OpenReport) {
+        let Some(claimed) = report.log.claimed_end else { return };
+        let end = self.log.end();
+        let (mut lost, mut reverted) = (0u64, 0u64);
+        self.index.for_each(|s| {
+            if s.msg_offset >= end {
+                lost += 1;
+            } else if s.last_offset >= end {
+                reverted += 1;
+            }
+        });
+        error!(
+            log_end = end,
+            claimed_end = claimed,
+            bytes_lost = report.log.durable_bytes_lost,
+            messages_lost = lost,
+            messages_reverted = reverted,
+            "recovery = truncate: records that were durable are gone; messages produced there are \
+             lost and messages changed there (acked, cancelled, reserved, moved) go back to their \
+             last state before the log end"
+        );
+        report.messages_lost = lost;
+        report.messages_reverted = reverted;
+    }
+
+    /// Opens the queues and index the checkpoint describes, up to `dispatched`, when they check
+    /// out against the log; otherwise (or when `rebuild` already says so) rebuilds them from the
+    /// whole log.
+    fn open_derived(
+        &mut self,
+        cp: &Checkpoint,
+        dispatched: u64,
+        mut rebuild: bool,
+        report: &mut OpenReport,
+    ) -> Result<()> {
         // Pauses before the checkpoint's position; later ones are replayed below.
-        store.paused = cp.paused.iter().filter(|(_, at)| *at < store.log.end()).cloned().collect();
-        store.push = cp.push.iter().filter(|(_, at)| *at < store.log.end()).cloned().collect();
+        self.paused = cp.paused.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
+        self.push = cp.push.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
         if !rebuild {
-            rebuild = !store.open_queues(&cp, dispatched, &mut report)?;
+            rebuild = !self.open_queues(cp, dispatched, report)?;
         }
         if !rebuild {
-            if let Some(why) = store.index_damage() {
+            if let Some(why) = self.index_damage() {
                 warn!(%why, "id index disagrees with the commit log; rebuilding it and the queues from the log");
                 report.index_damaged = true;
                 rebuild = true;
             }
         }
         if rebuild {
-            store.rebuild(&cp)?;
+            self.rebuild(cp)?;
             report.rebuilt = true;
         } else {
-            store.dispatched = dispatched;
+            self.dispatched = dispatched;
         }
-        let before = store.dispatched;
-        store.recovering = true;
-        report.redispatched = store.dispatch()?;
-        store.recovering = false;
+        Ok(())
+    }
+
+    /// Re-dispatches the records past what the derived files hold.
+    fn replay(&mut self, report: &mut OpenReport) -> Result<()> {
+        self.recovering = true;
+        report.redispatched = self.dispatch()?;
+        self.recovering = false;
         // Only timers still running need their newest Hop remembered.
-        let index = &store.index;
-        store.replayed_hops.retain(|&(msg_offset, seq), &mut (hash, _)| {
+        let index = &self.index;
+        self.replayed_hops.retain(|&(msg_offset, seq), &mut (hash, _)| {
             index.find(hash, |m| m == msg_offset).is_some_and(|(_, slot)| {
                 slot.seq == seq && matches!(slot.state, State::Delayed | State::Reserved)
             })
         });
-        for q in store.levels.values_mut() {
+        Ok(())
+    }
+
+    /// Brings cursors within their queues, recounts what dispatch keeps (live bytes, segment
+    /// contents) and, after a rebuild, checkpoints the new derived files.
+    fn finish_open(&mut self, rebuilt: bool) -> Result<()> {
+        for q in self.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.len());
         }
-        for q in store.topics.values_mut() {
+        for q in self.topics.values_mut() {
             q.cursor = q.cursor.min(q.cq.len()).max(q.cq.first());
         }
-        for q in store.levels.values_mut() {
+        for q in self.levels.values_mut() {
             q.cursor = q.cursor.max(q.cq.first());
         }
-        store.touched.clear();
-        if !store.reserve.ensure() {
+        self.touched.clear();
+        if !self.reserve.ensure() {
             warn!(
                 bytes = crate::storage::durability::RESERVE_BYTES,
                 "no room for the reserve file; starting without it"
             );
         }
-        store.live_bytes = store.count_live_bytes();
-        store.recount_segments();
-        store.expiry = store.log.start();
-        if report.rebuilt {
+        self.live_bytes = self.count_live_bytes();
+        self.recount_segments();
+        self.expiry = self.log.start();
+        if rebuilt {
             // The checkpoint on disk describes the derived files the rebuild replaced: until one
             // describes the new ones, a power loss would pair it with a fresh, partly unsynced
             // index and queues, and the messages only they held would be gone.
-            store.write_checkpoint(&BTreeMap::new())?;
+            self.write_checkpoint(&BTreeMap::new())?;
         }
-        info!(
-            clean = report.clean,
-            rebuilt = report.rebuilt,
-            log_end = store.log.end(),
-            from = before,
-            redispatched = report.redispatched,
-            entries_dropped = report.entries_dropped,
-            "store opened"
-        );
-        Ok((store, report))
+        Ok(())
     }
 
     /// Opens queues at their checkpointed lengths; false when one is missing and a rebuild is needed.
     fn open_queues(&mut self, cp: &Checkpoint, dispatched: u64, report: &mut OpenReport) -> Result<bool> {
-        let per_file = self.cfg.cq_entries_per_file;
         for q in &cp.queues {
-            let (path, level) = match q.kind {
-                QueueKind::Level => {
-                    let ms: u64 = q.name.parse().map_err(|_| Error::Corrupt {
-                        file: "checkpoint".into(),
-                        offset: 0,
-                        reason: format!("level name {:?} is not a number", q.name),
-                    })?;
-                    (level_dir(&self.dir, ms), Some(ms))
-                }
-                QueueKind::Topic => (topic_dir(&self.dir, &q.name), None),
-            };
-            if level.is_none() && q.cursor >= q.len {
-                // Every entry the checkpoint knew of was read, and entries past it are dispatched
-                // again: nothing on disk is needed. The topic may have been forgotten after this
-                // checkpoint (files partly or wholly gone) and even recreated from entry 0, so it
-                // restarts empty at entry 0 whatever its directory holds.
-                remove_dir_if_present(&path)?;
-                let cq = ConsumeQueue::new_closed(&path, per_file);
-                let mut t = TopicQueue::new(cq, 0, q.reserved, q.dead, 0);
-                (t.delayed, t.ready) = (q.delayed, q.ready);
-                self.topics.insert(q.name.clone(), t);
-                continue;
-            }
-            if q.len > 0 && !path.exists() {
-                warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
+            if !self.open_listed_queue(q, dispatched, report)? {
                 return Ok(false);
-            }
-            let mut cq = match ConsumeQueue::open(&path, per_file, Some(q.len)) {
-                Ok(cq) => cq,
-                Err(Error::Corrupt { file, reason, .. }) => {
-                    warn!(%file, %reason, "damaged consume queue; rebuilding all queues from the commit log");
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
-            };
-            if cq.len() < q.len {
-                warn!(queue = %q.name, "consume queue shorter than its checkpoint; rebuilding");
-                report.behind_checkpoint.push(q.name.clone());
-                return Ok(false);
-            }
-            if let Some((why, unwritten)) = self.queue_damage(&cq, q.cursor, dispatched) {
-                warn!(queue = %q.name, %why, "consume queue disagrees with the commit log; rebuilding all queues from the log");
-                report.queue_damaged = true;
-                if unwritten {
-                    report.behind_checkpoint.push(q.name.clone());
-                }
-                return Ok(false);
-            }
-            let dropped = cq.truncate_to_offset(dispatched)?;
-            if dropped > 0 {
-                warn!(queue = %q.name, dropped, "dropped consume-queue entries past the recovered log end");
-                report.entries_dropped += dropped;
-            }
-            match level {
-                Some(ms) => {
-                    self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
-                }
-                None => {
-                    let mut t = TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0);
-                    (t.delayed, t.ready) = (q.delayed, q.ready);
-                    self.topics.insert(q.name.clone(), t);
-                    self.topic_open(&q.name)?;
-                }
             }
         }
-        // Queues created after the checkpoint hold only re-dispatchable entries: levels start empty,
-        // topics (perhaps forgotten before the crash) go and come back if the replay names them.
+        self.open_unlisted_queues()
+    }
+
+    /// Opens one queue the checkpoint lists, checked against the log and cut back to
+    /// `dispatched`; false when it cannot be trusted and a rebuild is needed.
+    fn open_listed_queue(
+        &mut self,
+        q: &QueueState,
+        dispatched: u64,
+        report: &mut OpenReport,
+    ) -> Result<bool> {
+        let per_file = self.cfg.cq_entries_per_file;
+        let (path, level) = match q.kind {
+            QueueKind::Level => {
+                let ms: u64 = q.name.parse().map_err(|_| Error::Corrupt {
+                    file: "checkpoint".into(),
+                    offset: 0,
+                    reason: format!("level name {:?} is not a number", q.name),
+                })?;
+                (level_dir(&self.dir, ms), Some(ms))
+            }
+            QueueKind::Topic => (topic_dir(&self.dir, &q.name), None),
+        };
+        if level.is_none() && q.cursor >= q.len {
+            // Every entry the checkpoint knew of was read, and entries past it are dispatched
+            // again: nothing on disk is needed. The topic may have been forgotten after this
+            // checkpoint (files partly or wholly gone) and even recreated from entry 0, so it
+            // restarts empty at entry 0 whatever its directory holds.
+            remove_dir_if_present(&path)?;
+            let cq = ConsumeQueue::new_closed(&path, per_file);
+            let mut t = TopicQueue::new(cq, 0, q.reserved, q.dead, 0);
+            (t.delayed, t.ready) = (q.delayed, q.ready);
+            self.topics.insert(q.name.clone(), t);
+            return Ok(true);
+        }
+        if q.len > 0 && !path.exists() {
+            warn!(queue = %q.name, "consume queue missing; rebuilding all queues from the commit log");
+            return Ok(false);
+        }
+        let mut cq = match ConsumeQueue::open(&path, per_file, Some(q.len)) {
+            Ok(cq) => cq,
+            Err(Error::Corrupt { file, reason, .. }) => {
+                warn!(%file, %reason, "damaged consume queue; rebuilding all queues from the commit log");
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        if cq.len() < q.len {
+            warn!(queue = %q.name, "consume queue shorter than its checkpoint; rebuilding");
+            report.behind_checkpoint.push(q.name.clone());
+            return Ok(false);
+        }
+        if let Some((why, unwritten)) = self.queue_damage(&cq, q.cursor, dispatched) {
+            warn!(queue = %q.name, %why, "consume queue disagrees with the commit log; rebuilding all queues from the log");
+            report.queue_damaged = true;
+            if unwritten {
+                report.behind_checkpoint.push(q.name.clone());
+            }
+            return Ok(false);
+        }
+        let dropped = cq.truncate_to_offset(dispatched)?;
+        if dropped > 0 {
+            warn!(queue = %q.name, dropped, "dropped consume-queue entries past the recovered log end");
+            report.entries_dropped += dropped;
+        }
+        match level {
+            Some(ms) => {
+                self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
+            }
+            None => {
+                let mut t = TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0);
+                (t.delayed, t.ready) = (q.delayed, q.ready);
+                self.topics.insert(q.name.clone(), t);
+                self.topic_open(&q.name)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Queues created after the checkpoint hold only re-dispatchable entries: levels start empty,
+    /// topics (perhaps forgotten before the crash) go and come back if the replay names them.
+    /// False when such a level queue cannot be opened and a rebuild is needed.
+    fn open_unlisted_queues(&mut self) -> Result<bool> {
+        let per_file = self.cfg.cq_entries_per_file;
         for (kind, sub) in [(QueueKind::Level, "level"), (QueueKind::Topic, "topic")] {
             let root = self.dir.join("cq").join(sub);
             let Ok(rd) = crate::storage::io::read_dir(&root) else { continue };
@@ -454,5 +472,64 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// The checkpoint at `path`, and whether it was unusable (then an empty one stands in, and
+/// everything derived is rebuilt from the log). One written by another layout version fails.
+fn load_checkpoint(path: &Path) -> Result<(Checkpoint, bool)> {
+    match Checkpoint::load_or_damage(path)? {
+        Ok(cp) => Ok((cp, false)),
+        Err(why @ CheckpointDamage::OtherVersion(_)) => Err(Error::Corrupt {
+            file: path.display().to_string(),
+            offset: 0,
+            reason: format!("checkpoint written by another delayd: {why}; upgrade instead"),
+        }),
+        // Everything in it is derived from the log except the reader cursors, and a rebuild
+        // restarts readers at entry 0, where entries of handled messages are skipped.
+        Err(why) => {
+            error!(
+                file = %path.display(),
+                %why,
+                "checkpoint unusable; rebuilding queues, index and counters from the whole commit log"
+            );
+            Ok((Checkpoint::default(), true))
+        }
+    }
+}
+
+/// What other files vouch was durable: a log ending before it lost acknowledged records.
+fn durable_claims(dir: &Path, cp_path: &Path, cp: &Checkpoint, clean_end: Option<u64>) -> Vec<DurableClaim> {
+    let mut claims = Vec::new();
+    if cp.dispatched > 0 {
+        claims.push(DurableClaim {
+            offset: cp.dispatched,
+            source: format!("the checkpoint ({}, field dispatched)", cp_path.display()),
+        });
+    }
+    if let Some(end) = clean_end {
+        claims.push(DurableClaim {
+            offset: end,
+            source: format!(
+                "the clean-shutdown marker ({}, field log_end)",
+                dir.join("clean_shutdown").display()
+            ),
+        });
+    }
+    claims
+}
+
+/// The id index at `path`, and whether it was unusable (then a fresh one stands in, to be
+/// rebuilt from the log).
+fn open_index(path: &Path, initial_slots: u64) -> Result<(IdIndex, bool)> {
+    match IdIndex::open(path, initial_slots) {
+        Ok(index) => Ok((index, false)),
+        // The index is derived: a damaged or older-layout one is rebuilt from the log.
+        Err(Error::Corrupt { file, reason, .. }) => {
+            warn!(%file, %reason, "id index unusable; rebuilding it from the commit log");
+            remove_index_files(path)?;
+            Ok((IdIndex::open(path, initial_slots)?, true))
+        }
+        Err(e) => Err(e),
     }
 }
