@@ -1,0 +1,301 @@
+//! The store: one commit log plus everything derived from it (consume queues, id index, counters),
+//! the dispatcher that derives them, checkpoints and crash recovery.
+//!
+//! This file holds the store's state and its small accessors; each room adds an `impl Store`:
+//! `open` (opening and recovery), `dispatch` (appending and applying records), `queues` (the
+//! queue cache, reading and repairing entries), `reads` (messages, due times, counters) and
+//! `checkpoint` (snapshots, checkpoints and closing).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use super::commitlog::{CommitLog, RecoveryMode, RecoveryReport};
+use super::consumequeue::ConsumeQueue;
+use super::durability::Durability;
+use super::format::State;
+use super::index::IdIndex;
+use super::mmap::DirLock;
+use super::reserve::Reserve;
+use crate::error::{Error, Result};
+
+mod checkpoint;
+mod dispatch;
+mod open;
+mod queues;
+mod reads;
+
+/// Sizes and policies of the files.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Commit-log segment size in bytes.
+    pub segment_bytes: u64,
+    /// Entries per consume-queue file.
+    pub cq_entries_per_file: u64,
+    /// Initial slots of the id index.
+    pub index_initial_slots: u64,
+    /// What to do with a bad record followed by valid ones.
+    pub recovery: RecoveryMode,
+    /// Most topic queues whose files are open (mapped, with a handle) at once.
+    pub open_queues: usize,
+    /// Whether a durable checkpoint deletes what it makes unnecessary (read queue files, emptied
+    /// topics); off, everything is kept.
+    pub reclaim: bool,
+}
+
+/// A topic queue with its reader cursor and counters.
+pub struct TopicQueue {
+    /// The entries; their files are open only while the queue is in the open-queue cache.
+    pub cq: ConsumeQueue,
+    /// Next entry a pop looks at.
+    pub cursor: u64,
+    /// Messages currently reserved from this queue.
+    pub reserved: u64,
+    /// Messages of this queue waiting on a delay level.
+    pub delayed: u64,
+    /// Messages in this queue not yet popped: Ready, or Dead in a dead-letter queue.
+    pub ready: u64,
+    /// Messages of this topic moved to its dead-letter topic since this queue was created.
+    pub dead: u64,
+    /// Key in the store's least-recently-used order while the files are open.
+    lru: Option<u64>,
+    /// Log offset of the record whose dispatch created this queue (0 when it came from the
+    /// checkpoint at open). A checkpoint with a `dispatched` at or below it predates the queue:
+    /// it describes a forgotten namesake, whose cursor and emptiness say nothing about this one.
+    pub(super) created_at: u64,
+}
+
+impl TopicQueue {
+    fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
+        TopicQueue { cq, cursor, reserved, delayed: 0, ready: 0, dead, lru: None, created_at }
+    }
+
+    /// The counter a message in `state` counts in; none for a final one.
+    fn counter(&mut self, state: State) -> Option<&mut u64> {
+        match state {
+            State::Delayed => Some(&mut self.delayed),
+            State::Ready | State::Dead => Some(&mut self.ready),
+            State::Reserved => Some(&mut self.reserved),
+            State::Done | State::Cancelled => None,
+        }
+    }
+}
+
+/// A level queue with its scheduler's persisted cursor.
+pub struct LevelQueue {
+    /// The entries.
+    pub cq: ConsumeQueue,
+    /// First entry not yet handled (persisted at checkpoints).
+    pub cursor: u64,
+}
+
+/// What opening found, for logs and tests.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    /// Whether the last shutdown left the clean marker.
+    pub clean: bool,
+    /// What the commit-log scan found.
+    pub log: RecoveryReport,
+    /// Consume queues and index were rebuilt from the whole log.
+    pub rebuilt: bool,
+    /// Queue entries dropped because they pointed past the recovered log end.
+    pub entries_dropped: u64,
+    /// Records re-dispatched after the checkpoint.
+    pub redispatched: u64,
+    /// The checkpoint was damaged, so everything derived was rebuilt from the log.
+    pub checkpoint_rebuilt: bool,
+    /// A consume queue failed a check against the log, so the queues were rebuilt.
+    pub queue_damaged: bool,
+    /// The id index failed a check against the log, so it was rebuilt.
+    pub index_damaged: bool,
+    /// `truncate` mode, log shorter than what was durable: indexed messages whose Put is gone.
+    pub messages_lost: u64,
+    /// Same: indexed messages whose latest change is gone (they go back to an earlier state).
+    pub messages_reverted: u64,
+    /// Queues found shorter than the checkpoint said was durable: a checkpoint vouched for
+    /// writes nobody synced (rebuilt from the log, but a broken sync protocol, never a power cut).
+    pub behind_checkpoint: Vec<String>,
+}
+
+/// The store.
+pub struct Store {
+    dir: PathBuf,
+    cfg: StoreConfig,
+    _lock: DirLock,
+    /// The commit log.
+    pub log: CommitLog,
+    /// Level queues by duration in ms.
+    pub levels: BTreeMap<u64, LevelQueue>,
+    /// Topic queues by name.
+    pub topics: HashMap<String, TopicQueue>,
+    /// Paused topics, with the offset of the Pause record in effect (reclaim copies it forward).
+    pub paused: BTreeMap<String, u64>,
+    /// Topics with a push subscription, with the offset of the Push record in effect (reclaim
+    /// copies it forward; the subscription is read from it).
+    pub push: BTreeMap<String, u64>,
+    /// Push records applied so far, so that the pushers can tell when to look again.
+    pub push_changes: u64,
+    /// Topics whose queue files are open, by last use (oldest first); at most `cfg.open_queues`.
+    lru: BTreeMap<u64, String>,
+    /// Key of the most recent use.
+    lru_tick: u64,
+    /// The id index.
+    pub index: IdIndex,
+    pub(super) dispatched: u64,
+    /// True while open() re-dispatches records that may already be in the index.
+    recovering: bool,
+    /// Log offset the last checkpoint covered: later segments need syncing before the next one.
+    cp_log_end: u64,
+    /// Topics that received entries since the last [`take_touched`](Self::take_touched).
+    touched: Vec<String>,
+    /// Bytes of the Put or Carry records of every indexed message (what reclaim must keep).
+    pub(super) live_bytes: u64,
+    /// Log offset up to which final messages were checked for expiry.
+    pub(super) expiry: u64,
+    /// Checkpoint snapshots taken by this process.
+    pub(super) snapshots: u64,
+    /// `serial` of the newest checkpoint known to be durable.
+    pub(super) durable_serial: u64,
+    /// Where reclaiming the oldest segment stands.
+    pub(super) reclaim: super::reclaim::Reclaim,
+    /// What each segment holds that reclaim must keep, kept by dispatch (recounted at open).
+    pub(super) segs: super::reclaim::SegCounts,
+    /// The id hash and offset of the newest Hop of each timer, by (msg_offset, seq), among the records re-dispatched at
+    /// open. A level entry fired after the checkpoint fires again after a crash; the Hop it wrote
+    /// then is in the replayed records, so a timer record older than that Hop is superseded and
+    /// must not hop again (see `Engine::fire`). Only the replay fills it: in a running broker each
+    /// entry fires once. Emptied as those timers fire or end.
+    pub(crate) replayed_hops: HashMap<(u64, u32), (u64, u64)>,
+    /// Damaged records met outside the recovery scan (reads take `&self`, hence atomic).
+    corrupt_records: std::sync::atomic::AtomicU64,
+    /// The store's health and durable offsets, shared with every thread that syncs its files.
+    durability: Durability,
+    /// Disk space held back for the writes that let a full disk recover.
+    reserve: Reserve,
+}
+
+fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
+    root.join("cq").join("level").join(format!("{level_ms:012}"))
+}
+
+fn topic_dir(root: &Path, topic: &str) -> PathBuf {
+    // The prefix keeps names such as "." and ".." (valid topics) from meaning anything to the filesystem.
+    root.join("cq").join("topic").join(format!("t-{topic}"))
+}
+
+/// Deletes the index and its resize files, so the next open creates a fresh one.
+fn remove_index_files(ids: &Path) -> Result<()> {
+    for path in [ids.to_path_buf(), ids.with_extension("next"), ids.with_extension("new")] {
+        match super::io::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io_at("remove", &path, e))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<()> {
+    match super::io::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io_at("remove", dir, e)),
+        _ => Ok(()),
+    }
+}
+
+/// A queue named by what it is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueRef<'a> {
+    /// The queue of a topic (dead-letter topics included).
+    Topic(&'a str),
+    /// The queue of a delay level, by its duration in ms.
+    Level(u64),
+}
+
+impl std::fmt::Display for QueueRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueRef::Topic(t) => write!(f, "topic {t}"),
+            QueueRef::Level(ms) => write!(f, "level {ms} ms"),
+        }
+    }
+}
+
+/// The queue a record routes to (owned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Topic(String),
+    Level(u64),
+}
+
+impl Target {
+    fn is(&self, q: &QueueRef<'_>) -> bool {
+        match (self, q) {
+            (Target::Topic(a), QueueRef::Topic(b)) => a == b,
+            (Target::Level(a), QueueRef::Level(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// What [`Store::check_entry`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryCheck {
+    /// The entry matches its record.
+    Valid,
+    /// Its record was reclaimed; the entry is history.
+    Stale,
+    /// A record header is there but the record fails its CRC (logged and counted): the log itself
+    /// is damaged, and the message cannot be read.
+    CorruptRecord,
+    /// The entry does not match the log: the queue file is damaged.
+    Bad(String),
+}
+
+/// The dead-letter topic of `topic`.
+pub fn dead_letter_topic(topic: &str) -> String {
+    format!("{topic}.dlq")
+}
+
+impl Store {
+    /// The store's durability owner.
+    pub fn durability(&self) -> &Durability {
+        &self.durability
+    }
+
+    /// Makes the reserve file again if it was released and there is room now.
+    pub fn restore_reserve(&self) {
+        if !self.reserve.is_held() && self.reserve.ensure() {
+            info!("disk space is back: the reserve file is made again");
+        }
+    }
+
+    /// Wakes the topic's waiting pops as if it got an entry (it was resumed).
+    pub fn touch(&mut self, topic: &str) {
+        self.touched.push(topic.to_string());
+    }
+
+    /// Topics that got new entries since the last call.
+    pub fn take_touched(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// Makes the log durable.
+    pub fn flush_log(&mut self) -> Result<()> {
+        self.log.flush()
+    }
+
+    /// Bytes of disk the data files occupy.
+    pub fn disk_bytes(&self) -> u64 {
+        self.log.disk_bytes()
+            + self.index.disk_bytes()
+            + self.levels.values().map(|q| q.cq.disk_bytes()).sum::<u64>()
+            + self.topics.values().map(|q| q.cq.disk_bytes()).sum::<u64>()
+    }
+
+    /// Offset up to which records are dispatched.
+    pub fn dispatched(&self) -> u64 {
+        self.dispatched
+    }
+}

@@ -1,0 +1,170 @@
+//! Reads of messages and counters: records by offset, a message's due times and queue, finding a
+//! message by id, and damaged records met along the way.
+
+use std::collections::BTreeMap;
+
+use tracing::error;
+
+use super::{dead_letter_topic, Store};
+use crate::error::{Error, Result};
+use crate::storage::format::{self, Home, Put, Record, State};
+use crate::storage::index::{Slot, SlotRef};
+
+/// The due time a record sets: when a delayed message becomes ready, when a reservation expires,
+/// when a ready message became ready (0 for records of no message).
+fn deliver_at_of(rec: &Record<'_>) -> u64 {
+    match rec {
+        Record::Put(p) => p.deliver_at_ms,
+        Record::Transition(t) => t.deliver_at_ms,
+        Record::Carry(c) => c.deliver_at_ms,
+        Record::Hop(h) => h.target_ms,
+        Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => 0,
+    }
+}
+
+impl Store {
+    /// The CRC-checked record at `offset`; `Ok(None)` when a record header is there but the record
+    /// fails its check (damage in the log itself, logged and counted); `Err` when nothing there
+    /// looks like a record (so whatever pointed there is wrong).
+    pub(crate) fn read_checked(&self, offset: u64) -> std::result::Result<Option<Record<'_>>, String> {
+        match self.log.read(offset) {
+            Ok((rec, _)) => Ok(Some(rec)),
+            Err(Error::Corrupt { reason, .. }) => {
+                let h = self.log.raw(offset, format::HEADER_BYTES);
+                if h.is_some_and(format::has_record_magic) {
+                    self.corrupt_record(offset, &reason);
+                    Ok(None)
+                } else {
+                    Err(format!("no record at log offset {offset} ({reason})"))
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Logs and counts a record that fails its CRC or layout check outside the recovery scan: its
+    /// message cannot be read, which must not pass unnoticed.
+    pub(crate) fn corrupt_record(&self, offset: u64, reason: &str) {
+        let file = self.log.segment_path(offset).map(|p| p.display().to_string()).unwrap_or_default();
+        error!(%file, offset, %reason, "commit log: damaged record; its message cannot be read");
+        self.corrupt_records.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Damaged records met outside the recovery scan since open.
+    pub fn corrupt_records(&self) -> u64 {
+        self.corrupt_records.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Reads the message whose Put (or Carry) record is at `msg_offset`.
+    pub fn put_at(&self, msg_offset: u64) -> Result<Put<'_>> {
+        match self.log.read(msg_offset)?.0 {
+            Record::Put(p) => Ok(p),
+            Record::Carry(c) => Ok(c.put),
+            _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
+        }
+    }
+
+    /// The due time the slot's last state change set: when a delayed message becomes ready, when a
+    /// reservation expires, or when a ready message became ready.
+    pub fn deliver_at(&self, slot: &Slot) -> Result<u64> {
+        Ok(deliver_at_of(&self.log.read(slot.last_offset)?.0))
+    }
+
+    /// The due time a message had, for an ack or cancel to keep: when it was to become (or
+    /// became) ready, or for a reserved message when the delivery it holds fell due.
+    pub fn due_at(&self, slot: &Slot) -> Result<u64> {
+        let rec = self.log.read(slot.last_offset)?.0;
+        Ok(match &rec {
+            Record::Transition(t) => match (t.due_ms, t.state) {
+                (Some(due), _) => due,
+                // A version 1 Reserve (an older delayd) did not record its due time; the time of
+                // the pop is the closest at hand and never before it.
+                (None, State::Reserved) => t.time_ms,
+                (None, _) => t.deliver_at_ms,
+            },
+            other => deliver_at_of(other),
+        })
+    }
+
+    /// The queue the message in `slot` belongs to now: its topic, or the topic's `.dlq`.
+    pub fn queue_of(&self, slot: &Slot) -> Result<String> {
+        let topic = self.topic_of(slot.msg_offset)?;
+        Ok(match slot.home {
+            Home::Main => topic,
+            Home::DeadLetter => dead_letter_topic(&topic),
+        })
+    }
+
+    /// Sum of the record sizes of every indexed message (recount after recovery).
+    pub(crate) fn count_live_bytes(&self) -> u64 {
+        let mut sum = 0;
+        self.index.for_each(|s| sum += self.log.record_len(s.msg_offset));
+        sum
+    }
+
+    pub(super) fn topic_of(&self, msg_offset: u64) -> Result<String> {
+        Ok(String::from_utf8_lossy(self.put_at(msg_offset)?.topic).into_owned())
+    }
+
+    /// Finds a message by id: its slot, checked against the id in its Put record. A final message
+    /// that became final at or before `expired_at_ms` is past `done_retention` and not found, even
+    /// while the expiry walk has not reached it yet (a carried final message is reached late).
+    pub fn find_id(&self, id: &[u8], expired_at_ms: u64) -> Option<(SlotRef, Slot)> {
+        let hash = format::id_hash(id);
+        self.index.find_slot(hash, |s| {
+            self.put_at(s.msg_offset).is_ok_and(|p| p.id == id) && !self.is_expired(s, expired_at_ms)
+        })
+    }
+
+    /// When a final message became final: the time of its final Transition, or of the Carry that
+    /// moved it (which keeps that time); `None` for a message that is not final.
+    pub fn final_at(&self, slot: &Slot) -> Result<Option<u64>> {
+        if !slot.state.is_final() {
+            return Ok(None);
+        }
+        Ok(match self.log.read(slot.last_offset)?.0 {
+            Record::Transition(t) => Some(t.time_ms),
+            Record::Carry(c) => Some(c.time_ms),
+            _ => None,
+        })
+    }
+
+    /// A final message whose final change is at or before `cutoff_ms`. A record that cannot be read
+    /// counts as not expired: the message stays visible rather than vanish on a damaged file.
+    pub(crate) fn is_expired(&self, slot: &Slot, cutoff_ms: u64) -> bool {
+        matches!(self.final_at(slot), Ok(Some(t)) if t <= cutoff_ms)
+    }
+
+    /// Finds a message by its Put offset and id hash.
+    pub fn find_offset(&self, hash: u64, msg_offset: u64) -> Option<(SlotRef, Slot)> {
+        self.index.find(hash, |m| m == msg_offset)
+    }
+
+    /// Per topic queue: (ready, reserved, delayed) as counted, leaving out all-zero queues.
+    pub fn state_counts(&self) -> BTreeMap<String, (u64, u64, u64)> {
+        self.topics
+            .iter()
+            .map(|(n, q)| (n.clone(), (q.ready, q.reserved, q.delayed)))
+            .filter(|(_, c)| *c != (0, 0, 0))
+            .collect()
+    }
+
+    /// [`state_counts`](Self::state_counts) worked out from scratch, one index slot and Put at a
+    /// time: what the counters must equal. For tests; it reads every live message.
+    pub fn recount_states(&self) -> Result<BTreeMap<String, (u64, u64, u64)>> {
+        let mut slots = Vec::new();
+        self.index.for_each(|s| slots.push(s));
+        let mut out: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+        for s in slots {
+            let c = out.entry(self.queue_of(&s)?).or_default();
+            match s.state {
+                State::Ready | State::Dead => c.0 += 1,
+                State::Reserved => c.1 += 1,
+                State::Delayed => c.2 += 1,
+                State::Done | State::Cancelled => {}
+            }
+        }
+        out.retain(|_, c| *c != (0, 0, 0));
+        Ok(out)
+    }
+}
