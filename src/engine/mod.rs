@@ -3,13 +3,16 @@
 //! Every operation is one append to the commit log (dispatched at once into queues and index), so
 //! the engine's state can always be rebuilt from the log. It never waits: the broker thread around
 //! it decides when to flush and when to sleep.
+//!
+//! Each room is an `impl Engine` of its own:
+//! - [`receipts`]: the signed delivery receipts.
+
+mod receipts;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use tracing::debug;
 
 use crate::config::{BrokerConfig, DelayPolicy};
@@ -33,6 +36,7 @@ use crate::storage::reclaim::ReclaimPolicy;
 use crate::storage::store::{
     dead_letter_topic, EntryCheck, OpenReport, QueueRef, Store, StoreConfig, TopicQueue,
 };
+pub(crate) use receipts::Receipts;
 
 /// Index slots copied per chunk of a maintenance call during a resize: a `pwrite` each (2–3 µs
 /// on a VM), so the deadline is looked at every few hundred microseconds.
@@ -65,59 +69,6 @@ pub fn validate_id(id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Signs and checks receipts. A receipt names one delivery (the message's Put offset and the seq
-/// its reservation made) and carries a 64-bit HMAC-SHA256 tag of both under the data directory's
-/// key: a consumer holding receipts cannot derive another delivery's by guessing.
-#[derive(Clone)]
-pub(crate) struct Receipts {
-    mac: Hmac<Sha256>,
-}
-
-/// Hex digits of a receipt: offset (16), seq (8), tag (16).
-const RECEIPT_LEN: usize = 40;
-
-impl Receipts {
-    pub(crate) fn new(key: &[u8]) -> Receipts {
-        // HMAC takes a key of any length, so this cannot fail.
-        let mac = <Hmac<Sha256> as Mac>::new_from_slice(key)
-            .unwrap_or_else(|_| unreachable!("HMAC accepts any key"));
-        Receipts { mac }
-    }
-
-    fn tag(&self, msg_offset: u64, seq: u32) -> Hmac<Sha256> {
-        let mut m = self.mac.clone();
-        m.update(&msg_offset.to_le_bytes());
-        m.update(&seq.to_le_bytes());
-        m
-    }
-
-    pub(crate) fn encode(&self, msg_offset: u64, seq: u32) -> String {
-        let tag = self.tag(msg_offset, seq).finalize().into_bytes();
-        let mut out = format!("{msg_offset:016x}{seq:08x}");
-        for b in &tag[..8] {
-            out.push_str(&format!("{b:02x}"));
-        }
-        out
-    }
-
-    /// The delivery a receipt names, if it is well formed and its tag checks out (compared in
-    /// constant time); every failure reads as an unknown receipt.
-    pub(crate) fn decode(&self, receipt: &str) -> Result<(u64, u32)> {
-        let bad = || Error::NotFound("unknown or expired receipt".to_string());
-        if receipt.len() != RECEIPT_LEN || !receipt.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        let off = u64::from_str_radix(&receipt[..16], 16).map_err(|_| bad())?;
-        let seq = u32::from_str_radix(&receipt[16..24], 16).map_err(|_| bad())?;
-        let mut tag = [0u8; 8];
-        for (i, b) in tag.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&receipt[24 + 2 * i..26 + 2 * i], 16).map_err(|_| bad())?;
-        }
-        self.tag(off, seq).verify_truncated_left(&tag).map_err(|_| bad())?;
-        Ok((off, seq))
-    }
-}
-
 /// Timers either make a delayed message ready or expire a reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TimerAction {
@@ -139,6 +90,91 @@ pub struct Engine {
     receipts: Receipts,
     /// Queue entries of messages that moved on without their reader passing them.
     left_behind: LeftBehind,
+}
+
+/// What a queue entry's record says of the message's timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Timer {
+    /// The message's Put or Carry record.
+    pub(super) msg_offset: u64,
+    /// Its id hash, to find its index slot.
+    pub(super) hash: u64,
+    /// The delivery sequence the timer belongs to; a slot with another is past it.
+    pub(super) seq: u32,
+    /// When the timer is due (the hop's target, or the message's due time), unix ms.
+    pub(super) due_ms: u64,
+}
+
+impl Timer {
+    fn new(msg_offset: u64, hash: u64, seq: u32, due_ms: u64) -> Timer {
+        Timer { msg_offset, hash, seq, due_ms }
+    }
+}
+
+pub(super) fn ready_state(home: Home) -> State {
+    match home {
+        Home::Main => State::Ready,
+        Home::DeadLetter => State::Dead,
+    }
+}
+
+/// Most queue entries one walk step (browse, purge, redrive) looks at: a few milliseconds.
+const WALK_BUDGET: u64 = 4096;
+
+/// Where a walk over a topic's messages stands: which of its queues, and the entry in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalkPos {
+    /// Index into the walk's queue list (the topic's queue, then the levels in ascending order).
+    pub queue: usize,
+    /// Entry index in that queue.
+    pub entry: u64,
+}
+
+enum WalkQueue {
+    Topic,
+    Level(u64),
+}
+
+/// Most changes a history look-up returns (the newest).
+pub const HISTORY_MAX: usize = 100;
+
+/// The history's name for why a change happened.
+fn cause_name(c: Cause) -> &'static str {
+    match c {
+        Cause::Due => "due",
+        Cause::Reserve => "reserve",
+        Cause::Ack => "ack",
+        Cause::Nack => "nack",
+        Cause::Expire => "expire",
+        Cause::DeadLetter => "dead_letter",
+        Cause::Cancel => "cancel",
+        Cause::Redrive => "redrive",
+    }
+}
+
+/// The API's name for a stored state.
+pub(super) fn message_state(s: State) -> MessageState {
+    match s {
+        State::Delayed => MessageState::Delayed,
+        State::Ready => MessageState::Ready,
+        State::Reserved => MessageState::Reserved,
+        State::Done => MessageState::Done,
+        State::Cancelled => MessageState::Cancelled,
+        State::Dead => MessageState::Dead,
+    }
+}
+
+pub(super) struct Change {
+    /// The clock reading the change was decided on; it also planned `deliver_at_ms` and `route`.
+    pub(super) time_ms: u64,
+    pub(super) state: State,
+    pub(super) cause: Cause,
+    pub(super) home: Home,
+    pub(super) attempt: u32,
+    pub(super) deliver_at_ms: u64,
+    pub(super) route: Route,
+    /// A Reserve's delivery due time, kept by a later ack or cancel.
+    pub(super) due_ms: Option<u64>,
 }
 
 impl Engine {
@@ -211,7 +247,7 @@ impl Engine {
         }
     }
 
-    fn sync_schedulers(&mut self) {
+    pub(super) fn sync_schedulers(&mut self) {
         // Level queues are only ever added, and a scheduler only made for one: equal counts mean
         // every level has its scheduler. This runs at every engine step, inline ones included.
         if self.schedulers.len() == self.store.levels.len() {
@@ -364,7 +400,7 @@ impl Engine {
         self.store.log.flushed() < self.store.log.end()
     }
 
-    fn level_cursors(&self) -> BTreeMap<u64, u64> {
+    pub(super) fn level_cursors(&self) -> BTreeMap<u64, u64> {
         self.schedulers.iter().map(|(ms, s)| (*ms, s.cursor())).collect()
     }
 
@@ -577,7 +613,7 @@ impl Engine {
         }
     }
 
-    fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
+    pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
         let seq = slot.seq + 1;
         let rec = format::encode_transition(&Transition {
             msg_offset: slot.msg_offset,
@@ -674,7 +710,7 @@ impl Engine {
 
     /// The timer a queue entry's record stands for; `None` when the record
     /// was reclaimed (its message was carried forward or expired, so the entry is stale).
-    fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
+    pub(super) fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
         if offset < self.store.log.start() {
             return Ok(None);
         }
@@ -788,7 +824,7 @@ impl Engine {
         Ok(())
     }
 
-    fn by_id(&self, id: &str) -> Result<(SlotRef, Slot)> {
+    pub(super) fn by_id(&self, id: &str) -> Result<(SlotRef, Slot)> {
         if validate_id(id).is_err() {
             return Err(Error::NotFound(format!("no message with id {id:?}")));
         }
@@ -848,7 +884,14 @@ impl Engine {
 
     /// Makes a reserved message ready again, at once or `delay` ms after `from`; returns its due
     /// time.
-    fn retry(&mut self, slot: &Slot, cause: Cause, now: u64, from: u64, delay: u64) -> Result<u64> {
+    pub(super) fn retry(
+        &mut self,
+        slot: &Slot,
+        cause: Cause,
+        now: u64,
+        from: u64,
+        delay: u64,
+    ) -> Result<u64> {
         let change = if delay == 0 {
             Change {
                 time_ms: now,
@@ -876,7 +919,7 @@ impl Engine {
         self.transition(slot, change).map(|_| due)
     }
 
-    fn dead_letter(&mut self, slot: &Slot) -> Result<()> {
+    pub(super) fn dead_letter(&mut self, slot: &Slot) -> Result<()> {
         let now = self.now();
         self.transition(
             slot,
@@ -906,7 +949,7 @@ impl Engine {
         }
     }
 
-    fn cancel_slot(&mut self, slot: &Slot) -> Result<()> {
+    pub(super) fn cancel_slot(&mut self, slot: &Slot) -> Result<()> {
         self.end(slot, State::Cancelled, Cause::Cancel)?;
         inc(&self.metrics.cancelled);
         Ok(())
@@ -982,7 +1025,7 @@ impl Engine {
     }
 
     /// What a look-up shows of the message in `slot`.
-    fn info_of(&self, slot: &Slot) -> Result<MessageInfo> {
+    pub(super) fn info_of(&self, slot: &Slot) -> Result<MessageInfo> {
         let deliver_at_ms = self.store.deliver_at(slot)?;
         let p = self.store.put_at(slot.msg_offset)?;
         let topic = String::from_utf8_lossy(p.topic).into_owned();
@@ -1478,7 +1521,7 @@ impl Engine {
     /// Refuses a change that would make `topic` a new topic past `max_topics`. A topic exists
     /// once it has a queue, a pause or a push subscription: each is kept (and listed) for good,
     /// so every route that makes one obeys the same limit.
-    fn may_name_topic(&self, topic: &str) -> Result<()> {
+    pub(super) fn may_name_topic(&self, topic: &str) -> Result<()> {
         let known = |t: &str| {
             self.store.topics.contains_key(t)
                 || self.store.paused.contains_key(t)
@@ -1532,91 +1575,6 @@ impl Engine {
     pub fn scheduler_window(&self) -> usize {
         self.schedulers.values().map(|s| s.held()).sum()
     }
-}
-
-/// What a queue entry's record says of the message's timer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Timer {
-    /// The message's Put or Carry record.
-    msg_offset: u64,
-    /// Its id hash, to find its index slot.
-    hash: u64,
-    /// The delivery sequence the timer belongs to; a slot with another is past it.
-    seq: u32,
-    /// When the timer is due (the hop's target, or the message's due time), unix ms.
-    due_ms: u64,
-}
-
-impl Timer {
-    fn new(msg_offset: u64, hash: u64, seq: u32, due_ms: u64) -> Timer {
-        Timer { msg_offset, hash, seq, due_ms }
-    }
-}
-
-fn ready_state(home: Home) -> State {
-    match home {
-        Home::Main => State::Ready,
-        Home::DeadLetter => State::Dead,
-    }
-}
-
-/// Most queue entries one walk step (browse, purge, redrive) looks at: a few milliseconds.
-const WALK_BUDGET: u64 = 4096;
-
-/// Where a walk over a topic's messages stands: which of its queues, and the entry in it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WalkPos {
-    /// Index into the walk's queue list (the topic's queue, then the levels in ascending order).
-    pub queue: usize,
-    /// Entry index in that queue.
-    pub entry: u64,
-}
-
-enum WalkQueue {
-    Topic,
-    Level(u64),
-}
-
-/// Most changes a history look-up returns (the newest).
-pub const HISTORY_MAX: usize = 100;
-
-/// The history's name for why a change happened.
-fn cause_name(c: Cause) -> &'static str {
-    match c {
-        Cause::Due => "due",
-        Cause::Reserve => "reserve",
-        Cause::Ack => "ack",
-        Cause::Nack => "nack",
-        Cause::Expire => "expire",
-        Cause::DeadLetter => "dead_letter",
-        Cause::Cancel => "cancel",
-        Cause::Redrive => "redrive",
-    }
-}
-
-/// The API's name for a stored state.
-fn message_state(s: State) -> MessageState {
-    match s {
-        State::Delayed => MessageState::Delayed,
-        State::Ready => MessageState::Ready,
-        State::Reserved => MessageState::Reserved,
-        State::Done => MessageState::Done,
-        State::Cancelled => MessageState::Cancelled,
-        State::Dead => MessageState::Dead,
-    }
-}
-
-struct Change {
-    /// The clock reading the change was decided on; it also planned `deliver_at_ms` and `route`.
-    time_ms: u64,
-    state: State,
-    cause: Cause,
-    home: Home,
-    attempt: u32,
-    deliver_at_ms: u64,
-    route: Route,
-    /// A Reserve's delivery due time, kept by a later ack or cancel.
-    due_ms: Option<u64>,
 }
 
 #[cfg(test)]
