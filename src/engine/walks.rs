@@ -8,9 +8,9 @@ use crate::storage::format::{Cause, Home, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::{dead_letter_topic, QueueRef};
 
+use super::delivery::Change;
 use super::reads::message_state;
 use super::timers::Timer;
-use super::Change;
 use super::{validate_topic, Engine};
 
 /// Most queue entries one walk step (browse, purge, redrive) looks at: a few milliseconds.
