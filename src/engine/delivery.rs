@@ -14,6 +14,7 @@ use crate::storage::store::{dead_letter_topic, EntryCheck, QueueRef};
 use super::timers::Timer;
 use super::{validate_id, Engine};
 
+/// The state of a message in `home` that a consumer can pop: ready, or dead in its dead-letter queue.
 pub(super) fn ready_state(home: Home) -> State {
     match home {
         Home::Main => State::Ready,
@@ -21,6 +22,8 @@ pub(super) fn ready_state(home: Home) -> State {
     }
 }
 
+/// What a Transition record says of the message after it (the record adds the message, its seq
+/// and the link to the record before).
 pub(super) struct Change {
     /// The clock reading the change was decided on; it also planned `deliver_at_ms` and `route`.
     pub(super) time_ms: u64,

@@ -4,15 +4,16 @@
 //! the engine's state can always be rebuilt from the log. It never waits: the broker thread around
 //! it decides when to flush and when to sleep.
 //!
-//! Each room is an `impl Engine` of its own:
-//! - [`produce`]: produce and replace.
-//! - [`delivery`]: pop, ack, nack, cancel.
-//! - [`receipts`]: the signed delivery receipts.
-//! - [`timers`]: level schedulers and due timers.
-//! - [`walks`]: browse, purge, redrive.
-//! - [`topics`]: pause, push subscriptions, topic listing.
-//! - [`reads`]: look-ups, history, stats.
-//! - [`maintenance`]: index resize, reclaim, checkpoints.
+//! Each room is an `impl Engine` of its own, beside this file (the struct, `open` and the helpers
+//! every room shares: the clock, the write check, `append` and how an I/O error poisons):
+//! - `produce.rs`: produce and replace (checks, route planning, the Put).
+//! - `delivery.rs`: pop, ack, nack, cancel and dead-lettering (one Transition each).
+//! - `receipts.rs`: the signed receipt that names one delivery.
+//! - `timers.rs`: the level schedulers and what a due timer does (hop, ready, expire).
+//! - `walks.rs`: browse, purge and redrive, in bounded slices over a topic's queues.
+//! - `topics.rs`: pause, push subscriptions, `max_topics` and the topic listing.
+//! - `reads.rs`: look-ups by id, history and stats.
+//! - `maintenance.rs`: index resize steps, reclaim and checkpoints.
 
 mod delivery;
 mod maintenance;
@@ -22,6 +23,10 @@ mod receipts;
 mod timers;
 mod topics;
 mod walks;
+
+pub use reads::HISTORY_MAX;
+pub(crate) use receipts::Receipts;
+pub use walks::WalkPos;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,12 +40,9 @@ use crate::schedule::clock::Clock;
 use crate::schedule::levels::validate_levels;
 use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::durability::{Durability, Failure};
-use crate::storage::format::{self};
+use crate::storage::format;
 use crate::storage::io;
 use crate::storage::store::{OpenReport, Store, StoreConfig};
-pub use reads::HISTORY_MAX;
-pub(crate) use receipts::Receipts;
-pub use walks::WalkPos;
 
 /// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
 pub fn validate_topic(topic: &str) -> Result<()> {

@@ -11,8 +11,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
 use crate::storage::store::{EntryCheck, QueueRef};
 
-use super::delivery::ready_state;
-use super::delivery::Change;
+use super::delivery::{ready_state, Change};
 use super::Engine;
 
 /// Timers either make a delayed message ready or expire a reservation.

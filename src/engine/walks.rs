@@ -25,6 +25,7 @@ pub struct WalkPos {
     pub entry: u64,
 }
 
+/// A queue a walk visits: the topic's own, or one level's.
 enum WalkQueue {
     Topic,
     Level(u64),
