@@ -42,6 +42,49 @@ impl Engine {
         // may be among the writes whose sync failed, and a 200 would acknowledge it.
         self.writable()?;
         validate_topic(topic)?;
+        let settings = self.produce_settings(&req)?;
+        let now_us = self.clock.now_us();
+        let now = now_us / 1000;
+        let (request_kind, request_value) = request_of(&req.when);
+        // With `replace`, the message this one replaces, and whether it must be cancelled first.
+        let replaces = match self.existing_id(topic, &req, (request_kind, request_value), replace)? {
+            Existing::Free => None,
+            Existing::Repeat(produced) => return Ok(produced),
+            Existing::Replaces(cancel_first) => Some(cancel_first),
+        };
+        self.may_name_topic(topic)?;
+        // A delay counts from the receive time rounded up, so the due time is never before the
+        // client's send time plus the delay; a message ready at once is visible from `now` on.
+        let (deliver_at_ms, route) = self.plan_produce(&req.when, now, now_us.div_ceil(1000))?;
+        let id = match req.id {
+            Some(id) => id,
+            None => self.new_id(),
+        };
+        let rec = format::encode_put(&Put {
+            created_ms: now,
+            deliver_at_ms,
+            ttr_ms: settings.ttr_ms,
+            max_attempts: settings.max_attempts,
+            request_kind,
+            request_value,
+            route,
+            id: id.as_bytes(),
+            topic: topic.as_bytes(),
+            backoff_ms: settings.backoff_ms,
+            body: &req.body,
+            replaces: replaces.is_some(),
+        })?;
+        if replaces == Some(true) {
+            self.cancel(&id)?;
+        }
+        self.append(&rec)?;
+        inc(&self.metrics.produced);
+        Ok(Produced { id, deliver_at_ms, created: true })
+    }
+
+    /// The request's body size, time-to-run, attempts and backoff checked against the limits,
+    /// with the broker's defaults for those it leaves out.
+    fn produce_settings(&self, req: &ProduceRequest) -> Result<Settings> {
         if req.body.len() > self.cfg.max_body_bytes {
             return Err(Error::TooLarge(format!(
                 "body is {} bytes; the limit is {} (max_body_bytes)",
@@ -62,68 +105,40 @@ impl Engine {
             let why = format!("at most {MAX_BACKOFF_STEPS} steps, each no longer than max_delay");
             return Err(Error::invalid("backoff", why));
         }
-        let now_us = self.clock.now_us();
-        let now = now_us / 1000;
-        let (request_kind, request_value) = match req.when {
-            When::Now => (0, 0),
-            When::DelayMs(d) => (1, d),
-            When::AtMs(t) => (2, t),
-            When::LevelIndex(i) => (3, u64::from(i)),
+        Ok(Settings { ttr_ms, max_attempts, backoff_ms })
+    }
+
+    /// What the request's id already names. Without `replace`, a live message with that id is
+    /// either the same request again (`request` is its `(request_kind, request_value)`), answered
+    /// as the first produce was, or a conflict.
+    fn existing_id(
+        &self,
+        topic: &str,
+        req: &ProduceRequest,
+        request: (u8, u64),
+        replace: bool,
+    ) -> Result<Existing> {
+        let Some(id) = &req.id else { return Ok(Existing::Free) };
+        validate_id(id)?;
+        let Some((_, slot)) = self.store.find_id(id.as_bytes(), self.expired_at()) else {
+            return Ok(Existing::Free);
         };
-        // With `replace`, the message this one replaces, and whether it must be cancelled first.
-        let mut replaces = None;
-        if let Some(id) = &req.id {
-            validate_id(id)?;
-            if let Some((_, slot)) = self.store.find_id(id.as_bytes(), self.expired_at()) {
-                if replace {
-                    replaces = Some(!matches!(slot.state, State::Done | State::Cancelled));
-                } else {
-                    let p = self.store.put_at(slot.msg_offset)?;
-                    let same = p.topic == topic.as_bytes()
-                        && p.body == &req.body[..]
-                        && p.request_kind == request_kind
-                        && p.request_value == request_value;
-                    if same {
-                        return Ok(Produced {
-                            id: id.clone(),
-                            deliver_at_ms: p.deliver_at_ms,
-                            created: false,
-                        });
-                    }
-                    return Err(Error::Conflict(format!(
-                        "id {id:?} already exists with a different topic, body or delay"
-                    )));
-                }
-            }
+        if replace {
+            return Ok(Existing::Replaces(!matches!(slot.state, State::Done | State::Cancelled)));
         }
-        self.may_name_topic(topic)?;
-        // A delay counts from the receive time rounded up, so the due time is never before the
-        // client's send time plus the delay; a message ready at once is visible from `now` on.
-        let (deliver_at_ms, route) = self.plan_produce(&req.when, now, now_us.div_ceil(1000))?;
-        let id = match req.id {
-            Some(id) => id,
-            None => self.new_id(),
-        };
-        let rec = format::encode_put(&Put {
-            created_ms: now,
-            deliver_at_ms,
-            ttr_ms,
-            max_attempts,
-            request_kind,
-            request_value,
-            route,
-            id: id.as_bytes(),
-            topic: topic.as_bytes(),
-            backoff_ms,
-            body: &req.body,
-            replaces: replaces.is_some(),
-        })?;
-        if replaces == Some(true) {
-            self.cancel(&id)?;
+        let p = self.store.put_at(slot.msg_offset)?;
+        let same = p.topic == topic.as_bytes()
+            && p.body == &req.body[..]
+            && p.request_kind == request.0
+            && p.request_value == request.1;
+        if same {
+            return Ok(Existing::Repeat(Produced {
+                id: id.clone(),
+                deliver_at_ms: p.deliver_at_ms,
+                created: false,
+            }));
         }
-        self.append(&rec)?;
-        inc(&self.metrics.produced);
-        Ok(Produced { id, deliver_at_ms, created: true })
+        Err(Error::Conflict(format!("id {id:?} already exists with a different topic, body or delay")))
     }
 
     fn plan_produce(&self, when: &When, now: u64, delay_from: u64) -> Result<(u64, Route)> {
@@ -167,5 +182,32 @@ impl Engine {
                 Ok((base + l, Route::Level { level_ms: l, due_ms: base + l }))
             }
         }
+    }
+}
+
+/// A produce's settings once checked, defaults filled in.
+struct Settings {
+    ttr_ms: u64,
+    max_attempts: u32,
+    backoff_ms: Vec<u64>,
+}
+
+/// What a produce's id already names.
+enum Existing {
+    /// No message (or the request has no id): nothing stands in the way.
+    Free,
+    /// The same request again: the first produce's answer, nothing appended.
+    Repeat(Produced),
+    /// A message the produce replaces; `true` when it is not final and must be cancelled first.
+    Replaces(bool),
+}
+
+/// How the producer asked for the delay, as the Put records it: `(request_kind, request_value)`.
+fn request_of(when: &When) -> (u8, u64) {
+    match *when {
+        When::Now => (0, 0),
+        When::DelayMs(d) => (1, d),
+        When::AtMs(t) => (2, t),
+        When::LevelIndex(i) => (3, u64::from(i)),
     }
 }
