@@ -1,0 +1,378 @@
+//! Delivery: pop (reserve), ack, nack, cancel and dead-lettering, each one Transition record.
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+use crate::message::{Delivery, Nacked};
+use crate::metrics::inc;
+use crate::schedule::levels::plan_hop;
+use crate::storage::consumequeue::Entry;
+use crate::storage::format::{self, Cause, Home, Record, Route, State, Transition};
+use crate::storage::index::{Slot, SlotRef};
+use crate::storage::store::{dead_letter_topic, EntryCheck, QueueRef};
+
+use super::timers::Timer;
+use super::{validate_id, Engine};
+
+/// The state of a message in `home` that a consumer can pop: ready, or dead in its dead-letter queue.
+pub(super) fn ready_state(home: Home) -> State {
+    match home {
+        Home::Main => State::Ready,
+        Home::DeadLetter => State::Dead,
+    }
+}
+
+/// What a Transition record says of the message after it (the record adds the message, its seq
+/// and the link to the record before).
+pub(super) struct Change {
+    /// The clock reading the change was decided on; it also planned `deliver_at_ms` and `route`.
+    pub(super) time_ms: u64,
+    pub(super) state: State,
+    pub(super) cause: Cause,
+    pub(super) home: Home,
+    pub(super) attempt: u32,
+    pub(super) deliver_at_ms: u64,
+    pub(super) route: Route,
+    /// A Reserve's delivery due time, kept by a later ack or cancel.
+    pub(super) due_ms: Option<u64>,
+}
+
+impl Engine {
+    pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
+        let seq = slot.seq + 1;
+        let rec = format::encode_transition(&Transition {
+            msg_offset: slot.msg_offset,
+            id_hash: slot.hash,
+            seq,
+            prev_state: slot.state,
+            state: change.state,
+            cause: change.cause,
+            home: change.home,
+            attempt: change.attempt,
+            time_ms: change.time_ms,
+            deliver_at_ms: change.deliver_at_ms,
+            route: change.route,
+            due_ms: change.due_ms,
+            prev_offset: Some(slot.last_offset),
+        });
+        self.append(&rec)?;
+        Ok(seq)
+    }
+
+    /// Reserves up to `max` ready messages from `topics`, in order; never waits.
+    pub fn pop(&mut self, topics: &[String], max: usize, ttr_ms: Option<u64>) -> Result<Vec<Delivery>> {
+        self.writable()?;
+        if let Some(t) = ttr_ms {
+            if t == 0 || t > self.cfg.max_delay_ms {
+                return Err(Error::invalid("ttr_ms", format!("must be 1 to {} ms", self.cfg.max_delay_ms)));
+            }
+        }
+        let mut out = Vec::new();
+        // A paused topic answers as if empty; its messages keep falling due meanwhile.
+        for topic in topics {
+            if self.store.paused.contains_key(topic) {
+                continue;
+            }
+            let mut repairs = 0;
+            while out.len() < max {
+                match self.pop_one(topic, ttr_ms, &mut repairs) {
+                    Ok(Some(Some(d))) => out.push(d),
+                    Ok(Some(None)) => {}
+                    Ok(None) => break,
+                    Err(e) if out.is_empty() => return Err(e),
+                    // The reservations made so far are appended: hand them out rather than leave
+                    // them reserved, invisible, until their time-to-run ends.
+                    Err(e) => {
+                        tracing::warn!(error = %e, delivered = out.len(), "pop failed part-way; returning what it reserved");
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+        self.sync_damage_metrics();
+        Ok(out)
+    }
+
+    /// Looks at the entry at `topic`'s cursor: `None` when the queue is read to its end, else the
+    /// delivery it made, if any. The cursor moves past the entry only once its reservation is
+    /// appended (or it turned out stale or unreadable), so a failed append leaves it to be read
+    /// again.
+    fn pop_one(
+        &mut self,
+        topic: &str,
+        ttr_ms: Option<u64>,
+        repairs: &mut u32,
+    ) -> Result<Option<Option<Delivery>>> {
+        let Some((at, entry)) = self.store.peek_entry(topic)? else { return Ok(None) };
+        let queue = QueueRef::Topic(topic);
+        let delivery = match self.store.check_entry(&queue, &entry) {
+            EntryCheck::Valid => self.try_reserve(topic, entry, ttr_ms)?,
+            EntryCheck::Stale | EntryCheck::CorruptRecord => None,
+            // Repaired entries come from the log and check out: one that still fails after
+            // several repairs is skipped rather than repaired in a loop.
+            EntryCheck::Bad(why) if *repairs >= 8 => {
+                tracing::error!(%topic, entry = at, %why, "consume-queue entry still damaged after repair; skipped");
+                None
+            }
+            EntryCheck::Bad(why) => {
+                *repairs += 1;
+                inc(&self.metrics.queue_repairs);
+                let r = self.store.repair_queue(&queue, at, &why);
+                self.poison_on_io(r)?;
+                return Ok(Some(None));
+            }
+        };
+        self.store.advance_cursor(topic, at);
+        Ok(Some(delivery))
+    }
+
+    fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else { return Ok(None) };
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
+        if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
+            return Ok(None);
+        }
+        let (id, body, msg_ttr) = match self.store.read_checked(msg_offset) {
+            Ok(Some(Record::Put(p))) => {
+                (String::from_utf8_lossy(p.id).into_owned(), Bytes::copy_from_slice(p.body), p.ttr_ms)
+            }
+            Ok(Some(Record::Carry(c))) => (
+                String::from_utf8_lossy(c.put.id).into_owned(),
+                Bytes::copy_from_slice(c.put.body),
+                c.put.ttr_ms,
+            ),
+            // Damaged (logged and counted by the read): nothing to deliver, nothing reserved.
+            Ok(None) => return Ok(None),
+            Ok(Some(_)) | Err(_) => {
+                return Err(Error::NotFound(format!("no message at offset {msg_offset}")))
+            }
+        };
+        let ttr = ttr_ms.unwrap_or(msg_ttr);
+        let now = self.now();
+        let attempt = u32::from(slot.attempt) + 1;
+        let new_seq = self.transition(
+            &slot,
+            Change {
+                time_ms: now,
+                state: State::Reserved,
+                cause: Cause::Reserve,
+                home: slot.home,
+                attempt,
+                deliver_at_ms: now + ttr,
+                route: plan_hop(&self.cfg.levels_ms, now, ttr),
+                due_ms: Some(entry.tag),
+            },
+        )?;
+        inc(&self.metrics.popped);
+        Ok(Some(Delivery {
+            id,
+            topic: topic.to_string(),
+            body,
+            receipt: self.receipts.encode(msg_offset, new_seq),
+            attempt,
+            deliver_at_ms: entry.tag,
+            ttr_ms: ttr,
+        }))
+    }
+
+    fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
+        let (msg_offset, seq) = self.receipts.decode(receipt)?;
+        let gone = || Error::NotFound("unknown or expired receipt".to_string());
+        if msg_offset >= self.store.log.end() || msg_offset < self.store.log.start() {
+            return Err(gone());
+        }
+        let hash = match self.store.put_at(msg_offset) {
+            Ok(p) => format::id_hash(p.id),
+            Err(_) => return Err(gone()),
+        };
+        match self.store.find_offset(hash, msg_offset) {
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
+            _ => Err(gone()),
+        }
+    }
+
+    /// Acknowledges a delivery.
+    pub fn ack(&mut self, receipt: &str) -> Result<()> {
+        self.writable()?;
+        let slot = self.reserved_by_receipt(receipt)?;
+        self.finish(&slot)
+    }
+
+    fn finish(&mut self, slot: &Slot) -> Result<()> {
+        self.end(slot, State::Done, Cause::Ack)?;
+        inc(&self.metrics.acked);
+        Ok(())
+    }
+
+    /// Makes the message final (Done or Cancelled), keeping the due time it had.
+    fn end(&mut self, slot: &Slot, state: State, cause: Cause) -> Result<()> {
+        let change = Change {
+            time_ms: self.now(),
+            state,
+            cause,
+            home: slot.home,
+            attempt: u32::from(slot.attempt),
+            deliver_at_ms: self.store.due_at(slot)?,
+            route: Route::None,
+            due_ms: None,
+        };
+        self.transition(slot, change)?;
+        self.note_left_behind(slot);
+        Ok(())
+    }
+
+    pub(super) fn by_id(&self, id: &str) -> Result<(SlotRef, Slot)> {
+        if validate_id(id).is_err() {
+            return Err(Error::NotFound(format!("no message with id {id:?}")));
+        }
+        self.store
+            .find_id(id.as_bytes(), self.expired_at())
+            .ok_or_else(|| Error::NotFound(format!("no message with id {id:?}")))
+    }
+
+    /// Marks a message done by id, whatever its state (compat `/finish`).
+    pub fn ack_id(&mut self, id: &str) -> Result<()> {
+        self.writable()?;
+        let (_, slot) = self.by_id(id)?;
+        if slot.state.is_final() {
+            return Ok(());
+        }
+        self.finish(&slot)
+    }
+
+    /// Puts a delivery back: after `delay_ms`, or the next backoff step; dead-letters it when its
+    /// attempts are used up.
+    pub fn nack(&mut self, receipt: &str, delay_ms: Option<u64>) -> Result<Nacked> {
+        self.writable()?;
+        let slot = self.reserved_by_receipt(receipt)?;
+        if let Some(d) = delay_ms {
+            if d > self.cfg.max_delay_ms {
+                return Err(Error::invalid(
+                    "delay_ms",
+                    format!("exceeds max_delay of {} ms", self.cfg.max_delay_ms),
+                ));
+            }
+        }
+        let (max_attempts, step, topic) = {
+            let p = self.store.put_at(slot.msg_offset)?;
+            let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
+            let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
+            (
+                p.max_attempts,
+                backoff.get(i).copied().unwrap_or(0),
+                String::from_utf8_lossy(p.topic).into_owned(),
+            )
+        };
+        inc(&self.metrics.nacked);
+        if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
+            self.dead_letter(&slot)?;
+            self.note_left_behind(&slot);
+            return Ok(Nacked::DeadLettered { topic: dead_letter_topic(&topic) });
+        }
+        let delay = delay_ms.unwrap_or(step);
+        // As for a produce: the delay counts from the receive time rounded up, so the retry is
+        // never before the consumer's nack plus the delay.
+        let now_us = self.clock.now_us();
+        let (now, from) = (now_us / 1000, now_us.div_ceil(1000));
+        let deliver_at_ms = self.retry(&slot, Cause::Nack, now, from, delay)?;
+        self.note_left_behind(&slot);
+        Ok(Nacked::Retry { deliver_at_ms })
+    }
+
+    /// Makes a reserved message ready again, at once or `delay` ms after `from`; returns its due
+    /// time.
+    pub(super) fn retry(
+        &mut self,
+        slot: &Slot,
+        cause: Cause,
+        now: u64,
+        from: u64,
+        delay: u64,
+    ) -> Result<u64> {
+        let change = if delay == 0 {
+            Change {
+                time_ms: now,
+                state: ready_state(slot.home),
+                cause,
+                home: slot.home,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: now,
+                route: Route::Topic,
+                due_ms: None,
+            }
+        } else {
+            Change {
+                time_ms: now,
+                state: State::Delayed,
+                cause,
+                home: slot.home,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: from + delay,
+                route: plan_hop(&self.cfg.levels_ms, from, delay),
+                due_ms: None,
+            }
+        };
+        let due = change.deliver_at_ms;
+        self.transition(slot, change).map(|_| due)
+    }
+
+    pub(super) fn dead_letter(&mut self, slot: &Slot) -> Result<()> {
+        let now = self.now();
+        self.transition(
+            slot,
+            Change {
+                time_ms: now,
+                state: State::Dead,
+                cause: Cause::DeadLetter,
+                home: Home::DeadLetter,
+                attempt: u32::from(slot.attempt),
+                deliver_at_ms: now,
+                route: Route::Topic,
+                due_ms: None,
+            },
+        )?;
+        inc(&self.metrics.dead_lettered);
+        Ok(())
+    }
+
+    /// Cancels a message that is not done: it will never be delivered (again).
+    pub fn cancel(&mut self, id: &str) -> Result<()> {
+        self.writable()?;
+        let (_, slot) = self.by_id(id)?;
+        match slot.state {
+            State::Cancelled => Ok(()),
+            State::Done => Err(Error::Conflict(format!("message {id:?} was already delivered and acked"))),
+            _ => self.cancel_slot(&slot),
+        }
+    }
+
+    pub(super) fn cancel_slot(&mut self, slot: &Slot) -> Result<()> {
+        self.end(slot, State::Cancelled, Cause::Cancel)?;
+        inc(&self.metrics.cancelled);
+        Ok(())
+    }
+
+    /// Remembers the queue entry `old` (the slot before a change that did not come from reading
+    /// that entry) leaves behind, so that stats do not count it. A timer already due may have
+    /// fired and hopped to a level the slot does not record, so it is not noted: it counts until
+    /// its reader reaches it (a hop: at most its level's length).
+    fn note_left_behind(&mut self, old: &Slot) {
+        match old.state {
+            State::Delayed | State::Reserved => {
+                let route = match self.store.log.read(old.last_offset) {
+                    Ok((Record::Put(p), _)) => p.route,
+                    Ok((Record::Carry(c), _)) => c.put.route,
+                    Ok((Record::Transition(t), _)) => t.route,
+                    _ => return,
+                };
+                if let Route::Level { level_ms, due_ms } = route {
+                    if due_ms > self.now() {
+                        self.left_behind.level(level_ms, old.last_offset);
+                    }
+                }
+            }
+            // Topic counts move with each record (the store counts states), nothing to note.
+            State::Ready | State::Dead | State::Done | State::Cancelled => {}
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The engine: the single-threaded state machine that owns the store and the level schedulers.
+//!
+//! Every operation is one append to the commit log (dispatched at once into queues and index), so
+//! the engine's state can always be rebuilt from the log. It never waits: the broker thread around
+//! it decides when to flush and when to sleep.
+//!
+//! Each room is an `impl Engine` of its own, beside this file (the struct, `open` and the helpers
+//! every room shares: the clock, the write check, `append` and how an I/O error poisons):
+//! - `produce.rs`: produce and replace (checks, route planning, the Put).
+//! - `delivery.rs`: pop, ack, nack, cancel and dead-lettering (one Transition each).
+//! - `receipts.rs`: the signed receipt that names one delivery.
+//! - `timers.rs`: the level schedulers and what a due timer does (hop, ready, expire).
+//! - `walks.rs`: browse, purge and redrive, in bounded slices over a topic's queues.
+//! - `topics.rs`: pause, push subscriptions, `max_topics` and the topic listing.
+//! - `reads.rs`: look-ups by id, history and stats.
+//! - `maintenance.rs`: index resize steps, reclaim and checkpoints.
+
+mod delivery;
+mod maintenance;
+mod produce;
+mod reads;
+mod receipts;
+mod timers;
+mod topics;
+mod walks;
+
+pub use reads::HISTORY_MAX;
+pub(crate) use receipts::Receipts;
+pub use walks::WalkPos;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::config::BrokerConfig;
+use crate::error::{Error, Result};
+use crate::limits::{MAX_ID_BYTES, MAX_TOPIC_LEN};
+use crate::live::LeftBehind;
+use crate::metrics::Metrics;
+use crate::schedule::clock::Clock;
+use crate::schedule::levels::validate_levels;
+use crate::schedule::scheduler::LevelScheduler;
+use crate::storage::durability::{Durability, Failure};
+use crate::storage::format;
+use crate::storage::io;
+use crate::storage::store::{OpenReport, Store, StoreConfig};
+use crate::storage::writer::{Driver, Release, Writer};
+
+/// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
+pub fn validate_topic(topic: &str) -> Result<()> {
+    if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
+        return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_LEN} characters")));
+    }
+    // '%' appears only in the storage names of compat topics (see `http::compat`), which escape
+    // every other byte as %XX; native topics never contain it.
+    if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'%')) {
+        return Err(Error::invalid("topic", "may only contain A-Z, a-z, 0-9, '.', '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// Checks a client-chosen id: 1 to 128 bytes of UTF-8 without control characters. (The native
+/// API also refuses whitespace; compat ids, as the original's, may contain spaces.)
+pub fn validate_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(Error::invalid("id", format!("must be 1 to {MAX_ID_BYTES} bytes")));
+    }
+    if id.chars().any(|c| c.is_control()) {
+        return Err(Error::invalid("id", "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// The broker's state machine.
+pub struct Engine {
+    cfg: BrokerConfig,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    store: Store,
+    schedulers: BTreeMap<u64, LevelScheduler>,
+    id_counter: u64,
+    id_seed: u64,
+    /// The store's health, shared with the threads that sync its files.
+    durability: Durability,
+    receipts: Receipts,
+    /// Queue entries of messages that moved on without their reader passing them.
+    left_behind: LeftBehind,
+}
+
+impl Engine {
+    /// Opens the store under `cfg.data_dir` and sets up one scheduler per level queue.
+    pub fn open(
+        cfg: BrokerConfig,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Engine, OpenReport)> {
+        validate_levels(&cfg.levels_ms)?;
+        // Asked before the store makes a fresh log: a key made beside an old log is worth a warning.
+        let holds_log = cfg.data_dir.join("commitlog").is_dir();
+        let (store, report) = Store::open(
+            &cfg.data_dir,
+            StoreConfig {
+                segment_bytes: cfg.segment_bytes,
+                cq_entries_per_file: cfg.cq_entries_per_file,
+                index_initial_slots: cfg.index_initial_slots,
+                recovery: cfg.recovery,
+                open_queues: cfg.open_queues,
+                reclaim: cfg.reclaim,
+            },
+        )?;
+        let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
+        let durability = store.durability().clone();
+        let receipts = Receipts::new(&crate::storage::secret::load_or_create(
+            &cfg.data_dir.join("receipt_key"),
+            holds_log,
+            &durability,
+        )?);
+        let mut engine = Engine {
+            cfg,
+            clock,
+            metrics,
+            store,
+            schedulers: BTreeMap::new(),
+            id_counter: 0,
+            id_seed,
+            durability,
+            receipts,
+            left_behind: LeftBehind::default(),
+        };
+        // Levels removed from the config keep their queue until drained: their entries carry
+        // absolute due times, so they fire correctly whatever the current level list is.
+        let on_disk: Vec<u64> = engine.store.levels.keys().copied().collect();
+        for ms in on_disk {
+            if !engine.cfg.levels_ms.contains(&ms) {
+                let q = &engine.store.levels[&ms];
+                if q.cq.len() > q.cursor {
+                    tracing::warn!(
+                        level_ms = ms,
+                        pending = q.cq.len() - q.cursor,
+                        "draining a level no longer configured"
+                    );
+                }
+            }
+        }
+        for ms in engine.cfg.levels_ms.clone() {
+            engine.store.level_queue(ms)?;
+        }
+        engine.sync_schedulers();
+        Ok((engine, report))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.cfg
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Final messages that became final at or before this time are past `done_retention`.
+    fn expired_at(&self) -> u64 {
+        self.now().saturating_sub(self.cfg.done_retention_ms)
+    }
+
+    fn writable(&self) -> Result<()> {
+        self.durability.check()
+    }
+
+    /// The store's durability owner (health, durable log offset).
+    pub fn durability(&self) -> &Durability {
+        &self.durability
+    }
+
+    fn append(&mut self, record: &[u8]) -> Result<u64> {
+        self.writable()?;
+        let r = self.store.append(record);
+        if r.is_ok() {
+            self.durability.clear_trouble();
+        }
+        self.poison_on_io(r)
+    }
+
+    /// Sorts a failed write, mapping or deletion into what it means for later writes. A resource
+    /// that ran out (disk space, file handles) fails this call only: the store changed nothing
+    /// before it (see `Store::append`), and the next write may succeed. Any other I/O error leaves
+    /// the files in an unknown state, so nothing more may be acknowledged.
+    fn poison_on_io<T>(&mut self, r: Result<T>) -> Result<T> {
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        self.writable()?;
+        match e {
+            Error::Io { ref source, .. } if io::is_resource_exhausted(source) => {
+                let f = Failure::from_error(&e);
+                if self.durability.note_trouble(f.clone()) {
+                    tracing::warn!(op = %f.op, file = %f.file, error = %f.error, "write refused for lack of a resource; retry later");
+                }
+                Err(Error::Unavailable(e.to_string()))
+            }
+            Error::Io { .. } | Error::Corrupt { .. } => Err(self.durability.poison(Failure::from_error(&e))),
+            e => Err(e),
+        }
+    }
+
+    /// Makes every append durable on this thread, outside any writer (tools, benches and tests);
+    /// a failed sync has poisoned the store (see `durability.rs`).
+    pub fn flush(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        if crate::storage::writer::sync_log(&mut self.store.log, &self.durability)? {
+            self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
+        }
+        Ok(())
+    }
+
+    /// The one commit call of the write path: the records this step appended become durable
+    /// through `writer`, which releases `replies` when they are (see `storage::writer`).
+    pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
+        writer.commit(&mut self.store.log, replies, driver);
+    }
+
+    /// True when appends are waiting for a flush.
+    pub fn dirty(&self) -> bool {
+        self.store.log.flushed() < self.store.log.end()
+    }
+
+    /// Offset one past the last appended record.
+    pub fn log_end(&self) -> u64 {
+        self.store.log.end()
+    }
+
+
+    /// Refuses every later write: something failed whose outcome is unknown.
+    pub fn poison(&mut self, failure: Failure) {
+        self.durability.poison(failure);
+    }
+
+    /// Checkpoints and leaves the clean-shutdown marker.
+    pub fn close(self) -> Result<()> {
+        let cursors = self.level_cursors();
+        self.store.close(&cursors)
+    }
+
+    /// Topics that received entries since the last call (for long-poll wake-ups).
+    pub fn take_touched(&mut self) -> Vec<String> {
+        self.store.take_touched()
+    }
+
+    /// Publishes the store's count of damaged records as a metric.
+    fn sync_damage_metrics(&self) {
+        self.metrics
+            .corrupt_records
+            .store(self.store.corrupt_records(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// The store, for white-box tests.
+    pub fn store_for_tests(&self) -> &Store {
+        &self.store
+    }
+}
+
+#[doc(hidden)]
+impl Engine {
+    /// Slots of the id index table inserts go to (benchmarks).
+    pub fn index_slots_for_bench(&self) -> u64 {
+        self.store.index.capacity()
+    }
+
+    /// Whether the id index is being resized (benchmarks).
+    pub fn index_resizing_for_bench(&self) -> bool {
+        self.store.index.is_migrating()
+    }
+
+    /// Commit-log end offset (benchmarks).
+    pub fn log_end_for_bench(&self) -> u64 {
+        self.store.log.end()
+    }
+
+    /// Entries written to all queues so far (benchmarks).
+    pub fn queue_entries_for_bench(&self) -> u64 {
+        self.store.levels.values().map(|q| q.cq.len()).sum::<u64>()
+            + self.store.topics.values().map(|q| q.cq.len()).sum::<u64>()
+    }
+
+    /// Hops performed so far (benchmarks).
+    pub fn hops_for_bench(&self) -> usize {
+        self.metrics.hops.load(std::sync::atomic::Ordering::Relaxed) as usize
+    }
+}

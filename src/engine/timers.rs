@@ -1,0 +1,271 @@
+//! Timers: the level schedulers read ahead; a due timer hops on, makes its message ready or
+//! expires its reservation.
+
+use tracing::debug;
+
+use crate::error::{Error, Result};
+use crate::metrics::inc;
+use crate::schedule::levels::plan_hop;
+use crate::schedule::scheduler::LevelScheduler;
+use crate::storage::consumequeue::Entry;
+use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
+use crate::storage::store::{EntryCheck, QueueRef};
+
+use super::delivery::{ready_state, Change};
+use super::Engine;
+
+/// Timers either make a delayed message ready or expire a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimerAction {
+    MakeReady,
+    Expire,
+}
+
+/// What a queue entry's record says of the message's timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Timer {
+    /// The message's Put or Carry record.
+    pub(super) msg_offset: u64,
+    /// Its id hash, to find its index slot.
+    pub(super) hash: u64,
+    /// The delivery sequence the timer belongs to; a slot with another is past it.
+    pub(super) seq: u32,
+    /// When the timer is due (the hop's target, or the message's due time), unix ms.
+    pub(super) due_ms: u64,
+}
+
+impl Timer {
+    fn new(msg_offset: u64, hash: u64, seq: u32, due_ms: u64) -> Timer {
+        Timer { msg_offset, hash, seq, due_ms }
+    }
+}
+
+impl Engine {
+    fn skew_for(&self, level_ms: u64) -> u64 {
+        // Only the smallest level receives sub-level remainders, which may be out of order.
+        if level_ms <= self.cfg.levels_ms[0] {
+            level_ms
+        } else {
+            0
+        }
+    }
+
+    pub(super) fn sync_schedulers(&mut self) {
+        // Level queues are only ever added, and a scheduler only made for one: equal counts mean
+        // every level has its scheduler. This runs at every engine step, inline ones included.
+        if self.schedulers.len() == self.store.levels.len() {
+            return;
+        }
+        let levels: Vec<(u64, u64)> = self.store.levels.iter().map(|(ms, q)| (*ms, q.cursor)).collect();
+        for (ms, cursor) in levels {
+            if !self.schedulers.contains_key(&ms) {
+                let skew = self.skew_for(ms);
+                self.schedulers.insert(ms, LevelScheduler::new(ms, skew, cursor));
+            }
+        }
+    }
+
+    /// The timer a queue entry's record stands for; `None` when the record
+    /// was reclaimed (its message was carried forward or expired, so the entry is stale).
+    pub(super) fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
+        if offset < self.store.log.start() {
+            return Ok(None);
+        }
+        Ok(Some(match self.store.log.read(offset)?.0 {
+            Record::Put(p) => Timer::new(offset, format::id_hash(p.id), 0, p.deliver_at_ms),
+            Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
+            Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
+            Record::Hop(h) => Timer::new(h.msg_offset, h.id_hash, h.seq, h.target_ms),
+            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => {
+                return Err(Error::Corrupt {
+                    file: "commitlog".into(),
+                    offset,
+                    reason: "queue entry points at a record that makes none".into(),
+                })
+            }
+        }))
+    }
+
+    /// Lets every scheduler read ahead, checking each entry against its record first; a damaged
+    /// level queue is repaired from the log and its scheduler restarted from the last good entry.
+    fn fill_schedulers(&mut self) {
+        self.sync_schedulers();
+        // Repaired entries come from the log and check out; more damage than this per call is
+        // left to the next call rather than looping here.
+        for _ in 0..8 {
+            let mut damaged = None;
+            for (ms, s) in self.schedulers.iter_mut() {
+                let Some(q) = self.store.levels.get(ms) else { continue };
+                let (store, queue) = (&self.store, QueueRef::Level(*ms));
+                let mut why = String::new();
+                let bad = s.fill_checked(&q.cq, |e| match store.check_entry(&queue, e) {
+                    EntryCheck::Bad(w) => {
+                        why = w;
+                        true
+                    }
+                    _ => false,
+                });
+                if let Some(at) = bad {
+                    damaged = Some((*ms, at, why));
+                    break;
+                }
+            }
+            let Some((ms, at, why)) = damaged else { return };
+            if self.durability.is_poisoned() {
+                // No writes: the scheduler waits before the damaged entry until a restart.
+                return;
+            }
+            inc(&self.metrics.queue_repairs);
+            let r = self.store.repair_queue(&QueueRef::Level(ms), at, &why);
+            let keep = match self.poison_on_io(r) {
+                Ok(keep) => keep,
+                Err(e) => {
+                    tracing::error!(error = %e, level_ms = ms, "repairing a level queue failed");
+                    return;
+                }
+            };
+            // The scheduler may hold entries read before the damage: start it again at the last
+            // good entry (entries fired twice are skipped by their sequence number).
+            let cursor = self.schedulers.get(&ms).map_or(keep, |s| s.cursor()).min(keep);
+            if let Some(q) = self.store.levels.get_mut(&ms) {
+                q.cursor = cursor;
+            }
+            self.schedulers.remove(&ms);
+            self.sync_schedulers();
+        }
+    }
+
+    /// Earliest due time among all levels' held entries.
+    pub fn next_due(&mut self) -> Option<u64> {
+        self.fill_schedulers();
+        let mut best: Option<u64> = None;
+        for s in self.schedulers.values() {
+            if let Some(d) = s.next_due() {
+                best = Some(best.map_or(d, |b| b.min(d)));
+            }
+        }
+        best
+    }
+
+    /// Fires up to `limit` due timers, earliest first across all levels; returns how many.
+    ///
+    /// Picking the global minimum each time keeps catch-up after downtime in due order.
+    pub fn run_due(&mut self, limit: usize) -> Result<usize> {
+        self.writable()?;
+        let now = self.now();
+        let mut fired = 0;
+        while fired < limit {
+            self.fill_schedulers();
+            let mut best: Option<(u64, u64)> = None;
+            for (ms, s) in self.schedulers.iter() {
+                if let Some(d) = s.next_due() {
+                    if d <= now && best.is_none_or(|(bd, _)| d < bd) {
+                        best = Some((d, *ms));
+                    }
+                }
+            }
+            let Some((_, ms)) = best else { break };
+            let Some((idx, entry)) = self.schedulers.get_mut(&ms).and_then(|s| s.take_due(now)) else {
+                break;
+            };
+            // Entries were checked against their records when the scheduler read them.
+            match self.fire(entry, now) {
+                Ok(()) => {}
+                // A damaged record of the message (logged and counted when read): it cannot be
+                // acted on, and stopping here would hold the level's cursor back for good.
+                Err(Error::Corrupt { file, offset, reason }) => {
+                    tracing::error!(%file, offset, %reason, level_ms = ms, "timer skipped: its message is unreadable");
+                }
+                // Nothing was appended for it (a resource ran out, or the store is poisoned):
+                // the timer fires on the next try instead of being forgotten until a restart.
+                Err(e) => {
+                    if let Some(s) = self.schedulers.get_mut(&ms) {
+                        s.put_back(idx, entry);
+                    }
+                    return Err(e);
+                }
+            }
+            if let Some(s) = self.schedulers.get_mut(&ms) {
+                s.done(idx);
+            }
+            self.left_behind.level_passed(ms, entry.offset);
+            fired += 1;
+        }
+        self.sync_damage_metrics();
+        Ok(fired)
+    }
+
+    fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
+        let Some(Timer { msg_offset, hash, seq, due_ms: target }) = self.timer_of(entry.offset)? else {
+            return Ok(());
+        };
+        // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
+        // fire again after a crash, and the Hops they wrote then were replayed: an entry older
+        // than such a Hop already hopped, and hopping again would start a second chain.
+        let timer = (msg_offset, seq);
+        if let Some(&(_, newest)) = self.store.replayed_hops.get(&timer) {
+            if entry.offset < newest {
+                return Ok(());
+            }
+        }
+        let (slot, action) = match self.store.find_offset(hash, msg_offset) {
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Delayed => {
+                (slot, TimerAction::MakeReady)
+            }
+            Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => {
+                (slot, TimerAction::Expire)
+            }
+            _ => {
+                self.store.replayed_hops.remove(&timer);
+                return Ok(());
+            }
+        };
+        if target > now {
+            let route = plan_hop(&self.cfg.levels_ms, now, target - now);
+            debug!(msg_offset, target, ?route, "hop");
+            self.append(&format::encode_hop(&Hop {
+                msg_offset,
+                id_hash: hash,
+                seq,
+                target_ms: target,
+                route,
+            }))?;
+            inc(&self.metrics.hops);
+            return Ok(());
+        }
+        self.store.replayed_hops.remove(&timer);
+        match action {
+            TimerAction::MakeReady => {
+                self.metrics.lateness_ms.observe(now - target);
+                self.transition(
+                    &slot,
+                    Change {
+                        time_ms: now,
+                        state: ready_state(slot.home),
+                        cause: Cause::Due,
+                        home: slot.home,
+                        attempt: u32::from(slot.attempt),
+                        deliver_at_ms: target,
+                        route: Route::Topic,
+                        due_ms: None,
+                    },
+                )?;
+            }
+            TimerAction::Expire => {
+                inc(&self.metrics.ttr_expired);
+                let max_attempts = self.store.put_at(msg_offset)?.max_attempts;
+                if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
+                    self.dead_letter(&slot)?;
+                } else {
+                    self.retry(&slot, Cause::Expire, now, now, 0)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Entries the level schedulers hold in memory (bounded by the read-ahead window).
+    pub fn scheduler_window(&self) -> usize {
+        self.schedulers.values().map(|s| s.held()).sum()
+    }
+}

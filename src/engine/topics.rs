@@ -1,0 +1,148 @@
+//! Topics: pause, push subscriptions, the `max_topics` limit and the topic listing.
+
+use std::collections::BTreeSet;
+
+use crate::error::{Error, Result};
+use crate::message::{PushConfig, TopicInfo};
+use crate::storage::format::{self, Record};
+use crate::storage::store::{dead_letter_topic, TopicQueue};
+
+use super::{validate_topic, Engine};
+
+impl Engine {
+    /// Pauses (`true`) or resumes a topic, durably: one Pause record, none when it already is so.
+    pub fn set_paused(&mut self, topic: &str, paused: bool) -> Result<()> {
+        self.writable()?;
+        validate_topic(topic)?;
+        if self.store.paused.contains_key(topic) == paused {
+            return Ok(());
+        }
+        if paused {
+            self.may_name_topic(topic)?;
+        }
+        let rec =
+            format::encode_pause(&format::Pause { paused, time_ms: self.now(), topic: topic.as_bytes() })?;
+        self.append(&rec)?;
+        if !paused {
+            // Long polls waiting on it look again now rather than at their deadline.
+            self.store.touch(topic);
+        }
+        Ok(())
+    }
+
+    /// Sets (or replaces) `topic`'s push subscription, or removes it (`None`); durable, one Push
+    /// record. Removing a subscription there is none of is `NotFound`.
+    pub fn set_push(&mut self, topic: &str, cfg: Option<&PushConfig>) -> Result<()> {
+        self.writable()?;
+        validate_topic(topic)?;
+        if cfg.is_none() && !self.store.push.contains_key(topic) {
+            return Err(Error::NotFound(format!("topic {topic:?} has no push subscription")));
+        }
+        if cfg.is_some() {
+            self.may_name_topic(topic)?;
+        }
+        let secret = cfg.and_then(|c| c.secret.as_deref()).unwrap_or("");
+        let target = match cfg {
+            None => format::PushTarget::None,
+            Some(c) if c.nats_subject.is_some() => format::PushTarget::Nats,
+            Some(_) => format::PushTarget::Webhook,
+        };
+        let subject = cfg.and_then(|c| c.nats_subject.as_deref()).unwrap_or("");
+        let rec = format::encode_push(&format::Push {
+            target,
+            time_ms: self.now(),
+            timeout_ms: cfg.map_or(0, |c| c.timeout_ms),
+            max_in_flight: cfg.map_or(0, |c| c.max_in_flight),
+            topic: topic.as_bytes(),
+            url: cfg.map_or(&b""[..], |c| c.url.as_bytes()),
+            subject: subject.as_bytes(),
+            secret: secret.as_bytes(),
+        })?;
+        self.append(&rec)?;
+        Ok(())
+    }
+
+    /// `topic`'s push subscription, if it has one (read from the record in effect).
+    pub fn push_of(&self, topic: &str) -> Result<Option<PushConfig>> {
+        let Some(at) = self.store.push.get(topic) else { return Ok(None) };
+        match self.store.log.read(*at)?.0 {
+            Record::Push(p) if p.target != format::PushTarget::None => Ok(Some(PushConfig {
+                topic: topic.to_string(),
+                url: String::from_utf8_lossy(p.url).into_owned(),
+                nats_subject: (p.target == format::PushTarget::Nats)
+                    .then(|| String::from_utf8_lossy(p.subject).into_owned()),
+                secret: (!p.secret.is_empty()).then(|| String::from_utf8_lossy(p.secret).into_owned()),
+                timeout_ms: p.timeout_ms,
+                max_in_flight: p.max_in_flight,
+                created_at_ms: p.time_ms,
+            })),
+            _ => Err(Error::Corrupt {
+                file: "commitlog".into(),
+                offset: *at,
+                reason: format!("the push subscription of {topic:?} does not point at a Push record"),
+            }),
+        }
+    }
+
+    /// Every push subscription, and a number that changes whenever one is set or removed.
+    pub fn pushes(&self) -> Result<(u64, Vec<PushConfig>)> {
+        let mut out = Vec::new();
+        for topic in self.store.push.keys() {
+            out.extend(self.push_of(topic)?);
+        }
+        Ok((self.store.push_changes, out))
+    }
+
+    /// Refuses a change that would make `topic` a new topic past `max_topics`. A topic exists
+    /// once it has a queue, a pause or a push subscription: each is kept (and listed) for good,
+    /// so every route that makes one obeys the same limit.
+    pub(super) fn may_name_topic(&self, topic: &str) -> Result<()> {
+        let known = |t: &str| {
+            self.store.topics.contains_key(t)
+                || self.store.paused.contains_key(t)
+                || self.store.push.contains_key(t)
+        };
+        if known(topic) {
+            return Ok(());
+        }
+        // Names with only a pause or a subscription are few; counted when a new topic is asked for.
+        let paused_only = self.store.paused.keys().filter(|t| !self.store.topics.contains_key(*t)).count();
+        let push_only = self
+            .store
+            .push
+            .keys()
+            .filter(|t| !self.store.topics.contains_key(*t) && !self.store.paused.contains_key(*t))
+            .count();
+        let count = self.store.topics.len() + paused_only + push_only;
+        if count >= self.cfg.max_topics {
+            return Err(Error::TooManyTopics(format!(
+                "{count} topics exist, the most max_topics allows; topic {topic:?} would be new"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every topic with a queue, a count or a pause, by name, with its counts.
+    pub fn topics(&self) -> Vec<TopicInfo> {
+        let mut names: BTreeSet<&str> = self.store.topics.keys().map(String::as_str).collect();
+        names.extend(self.store.paused.keys().map(String::as_str));
+        names
+            .into_iter()
+            .map(|name| {
+                let counts =
+                    |q: Option<&TopicQueue>| q.map_or((0, 0, 0), |q| (q.ready, q.reserved, q.delayed));
+                let (ready, reserved, delayed) = counts(self.store.topics.get(name));
+                let dlq = (!name.ends_with(".dlq"))
+                    .then(|| counts(self.store.topics.get(&dead_letter_topic(name))));
+                TopicInfo {
+                    topic: name.to_string(),
+                    ready,
+                    reserved,
+                    delayed,
+                    dead_lettered: dlq.map_or(0, |(r, v, d)| r + v + d),
+                    paused: self.store.paused.contains_key(name),
+                }
+            })
+            .collect()
+    }
+}
