@@ -594,3 +594,37 @@ fn timers_fired_again_after_a_crash_do_not_hop_twice() {
     // Every timer ended, so nothing is remembered for them any more.
     assert!(e.store_for_tests().replayed_hops.is_empty());
 }
+
+/// The body checks each path may make (issue 26): a pop checks the body it hands out once; an
+/// ack, a nack and a cancel never check (nor read) a body, whatever way the message became ready.
+#[test]
+fn a_pop_checks_the_body_once_and_ack_nack_cancel_never_do() {
+    use crate::storage::format::body_checks;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let big = |id: &str, when| with_body(id, &"x".repeat(32 << 10), when);
+    // Due now (its Put is the topic entry), and due later (a Transition makes it ready).
+    e.produce("t", big("now", When::Now)).unwrap();
+    e.produce("t", big("later", When::DelayMs(1_000))).unwrap();
+    e.produce("t", big("gone", When::DelayMs(60_000))).unwrap();
+    clock.set_ms(T0 + 1_000);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    body_checks::take();
+    for expect in ["now", "later"] {
+        let d = e.pop(&topics("t"), 1, None).unwrap().remove(0);
+        assert_eq!(d.id, expect);
+        assert_eq!(body_checks::take(), 1, "pop of {expect}");
+        if expect == "now" {
+            e.ack(&d.receipt).unwrap();
+            assert_eq!(body_checks::take(), 0, "ack");
+        } else {
+            e.nack(&d.receipt, Some(1)).unwrap();
+            assert_eq!(body_checks::take(), 0, "nack");
+        }
+    }
+    e.cancel("gone").unwrap();
+    assert_eq!(body_checks::take(), 0, "cancel");
+    e.ack_id("later").unwrap();
+    assert_eq!(body_checks::take(), 0, "ack by id");
+}

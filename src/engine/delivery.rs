@@ -40,7 +40,7 @@ pub(super) struct Change {
 impl Engine {
     pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
         let seq = slot.seq + 1;
-        let rec = format::encode_transition(&Transition {
+        self.append(&Record::Transition(Transition {
             msg_offset: slot.msg_offset,
             id_hash: slot.hash,
             seq,
@@ -54,8 +54,7 @@ impl Engine {
             route: change.route,
             due_ms: change.due_ms,
             prev_offset: Some(slot.last_offset),
-        });
-        self.append(&rec)?;
+        }))?;
         Ok(seq)
     }
 
@@ -181,7 +180,7 @@ impl Engine {
         if msg_offset >= self.store.log.end() || msg_offset < self.store.log.start() {
             return Err(gone());
         }
-        let hash = match self.store.put_at(msg_offset) {
+        let hash = match self.store.message_fields_at(msg_offset) {
             Ok(p) => format::id_hash(p.id),
             Err(_) => return Err(gone()),
         };
@@ -254,7 +253,7 @@ impl Engine {
             }
         }
         let (max_attempts, step, topic) = {
-            let p = self.store.put_at(slot.msg_offset)?;
+            let p = self.store.message_fields_at(slot.msg_offset)?;
             let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
             let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
             (
@@ -359,7 +358,7 @@ impl Engine {
     fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
-                let route = match self.store.log.read(old.last_offset) {
+                let route = match self.store.log.read_fields(old.last_offset) {
                     Ok((Record::Put(p), _)) => p.route,
                     Ok((Record::Carry(c), _)) => c.put.route,
                     Ok((Record::Transition(t), _)) => t.route,

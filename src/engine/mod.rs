@@ -40,7 +40,7 @@ use crate::schedule::clock::Clock;
 use crate::schedule::levels::validate_levels;
 use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::durability::{Durability, Failure};
-use crate::storage::format;
+use crate::storage::format::{self, Record};
 use crate::storage::io;
 use crate::storage::store::{OpenReport, Store, StoreConfig};
 use crate::storage::writer::{Driver, Release, Writer};
@@ -171,9 +171,15 @@ impl Engine {
         &self.durability
     }
 
-    fn append(&mut self, record: &[u8]) -> Result<u64> {
+    /// Appends `rec`; the store dispatches it from the struct (see `Store::append`).
+    fn append(&mut self, rec: &Record<'_>) -> Result<u64> {
+        self.append_framed(&rec.encode()?, rec)
+    }
+
+    /// [`append`](Self::append) of a record encoded already (`bytes` is `rec`'s encoding).
+    fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<u64> {
         self.writable()?;
-        let r = self.store.append(record);
+        let r = self.store.append_framed(bytes, rec);
         if r.is_ok() {
             self.durability.clear_trouble();
         }
@@ -228,7 +234,6 @@ impl Engine {
     pub fn log_end(&self) -> u64 {
         self.store.log.end()
     }
-
 
     /// Refuses every later write: something failed whose outcome is unknown.
     pub fn poison(&mut self, failure: Failure) {

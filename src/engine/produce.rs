@@ -6,7 +6,7 @@ use crate::limits::{MAX_ATTEMPTS_LIMIT, MAX_BACKOFF_STEPS, UNLIMITED_ATTEMPTS};
 use crate::message::{ProduceRequest, Produced, When};
 use crate::metrics::inc;
 use crate::schedule::levels::{nearest_level, plan_hop};
-use crate::storage::format::{self, Put, Route, State};
+use crate::storage::format::{self, Put, Record, Route, State};
 
 use super::{validate_id, validate_topic, Engine};
 
@@ -60,7 +60,7 @@ impl Engine {
             Some(id) => id,
             None => self.new_id(),
         };
-        let rec = format::encode_put(&Put {
+        let rec = Record::Put(Put {
             created_ms: now,
             deliver_at_ms,
             ttr_ms: settings.ttr_ms,
@@ -73,11 +73,13 @@ impl Engine {
             backoff_ms: settings.backoff_ms,
             body: &req.body,
             replaces: replaces.is_some(),
-        })?;
+        });
+        // Encoded (and so checked) before a replaced message is cancelled.
+        let bytes = rec.encode()?;
         if replaces == Some(true) {
             self.cancel(&id)?;
         }
-        self.append(&rec)?;
+        self.append_framed(&bytes, &rec)?;
         inc(&self.metrics.produced);
         Ok(Produced { id, deliver_at_ms, created: true })
     }

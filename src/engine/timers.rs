@@ -71,7 +71,8 @@ impl Engine {
         if offset < self.store.log.start() {
             return Ok(None);
         }
-        Ok(Some(match self.store.log.read(offset)?.0 {
+        // The entry was checked against this record on the same path: its fields are enough.
+        Ok(Some(match self.store.log.read_fields(offset)?.0 {
             Record::Put(p) => Timer::new(offset, format::id_hash(p.id), 0, p.deliver_at_ms),
             Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
@@ -223,13 +224,7 @@ impl Engine {
         if target > now {
             let route = plan_hop(&self.cfg.levels_ms, now, target - now);
             debug!(msg_offset, target, ?route, "hop");
-            self.append(&format::encode_hop(&Hop {
-                msg_offset,
-                id_hash: hash,
-                seq,
-                target_ms: target,
-                route,
-            }))?;
+            self.append(&Record::Hop(Hop { msg_offset, id_hash: hash, seq, target_ms: target, route }))?;
             inc(&self.metrics.hops);
             return Ok(());
         }
@@ -253,7 +248,7 @@ impl Engine {
             }
             TimerAction::Expire => {
                 inc(&self.metrics.ttr_expired);
-                let max_attempts = self.store.put_at(msg_offset)?.max_attempts;
+                let max_attempts = self.store.message_fields_at(msg_offset)?.max_attempts;
                 if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
                     self.dead_letter(&slot)?;
                 } else {

@@ -20,9 +20,7 @@ impl Engine {
         if paused {
             self.may_name_topic(topic)?;
         }
-        let rec =
-            format::encode_pause(&format::Pause { paused, time_ms: self.now(), topic: topic.as_bytes() })?;
-        self.append(&rec)?;
+        self.append(&Record::Pause(format::Pause { paused, time_ms: self.now(), topic: topic.as_bytes() }))?;
         if !paused {
             // Long polls waiting on it look again now rather than at their deadline.
             self.store.touch(topic);
@@ -48,7 +46,7 @@ impl Engine {
             Some(_) => format::PushTarget::Webhook,
         };
         let subject = cfg.and_then(|c| c.nats_subject.as_deref()).unwrap_or("");
-        let rec = format::encode_push(&format::Push {
+        self.append(&Record::Push(format::Push {
             target,
             time_ms: self.now(),
             timeout_ms: cfg.map_or(0, |c| c.timeout_ms),
@@ -57,8 +55,7 @@ impl Engine {
             url: cfg.map_or(&b""[..], |c| c.url.as_bytes()),
             subject: subject.as_bytes(),
             secret: secret.as_bytes(),
-        })?;
-        self.append(&rec)?;
+        }))?;
         Ok(())
     }
 

@@ -12,6 +12,8 @@ use super::mmap::{create_durably, sync_dir, MadeAhead, MappedFile};
 use super::warmer::Warmer;
 use crate::error::{Error, Result};
 
+/// A way of decoding a record (checked, or for its fields only).
+type Decoder<'a> = fn(&'a [u8]) -> Result<(Record<'a>, usize), DecodeError>;
 /// What recovery does when it finds a bad record with valid records after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -372,8 +374,16 @@ impl CommitLog {
     }
 
     fn decode_at(&self, offset: u64) -> Result<Option<(Record<'_>, usize)>, DecodeError> {
+        self.decode_at_with(offset, format::decode)
+    }
+
+    fn decode_at_with<'a>(
+        &'a self,
+        offset: u64,
+        decode: Decoder<'a>,
+    ) -> Result<Option<(Record<'a>, usize)>, DecodeError> {
         match self.locate(offset) {
-            Some((i, pos)) => format::decode(&self.segments[i].file.bytes()[pos..]).map(Some),
+            Some((i, pos)) => decode(&self.segments[i].file.bytes()[pos..]).map(Some),
             None => Ok(None),
         }
     }
@@ -562,10 +572,14 @@ impl CommitLog {
 
     /// Reads and checks the record at `offset`, which must be below [`end`](Self::end).
     pub fn read(&self, offset: u64) -> Result<(Record<'_>, usize)> {
+        self.read_with(offset, format::decode)
+    }
+
+    fn read_with<'a>(&'a self, offset: u64, decode: Decoder<'a>) -> Result<(Record<'a>, usize)> {
         if offset >= self.write_pos {
             return Err(Error::NotFound(format!("offset {offset} is past the end of the log")));
         }
-        match self.decode_at(offset) {
+        match self.decode_at_with(offset, decode) {
             Ok(Some(r)) => Ok(r),
             Ok(None) => Err(Error::NotFound(format!("offset {offset} is not in the log"))),
             Err(e) => {
@@ -574,15 +588,34 @@ impl CommitLog {
         }
     }
 
+    /// Reads the record at `offset` for its fields, never reading a message's body (see
+    /// [`format::decode_fields`]): for offsets the index or a queue gave.
+    pub fn read_fields(&self, offset: u64) -> Result<(Record<'_>, usize)> {
+        self.read_with(offset, format::decode_fields)
+    }
+
     /// Reads the record at `offset` and returns it with the offset of the record after it.
     ///
     /// Returns `None` at the end of the log; skips end-of-segment markers.
-    pub fn next(&self, mut offset: u64) -> Result<Option<(u64, Record<'_>, u64)>> {
+    pub fn next(&self, offset: u64) -> Result<Option<(u64, Record<'_>, u64)>> {
+        self.next_with(offset, format::decode)
+    }
+
+    /// [`next`](Self::next) reading records for their fields only (see [`format::decode_fields`]).
+    pub fn next_fields(&self, offset: u64) -> Result<Option<(u64, Record<'_>, u64)>> {
+        self.next_with(offset, format::decode_fields)
+    }
+
+    fn next_with<'a>(
+        &'a self,
+        mut offset: u64,
+        decode: Decoder<'a>,
+    ) -> Result<Option<(u64, Record<'a>, u64)>> {
         loop {
             if offset >= self.write_pos {
                 return Ok(None);
             }
-            let (rec, len) = self.read(offset)?;
+            let (rec, len) = self.read_with(offset, decode)?;
             if rec == Record::EndOfSegment {
                 match self.next_segment_base(offset) {
                     Some(n) => {

@@ -358,6 +358,24 @@ impl Record<'_> {
             Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => Route::None,
         }
     }
+
+    /// The record's bytes, framed and checksummed: the one way any record is encoded.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        match self {
+            Record::Put(p) => encode_put(p),
+            Record::Transition(t) => Ok(encode_transition(t)),
+            Record::Hop(h) => Ok(encode_hop(h)),
+            Record::Carry(c) => encode_carry(c),
+            Record::Pause(p) => encode_pause(p),
+            Record::Push(p) => encode_push(p),
+            Record::EndOfSegment => Ok(encode_end_of_segment()),
+        }
+    }
+
+    /// True for the records that carry a message's body (Put and Carry).
+    pub fn has_body(&self) -> bool {
+        matches!(self, Record::Put(_) | Record::Carry(_))
+    }
 }
 
 /// Why bytes at an offset are not a valid record.
@@ -794,6 +812,21 @@ pub fn encode_end_of_segment() -> Vec<u8> {
 
 /// Reads the frame at the start of `buf`: returns its total length after checking magic, version and CRC.
 pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
+    check_frame_with(buf, Verify::Crc)
+}
+
+/// Whether a decode checks the record's CRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// Checks the CRC over the whole record: for anything read to be trusted or handed out.
+    Crc,
+    /// Checks the frame's structure only (magic, length, version, kind, fields), not the CRC, so
+    /// the bytes past the fields (a message's body) are never touched: for a record the index or a
+    /// queue points at, whose fields were verified when it was dispatched, read for those fields.
+    Fields,
+}
+
+fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeError> {
     let h = RecordHeader::decode(buf.get(..HEADER_BYTES).unwrap_or(buf))?;
     let len = h.len as usize;
     if !(HEADER_BYTES..=MAX_RECORD_BYTES).contains(&len) {
@@ -802,8 +835,14 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
     if buf.len() < len {
         return Err(DecodeError::Truncated);
     }
-    if frame_crc(&buf[..len]) != h.crc {
-        return Err(DecodeError::Invalid("crc mismatch"));
+    if verify == Verify::Crc {
+        #[cfg(test)]
+        if h.kind == Kind::Put as u8 || h.kind == Kind::Carry as u8 {
+            body_checks::note();
+        }
+        if frame_crc(&buf[..len]) != h.crc {
+            return Err(DecodeError::Invalid("crc mismatch"));
+        }
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
@@ -828,7 +867,43 @@ pub fn check_frame(buf: &[u8]) -> Result<(usize, Kind), DecodeError> {
 
 /// Decodes and checks the record at the start of `buf`; returns it and its length.
 pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
-    let (len, kind) = check_frame(buf)?;
+    decode_with(buf, Verify::Crc)
+}
+
+/// Counts, per thread, the CRC checks of records that hold a body (Put, Carry), so tests can hold
+/// each path to the checks it is allowed.
+#[cfg(test)]
+pub(crate) mod body_checks {
+    use std::cell::Cell;
+
+    thread_local! {
+        static CHECKS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn note() {
+        CHECKS.with(|c| c.set(c.get() + 1));
+    }
+
+    /// Checks on this thread since the last call.
+    pub(crate) fn take() -> u64 {
+        CHECKS.with(|c| c.replace(0))
+    }
+}
+
+/// Decodes a record for its fields, never reading a message's body: a Put's or Carry's CRC (which
+/// covers the body) is not checked, any other record's is (they are small). For records the index
+/// or a queue points at, read for their id, topic or times; the body is checked where a consumer
+/// reads it.
+pub fn decode_fields(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
+    let kind = RecordHeader::decode(buf.get(..HEADER_BYTES).unwrap_or(buf))?.kind;
+    let verify =
+        if kind == Kind::Put as u8 || kind == Kind::Carry as u8 { Verify::Fields } else { Verify::Crc };
+    decode_with(buf, verify)
+}
+
+/// Decodes the record at the start of `buf`, checking its CRC or only its structure.
+pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), DecodeError> {
+    let (len, kind) = check_frame_with(buf, verify)?;
     let mut d = Dec { buf: &buf[..len], pos: HEADER_BYTES };
     let rec = match kind {
         Kind::EndOfSegment => Record::EndOfSegment,
@@ -1127,6 +1202,35 @@ mod tests {
         #[test]
         fn garbage_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode(&buf);
+            let _ = decode_with(&buf, Verify::Fields);
+        }
+
+        /// A fields-only read gives the same record as a checked one, and a cut record is an error
+        /// for it too: it skips the CRC, never the bounds.
+        #[test]
+        fn a_fields_read_matches_the_checked_one_and_a_cut_record_is_an_error(
+            buf in any_record(), cut in any::<prop::sample::Index>(),
+        ) {
+            prop_assert_eq!(decode_with(&buf, Verify::Fields).unwrap(), decode(&buf).unwrap());
+            let n = cut.index(buf.len());
+            prop_assert!(decode_with(&buf[..n], Verify::Fields).is_err());
+        }
+
+        /// What a fields-only read skips: a flipped bit in a Put's body is not seen (the body is
+        /// never read), while the checked read refuses it.
+        #[test]
+        fn a_fields_read_never_looks_at_the_body(
+            body in proptest::collection::vec(any::<u8>(), 1..200), flip in any::<prop::sample::Index>(),
+        ) {
+            let p = Put { created_ms: 1, deliver_at_ms: 2, ttr_ms: 3, max_attempts: 4, request_kind: 1,
+                request_value: 5, route: Route::Topic, id: b"id", topic: b"t", backoff_ms: vec![7],
+                body: &body, replaces: false };
+            let mut buf = encode_put(&p).unwrap();
+            let at = buf.len() - body.len() + flip.index(body.len());
+            buf[at] ^= 1;
+            prop_assert!(decode(&buf).is_err());
+            let Ok((Record::Put(q), _)) = decode_with(&buf, Verify::Fields) else { panic!("not a put") };
+            prop_assert_eq!((q.id, q.topic, q.deliver_at_ms), (&b"id"[..], &b"t"[..], 2));
         }
 
         /// Every kind, not only a Put: a cut record is an error, bytes after its frame are not

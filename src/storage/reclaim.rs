@@ -330,7 +330,8 @@ impl Store {
                 self.reclaim.expiry_behind = true;
                 break;
             }
-            let Some((offset, rec, next)) = self.log.next(self.expiry)? else { break };
+            // Times, ids and states are all the walk reads: no body is read or checked.
+            let Some((offset, rec, next)) = self.log.next_fields(self.expiry)? else { break };
             if next > self.dispatched {
                 break;
             }
@@ -467,7 +468,8 @@ impl Store {
         let mut seen = 0;
         let start = pos;
         while seen < SCAN_SLICE && pos - start < BYTES_SLICE && (seen < MIN_SLICE || Instant::now() < until) {
-            let Some((offset, rec, next)) = self.log.next(pos)? else { break };
+            // Only ids and lengths are needed here: the carry that follows checks what it copies.
+            let Some((offset, rec, next)) = self.log.next_fields(pos)? else { break };
             if offset >= end {
                 pos = end;
                 break;
@@ -497,7 +499,7 @@ impl Store {
             seen += 1;
         }
         self.reclaim.stats.scanned_records += seen as u64;
-        if pos < end && self.log.next(pos)?.is_some_and(|(o, _, _)| o < end) {
+        if pos < end && self.log.next_fields(pos)?.is_some_and(|(o, _, _)| o < end) {
             return Ok(Phase::Scan { seg, pos, live, pinned });
         }
         if live == 0 && pinned == 0 {
@@ -540,46 +542,38 @@ impl Store {
         let mut seen = 0;
         while moved < CARRY_SLICE && bytes < BYTES_SLICE && (seen < MIN_SLICE || Instant::now() < until) {
             seen += 1;
-            let Some((offset, rec, next)) = self.log.next(pos)? else { break };
+            // Read for its fields: only a live message's record is read again, checked, to be copied
+            // (its body's one check on this path).
+            let Some((offset, rec, next)) = self.log.next_fields(pos)? else { break };
             if offset >= end {
                 pos = end;
                 break;
             }
             pos = next;
-            // Topic settings in effect (a pause, a push subscription) move forward like live
-            // messages; ending one needs no copy, since no record in the log means not set.
-            let setting = match &rec {
-                Record::Pause(p) if self.pause_in_effect(p, offset) => Some(format::encode_pause(p)?),
-                Record::Push(p) if self.push_in_effect(p, offset) => Some(format::encode_push(p)?),
-                _ => None,
-            };
-            if let Some(record) = setting {
-                bytes += record.len() as u64;
-                self.append(&record)?;
-                moved += 1;
-                continue;
-            }
-            let hash = match &rec {
-                Record::Put(p) => format::id_hash(p.id),
-                Record::Carry(c) => format::id_hash(c.put.id),
-                _ => continue,
-            };
-            let slot = match self.holds(offset, hash, now_ms, policy.expired_at_ms)? {
-                Holds::Carryable(slot) => slot,
-                Holds::Expired(at) => {
-                    self.forget_expired(at, offset);
-                    continue;
+            let step = self.carry_step(offset, &rec, now_ms, policy, plan)?;
+            match step {
+                CarryStep::Skip => {}
+                CarryStep::Expire(at) => self.forget_expired(at, offset),
+                CarryStep::Append { record, message } => {
+                    bytes += record.len() as u64;
+                    // Built here, so only its fields are decoded again (no CRC) for the dispatch.
+                    let (rec, _) = format::decode_with(&record, format::Verify::Fields).map_err(|e| {
+                        crate::error::Error::Corrupt {
+                            file: "carry".into(),
+                            offset,
+                            reason: format!("the record built to carry it does not decode: {e:?}"),
+                        }
+                    })?;
+                    self.append_framed(&record, &rec)?;
+                    if message {
+                        self.reclaim.stats.carried += 1;
+                        self.reclaim.stats.carried_bytes += record.len() as u64;
+                    }
+                    moved += 1;
                 }
-                Holds::Nothing | Holds::Pinned => continue,
-            };
-            let record = self.carry_record(&slot, now_ms, plan)?;
-            bytes += record.len() as u64;
-            self.append(&record)?;
-            self.reclaim.stats.carried += 1;
-            self.reclaim.stats.carried_bytes += record.len() as u64;
-            moved += 1;
+            }
         }
-        if pos < end && self.log.next(pos)?.is_some_and(|(o, _, _)| o < end) {
+        if pos < end && self.log.next_fields(pos)?.is_some_and(|(o, _, _)| o < end) {
             return Ok(Phase::Carry { pos });
         }
         // Scan again: a message may have been reserved while the carry was under way.
@@ -596,14 +590,57 @@ impl Store {
         self.push.get(String::from_utf8_lossy(p.topic).as_ref()) == Some(&offset)
     }
 
-    fn carry_record(&self, slot: &Slot, now_ms: u64, plan: &dyn Fn(u64, u64) -> Route) -> Result<Vec<u8>> {
+    /// What carrying the record at `offset` does: topic settings in effect (a pause, a push
+    /// subscription) move forward like live messages (ending one needs no copy, since no record in
+    /// the log means not set); a live message is copied forward; an expired one is forgotten.
+    fn carry_step(
+        &self,
+        offset: u64,
+        rec: &Record<'_>,
+        now_ms: u64,
+        policy: &ReclaimPolicy,
+        plan: &dyn Fn(u64, u64) -> Route,
+    ) -> Result<CarryStep> {
+        let put = match rec {
+            Record::Pause(p) if self.pause_in_effect(p, offset) => {
+                return Ok(CarryStep::Append { record: format::encode_pause(p)?, message: false })
+            }
+            Record::Push(p) if self.push_in_effect(p, offset) => {
+                return Ok(CarryStep::Append { record: format::encode_push(p)?, message: false })
+            }
+            Record::Put(p) => p,
+            Record::Carry(c) => &c.put,
+            _ => return Ok(CarryStep::Skip),
+        };
+        Ok(match self.holds(offset, format::id_hash(put.id), now_ms, policy.expired_at_ms)? {
+            Holds::Carryable(slot) => {
+                let put = match self.log.read(offset)?.0 {
+                    Record::Put(p) => p,
+                    Record::Carry(c) => c.put,
+                    _ => return Ok(CarryStep::Skip),
+                };
+                CarryStep::Append { record: self.carry_record(&slot, &put, now_ms, plan)?, message: true }
+            }
+            Holds::Expired(at) => CarryStep::Expire(at),
+            Holds::Nothing | Holds::Pinned => CarryStep::Skip,
+        })
+    }
+
+    /// The Carry of the message in `slot`, whose Put (or the Put of its last Carry), read and
+    /// checked by the caller, is `put`.
+    fn carry_record(
+        &self,
+        slot: &Slot,
+        put: &Put<'_>,
+        now_ms: u64,
+        plan: &dyn Fn(u64, u64) -> Route,
+    ) -> Result<Vec<u8>> {
         let deliver_at_ms = self.deliver_at(slot)?;
         let route = match slot.state {
             State::Delayed => plan(now_ms, deliver_at_ms),
             State::Done | State::Cancelled => Route::None,
             State::Ready | State::Dead | State::Reserved => Route::Topic,
         };
-        let put = self.put_at(slot.msg_offset)?;
         format::encode_carry(&Carry {
             prev_msg_offset: slot.msg_offset,
             seq: slot.seq,
@@ -612,7 +649,17 @@ impl Store {
             home: slot.home,
             time_ms: self.final_at(slot)?.unwrap_or(now_ms),
             deliver_at_ms,
-            put: Put { route, ..put },
+            put: Put { route, ..put.clone() },
         })
     }
+}
+
+/// One record's part in a carry.
+enum CarryStep {
+    /// Nothing to move.
+    Skip,
+    /// A final message past its retention: forget it.
+    Expire(SlotRef),
+    /// Append this record (a live message's Carry when `message`, else a topic setting).
+    Append { record: Vec<u8>, message: bool },
 }

@@ -15,36 +15,73 @@ use crate::storage::format::{
 use crate::storage::index::Slot;
 
 impl Store {
-    /// Appends a record to the log and dispatches it at once, so reads see their own writes.
+    /// Appends a record to the log and dispatches it at once, from the record itself (nothing is
+    /// read back), so reads see their own writes.
     ///
     /// The files the record's dispatch writes to are opened, created or grown first, and the log
     /// makes room before it writes: so running out of disk space or file handles fails the call
     /// with nothing changed, and a retry may succeed. A failure after the record is in the log
     /// leaves queues and index half-updated, which poisons the store.
-    pub fn append(&mut self, record: &[u8]) -> Result<u64> {
-        self.prepare_dispatch(record)?;
-        let at = self.log.append(record)?;
-        if let Err(e) = self.dispatch() {
+    pub fn append(&mut self, rec: &Record<'_>) -> Result<u64> {
+        self.append_framed(&rec.encode()?, rec)
+    }
+
+    /// [`append`](Self::append) of a record already encoded: `bytes` must be `rec`'s encoding
+    /// (for a caller that built the bytes first, e.g. to copy a body it read once).
+    pub(crate) fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<u64> {
+        self.prepare_dispatch(rec)?;
+        let at = self.log.append(bytes)?;
+        if let Err(e) = self.dispatch_appended(at, rec) {
             return Err(self.durability.poison(Failure::from_error(&e)));
         }
         Ok(at)
     }
 
+    /// Dispatches `rec`, just appended at `at`, from the struct. Whatever lies between the
+    /// dispatch position and the record (the end-of-segment marker of a roll) is dispatched from
+    /// the log first, as a replay does.
+    fn dispatch_appended(&mut self, at: u64, rec: &Record<'_>) -> Result<()> {
+        while self.dispatched < at {
+            // Looked at for its offset only: the record at `at` is not read here.
+            match self.log.next_fields(self.dispatched)? {
+                Some((offset, _, _)) if offset < at => {
+                    let Some((_, next)) = self.dispatch_one(self.dispatched)? else { break };
+                    self.dispatched = next;
+                }
+                _ => self.dispatched = at,
+            }
+        }
+        let end = self.log.end();
+        self.dispatch_record(at, (end - at) as u32, rec)?;
+        self.dispatched = end;
+        Ok(())
+    }
+
+    /// Applies one record, whichever way it came (appended now, or read back by a replay).
+    fn dispatch_record(&mut self, offset: u64, size: u32, rec: &Record<'_>) -> Result<()> {
+        match rec {
+            Record::Put(p) => self.dispatch_put(offset, size, p),
+            Record::Carry(c) => self.dispatch_carry(offset, size, c),
+            Record::Transition(t) => self.dispatch_transition(offset, size, t),
+            Record::Hop(h) => self.dispatch_hop(offset, size, h),
+            Record::Pause(p) => self.dispatch_pause(offset, size, p),
+            Record::Push(p) => self.dispatch_push(offset, size, p),
+            Record::EndOfSegment => Ok(()),
+        }
+    }
+
     /// Gets the queue file the record's dispatch appends to ready (see [`append`](Self::append)).
     /// State changes (not new messages) may use the reserve when the disk is full.
-    fn prepare_dispatch(&mut self, record: &[u8]) -> Result<()> {
+    fn prepare_dispatch(&mut self, rec: &Record<'_>) -> Result<()> {
         enum Target {
             Level(u64),
             Topic(String),
         }
-        // Records handed to append are the engine's own; a bad one fails in dispatch instead.
-        let Ok((rec, _)) = format::decode(record) else { return Ok(()) };
-        let grows = matches!(rec, Record::Put(_) | Record::Carry(_));
         let home_queue = |home: Home, topic: String| match home {
             Home::Main => topic,
             Home::DeadLetter => dead_letter_topic(&topic),
         };
-        let target = match (&rec, rec.route()) {
+        let target = match (rec, rec.route()) {
             (_, Route::Level { level_ms, .. }) => Target::Level(level_ms),
             (Record::Put(p), Route::Topic) => Target::Topic(String::from_utf8_lossy(p.topic).into_owned()),
             (Record::Carry(c), Route::Topic) => {
@@ -60,7 +97,7 @@ impl Store {
             Target::Level(ms) => self.level_queue(*ms)?.cq.prepare_append(),
             Target::Topic(q) => self.topic_open(q)?.cq.prepare_append(),
         };
-        if grows {
+        if rec.has_body() {
             prepare()
         } else {
             reserve.retry_on_full_disk(prepare)
@@ -309,7 +346,7 @@ impl Store {
                 // Only older messages: on a replay over an index that is ahead, a later message
                 // with this id (replaced after this one) keeps its slot.
                 s.msg_offset < offset
-                    && match log.read(s.msg_offset) {
+                    && match log.read_fields(s.msg_offset) {
                         Ok((Record::Put(p), _)) => p.id == id,
                         Ok((Record::Carry(c), _)) => c.put.id == id,
                         _ => false,

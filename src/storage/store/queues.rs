@@ -136,7 +136,18 @@ impl Store {
     /// have the entry's size, and route to this queue (for a level, at the entry's due time; for a
     /// topic, the message's topic and home). Queue files carry no checksum of their own; this
     /// check costs no disk and catches any damaged entry before it is acted on.
+    ///
+    /// The check reads records for their fields (see [`decode_fields`](crate::storage::format::decode_fields)): a message's body
+    /// is checked once, where it is read for the consumer. Anything but a valid entry is looked at
+    /// again with every CRC checked, so damage is told from a wrong entry as before.
     pub fn check_entry(&self, queue: &QueueRef<'_>, entry: &Entry) -> EntryCheck {
+        match self.check_entry_with(queue, entry, Read::Fields) {
+            EntryCheck::Valid => EntryCheck::Valid,
+            _ => self.check_entry_with(queue, entry, Read::Checked),
+        }
+    }
+
+    fn check_entry_with(&self, queue: &QueueRef<'_>, entry: &Entry, how: Read) -> EntryCheck {
         let bad = |why: String| EntryCheck::Bad(why);
         if entry.offset < self.log.start() {
             // Its record was reclaimed: the message was carried forward or expired.
@@ -145,7 +156,7 @@ impl Store {
         if entry.size == 0 || entry.offset >= self.dispatched {
             return bad(format!("entry points at log offset {} past the dispatched log", entry.offset));
         }
-        let rec = match self.read_checked(entry.offset) {
+        let rec = match self.read_as(entry.offset, how) {
             Ok(Some(rec)) => rec,
             Ok(None) => return EntryCheck::CorruptRecord,
             Err(why) => return bad(why),
@@ -153,7 +164,7 @@ impl Store {
         if self.log.record_len(entry.offset) != u64::from(entry.size) {
             return bad(format!("entry size {} differs from the record at {}", entry.size, entry.offset));
         }
-        match self.routed(entry.offset, entry.size, &rec) {
+        match self.routed(entry.offset, entry.size, &rec, how) {
             Ok(Routed::To(target, e)) if target.is(queue) && e.tag == entry.tag => EntryCheck::Valid,
             Ok(Routed::Reclaimed) => EntryCheck::Stale,
             Ok(Routed::Damaged) => EntryCheck::CorruptRecord,
@@ -166,7 +177,13 @@ impl Store {
 
     /// The queue and entry a record's dispatch appends (None for routes that append nothing, and
     /// for changes of a message whose record was reclaimed: dispatch skips those too).
-    fn routed(&self, offset: u64, size: u32, rec: &Record<'_>) -> std::result::Result<Routed, String> {
+    fn routed(
+        &self,
+        offset: u64,
+        size: u32,
+        rec: &Record<'_>,
+        how: Read,
+    ) -> std::result::Result<Routed, String> {
         let main_or_dlq = |topic: &[u8], home: Home| {
             let topic = String::from_utf8_lossy(topic).into_owned();
             match home {
@@ -179,7 +196,7 @@ impl Store {
             Record::Carry(c) => (c.put.route, Some(main_or_dlq(c.put.topic, c.home)), c.deliver_at_ms),
             Record::Transition(t) if t.msg_offset < self.log.start() => return Ok(Routed::Reclaimed),
             Record::Transition(t) => {
-                let topic = match self.read_checked(t.msg_offset)? {
+                let topic = match self.read_as(t.msg_offset, how)? {
                     Some(Record::Put(p)) => main_or_dlq(p.topic, t.home),
                     Some(Record::Carry(c)) => main_or_dlq(c.put.topic, t.home),
                     Some(_) => {
@@ -235,7 +252,9 @@ impl Store {
         let mut at = from;
         while at < self.dispatched {
             let Some((offset, rec, next)) = self.log.next(at)? else { break };
-            if let Ok(Routed::To(target, e)) = self.routed(offset, (next - offset) as u32, &rec) {
+            if let Ok(Routed::To(target, e)) =
+                self.routed(offset, (next - offset) as u32, &rec, Read::Checked)
+            {
                 if target.is(queue) {
                     entries.push(e);
                 }
@@ -286,5 +305,29 @@ impl Store {
     /// Topic queues whose files are open now (at most `open_queues`).
     pub fn open_topic_queues(&self) -> usize {
         self.lru.len()
+    }
+}
+
+/// How [`Store::check_entry`] reads records.
+#[derive(Clone, Copy)]
+enum Read {
+    /// For their fields: a message's body is not checked.
+    Fields,
+    /// Every CRC checked, damage logged and counted.
+    Checked,
+}
+
+impl Store {
+    /// The record at `offset` read as `how` says; see [`read_checked`](Self::read_checked) for
+    /// what `Ok(None)` and `Err` mean. A fields read reports nothing: a failure is looked at again,
+    /// checked.
+    fn read_as(&self, offset: u64, how: Read) -> std::result::Result<Option<Record<'_>>, String> {
+        match how {
+            Read::Checked => self.read_checked(offset),
+            Read::Fields => match self.log.read_fields(offset) {
+                Ok((rec, _)) => Ok(Some(rec)),
+                Err(e) => Err(e.to_string()),
+            },
+        }
     }
 }

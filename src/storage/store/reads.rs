@@ -67,13 +67,13 @@ impl Store {
     /// The due time the slot's last state change set: when a delayed message becomes ready, when a
     /// reservation expires, or when a ready message became ready.
     pub fn deliver_at(&self, slot: &Slot) -> Result<u64> {
-        Ok(deliver_at_of(&self.log.read(slot.last_offset)?.0))
+        Ok(deliver_at_of(&self.log.read_fields(slot.last_offset)?.0))
     }
 
     /// The due time a message had, for an ack or cancel to keep: when it was to become (or
     /// became) ready, or for a reserved message when the delivery it holds fell due.
     pub fn due_at(&self, slot: &Slot) -> Result<u64> {
-        let rec = self.log.read(slot.last_offset)?.0;
+        let rec = self.log.read_fields(slot.last_offset)?.0;
         Ok(match &rec {
             Record::Transition(t) => match (t.due_ms, t.state) {
                 (Some(due), _) => due,
@@ -103,7 +103,18 @@ impl Store {
     }
 
     pub(super) fn topic_of(&self, msg_offset: u64) -> Result<String> {
-        Ok(String::from_utf8_lossy(self.put_at(msg_offset)?.topic).into_owned())
+        Ok(String::from_utf8_lossy(self.message_fields_at(msg_offset)?.topic).into_owned())
+    }
+
+    /// The message whose Put (or Carry) is at `msg_offset`, read for its fields (id, topic,
+    /// times): its body is neither read nor checked (see [`format::decode_fields`]). For offsets
+    /// the index or a receipt gave; a consumer's read of the message uses [`put_at`](Self::put_at).
+    pub fn message_fields_at(&self, msg_offset: u64) -> Result<Put<'_>> {
+        match self.log.read_fields(msg_offset)?.0 {
+            Record::Put(p) => Ok(p),
+            Record::Carry(c) => Ok(c.put),
+            _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
+        }
     }
 
     /// Finds a message by id: its slot, checked against the id in its Put record. A final message
@@ -112,7 +123,8 @@ impl Store {
     pub fn find_id(&self, id: &[u8], expired_at_ms: u64) -> Option<(SlotRef, Slot)> {
         let hash = format::id_hash(id);
         self.index.find_slot(hash, |s| {
-            self.put_at(s.msg_offset).is_ok_and(|p| p.id == id) && !self.is_expired(s, expired_at_ms)
+            self.message_fields_at(s.msg_offset).is_ok_and(|p| p.id == id)
+                && !self.is_expired(s, expired_at_ms)
         })
     }
 
@@ -122,7 +134,7 @@ impl Store {
         if !slot.state.is_final() {
             return Ok(None);
         }
-        Ok(match self.log.read(slot.last_offset)?.0 {
+        Ok(match self.log.read_fields(slot.last_offset)?.0 {
             Record::Transition(t) => Some(t.time_ms),
             Record::Carry(c) => Some(c.time_ms),
             _ => None,
