@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// How long one call may take; the Redis connections use the same response timeout.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer head accepted; delayd's are a few hundred bytes.
 const MAX_HEAD: usize = 64 << 10;
 

@@ -188,7 +188,8 @@ async fn load(running: &Running, p: &Params, sp: &SoakParams, reclaim: bool) -> 
         rng,
         log.clone(),
     ));
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(err)?;
+    // As long as any other call may take: a sample that waits out a stalled sync still counts.
+    let http = reqwest::Client::builder().timeout(crate::http::CALL_TIMEOUT).build().map_err(err)?;
     let mut samples = Vec::new();
     let mut cursor = 0usize;
     for t in sample_times(sp.secs, sp.sample_secs) {

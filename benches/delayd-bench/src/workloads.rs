@@ -818,6 +818,12 @@ pub async fn crash(run: &mut Running, p: &Params) -> Result<Crash, String> {
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(p.crash_load_secs)).await;
+    // A kill before any produce was acknowledged tests nothing; when the disk's syncs stall (a large
+    // file just deleted) the first one can outlast a short load, so the load goes on until one is.
+    let give_up = Instant::now() + crate::http::CALL_TIMEOUT;
+    while acked.lock().unwrap_or_else(|e| e.into_inner()).is_empty() && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     run.server.kill9();
     stop_produce.store(true, Ordering::Relaxed);
     for t in producers {

@@ -175,13 +175,19 @@ fn quick_soak_writes_samples_summary_and_a_png() {
             assert!(number(&c[2]) > 0.0, "{s}: no disk use: {row}");
             assert!(number(&c[3]) > 0.0, "{s}: no commit log: {row}");
             assert!(number(&c[3]) <= number(&c[2]), "{s}: commit log larger than the data dir: {row}");
-            // delayd's own live bytes: pending and acked messages within done_retention.
-            assert!(number(&c[4]) > 0.0, "{s}: no live bytes: {row}");
+            // Every sample read delayd's own count (a number, not "–"), and counts only grow. The
+            // first sample comes 1 s in: when the disk's syncs stall (a large file just deleted)
+            // no produce may be acknowledged yet, so only the last sample must have some.
+            number(&c[4]);
             let produced = number(&c[6]);
-            assert!(produced > 0.0 && produced >= last_produced, "{s}: produced count {row}");
+            assert!(produced >= last_produced, "{s}: produced count went down: {row}");
             assert!(number(&c[7]) <= produced, "{s}: more acked than produced: {row}");
             last_produced = produced;
         }
+        let last = cells(r.last().expect("a sample"));
+        assert!(number(&last[6]) > 0.0, "{s}: nothing produced in the whole soak:\n{md}");
+        // delayd's own live bytes: pending and acked messages within done_retention.
+        assert!(number(&last[4]) > 0.0, "{s}: no live bytes at the end:\n{md}");
         // Deliveries and their lateness show up once the shortest delay has passed.
         assert!(
             r.iter().any(|row| number(&cells(row)[9]) > 0.0 && number(&cells(row)[11]) >= 0.0),
