@@ -15,18 +15,10 @@ use delayd::broker::{BrokerConfig, ProduceRequest, When};
 use delayd::engine::Engine;
 use delayd::metrics::Metrics;
 use delayd::schedule::clock::SystemClock;
+use delayd::storage::mmap::thread_cpu_ns;
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: the call only fills `ts`.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn req(body: &Bytes, when: When) -> ProduceRequest {
