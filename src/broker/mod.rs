@@ -1088,5 +1088,5 @@ fn retry_wait(retry_at: &mut Option<Instant>) -> Option<Duration> {
 }
 
 #[cfg(test)]
-#[path = "broker_tests.rs"]
+#[path = "../broker_tests.rs"]
 mod tests;
