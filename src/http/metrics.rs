@@ -209,6 +209,19 @@ type TopicGauge = (&'static str, &'static str, fn(&TopicStats) -> u64);
 
 fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     let reg = Registry::new();
+    request_metrics(&reg, m)?;
+    level_and_topic_gauges(&reg, stats)?;
+    reg.register(Box::new(m.lateness_ms.prometheus().clone()))?;
+    reg.register(Box::new(m.flush_us.prometheus().clone()))?;
+    histogram_with_max(&reg, &m.engine_step_us)?;
+    histogram_with_max(&reg, &m.engine_step_cpu_us)?;
+    reclaim_counters(&reg, stats)?;
+    store_gauges(&reg, stats)?;
+    Ok(reg)
+}
+
+/// The counters of requests, deliveries and repairs, and the long polls waiting now.
+fn request_metrics(reg: &Registry, m: &Metrics) -> prometheus::Result<()> {
     let counters = [
         ("delayd_produced_total", "Messages accepted by produce.", &m.produced),
         ("delayd_popped_total", "Deliveries handed out by pop.", &m.popped),
@@ -246,24 +259,27 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
         ),
     ];
     for (name, help, c) in counters {
-        counter(&reg, name, help, c.load(Ordering::Relaxed))?;
+        counter(reg, name, help, c.load(Ordering::Relaxed))?;
     }
     gauge(
-        &reg,
+        reg,
         "delayd_long_polls_waiting",
         "Pops parked now, waiting for a message to arrive.",
         m.pops_waiting.load(Ordering::Relaxed) as f64,
-    )?;
+    )
+}
 
+/// Each level's backlog and next due time, and each topic's counts.
+fn level_and_topic_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<()> {
     gauge_by(
-        &reg,
+        reg,
         "delayd_level_backlog",
         "Timers on a delay level not yet fired, counting only those of live messages (see docs/operations.md, Metrics, for the exceptions).",
         "level",
         stats.levels.iter().map(|l| (fmt_ms(l.level_ms), l.backlog as f64)),
     )?;
     gauge_by(
-        &reg,
+        reg,
         "delayd_level_next_due_timestamp_seconds",
         "Due time of a level's head entry, unix seconds (absent when the level is empty).",
         "level",
@@ -278,14 +294,13 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
         }),
     ];
     for (name, help, get) in topic_gauges {
-        gauge_by(&reg, name, help, "topic", stats.topics.iter().map(|t| (t.topic.clone(), get(t) as f64)))?;
+        gauge_by(reg, name, help, "topic", stats.topics.iter().map(|t| (t.topic.clone(), get(t) as f64)))?;
     }
+    Ok(())
+}
 
-    reg.register(Box::new(m.lateness_ms.prometheus().clone()))?;
-    reg.register(Box::new(m.flush_us.prometheus().clone()))?;
-    histogram_with_max(&reg, &m.engine_step_us)?;
-    histogram_with_max(&reg, &m.engine_step_cpu_us)?;
-
+/// What reclaim carried, deleted and forgot, and the bytes ever written to the log.
+fn reclaim_counters(reg: &Registry, stats: &Stats) -> prometheus::Result<()> {
     let r = &stats.reclaim;
     let reclaim_counters = [
         ("delayd_carried_total", "Live messages carried forward out of an old segment.", r.carried),
@@ -318,8 +333,13 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
         ),
     ];
     for (name, help, v) in reclaim_counters {
-        counter(&reg, name, help, v)?;
+        counter(reg, name, help, v)?;
     }
+    Ok(())
+}
+
+/// Disk use, open queues, the id index's size and whether the store takes writes.
+fn store_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<()> {
     let load =
         if stats.index_slots == 0 { 0.0 } else { stats.index_entries as f64 / stats.index_slots as f64 };
     let gauges = [
@@ -349,9 +369,9 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
         ),
     ];
     for (name, help, v) in gauges {
-        gauge(&reg, name, help, v)?;
+        gauge(reg, name, help, v)?;
     }
-    Ok(reg)
+    Ok(())
 }
 
 /// The standard `process_*` metrics, each only when `/proc` gave it.

@@ -279,22 +279,10 @@ async fn connection(
                 }
                 return;
             }
-            () = check.as_mut() => {
-                let (now, current) = (Instant::now(), phase.get());
-                if current.deadline(header, idle, brief(&pressure)).is_some_and(|at| at <= now) {
-                    if current.idle_since().is_some() && io::has_unread_bytes(fd) {
-                        // A request arrived that hyper has not read yet: not idleness. Its first
-                        // bytes will start a head; look again once they have.
-                        check.as_mut().reset(now + UNREAD_RECHECK);
-                        continue;
-                    }
-                    // Nothing is being served (no deadline runs then), so dropping the connection
-                    // loses no answer.
-                    tracing::debug!(%peer, phase = ?current, "closing a connection past its deadline");
-                    return;
-                }
-                check.as_mut().reset(current.next_check(now, header, idle, brief(&pressure)));
-            }
+            () = check.as_mut() => match recheck(peer, &phase, fd, (header, idle), || brief(&pressure)) {
+                Some(at) => check.as_mut().reset(at),
+                None => return,
+            },
             () = ticket.close.notified() => {
                 // Asked to make room: only if still idle, since a request may have begun since.
                 if phase.get().idle_since().is_some() && !io::has_unread_bytes(fd) {
@@ -313,6 +301,30 @@ async fn connection(
             }
         }
     }
+}
+
+/// What the connection's timer says when it fires: `None` to close it (past its deadline), else
+/// when to look again. `brief` is the shortened wait for a request while slots are short.
+fn recheck(
+    peer: SocketAddr,
+    phase: &PhaseCell,
+    fd: std::os::fd::RawFd,
+    (header, idle): (Duration, Duration),
+    brief: impl Fn() -> Option<Duration>,
+) -> Option<Instant> {
+    let (now, current) = (Instant::now(), phase.get());
+    if current.deadline(header, idle, brief()).is_some_and(|at| at <= now) {
+        if current.idle_since().is_some() && io::has_unread_bytes(fd) {
+            // A request arrived that hyper has not read yet: not idleness. Its first
+            // bytes will start a head; look again once they have.
+            return Some(now + UNREAD_RECHECK);
+        }
+        // Nothing is being served (no deadline runs then), so dropping the connection
+        // loses no answer.
+        tracing::debug!(%peer, phase = ?current, "closing a connection past its deadline");
+        return None;
+    }
+    Some(current.next_check(now, header, idle, brief()))
 }
 
 /// What every connection shares: the limits, the request-body budget and the admission.

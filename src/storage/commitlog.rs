@@ -113,66 +113,15 @@ impl CommitLog {
         durability: Durability,
     ) -> Result<(CommitLog, RecoveryReport)> {
         fs::create_dir_all(dir).map_err(|e| Error::io_at("create", dir, e))?;
-        let mut segments = Vec::new();
         let bases = list_numbered(dir)?;
-        // The newest segment's size before it is extended below: a file cut short looks, once
-        // extended, like unwritten space, so this is the only trace of the cut.
-        let last_on_disk = match bases.last() {
-            Some(base) => {
-                let path = dir.join(segment_name(*base));
-                let len = fs::metadata(&path).map_err(|e| Error::io_at("stat", &path, e))?.len();
-                Some((*base, len, path))
-            }
-            None => None,
-        };
+        let last_on_disk = newest_on_disk(dir, &bases)?;
         let claim = claims.iter().max_by_key(|c| c.offset);
-        if let (Some(claim), Some((base, len, path))) = (claim, &last_on_disk) {
-            if claim.offset > base + len && mode == RecoveryMode::Strict {
-                return Err(Error::Corrupt {
-                    file: path.display().to_string(),
-                    offset: base + len,
-                    reason: format!(
-                        "the commit log ends at offset {} (this file, the newest segment, is {len} bytes), \
-                         but {} says it was durable up to offset {}: {} bytes of records that may have \
-                         been acknowledged are missing. Refusing to start; restore the file, or set \
-                         recovery = \"truncate\" to accept the loss",
-                        base + len,
-                        claim.source,
-                        claim.offset,
-                        claim.offset - (base + len)
-                    ),
-                });
+        if let (Some(claim), Some(newest)) = (claim, &last_on_disk) {
+            if mode == RecoveryMode::Strict {
+                refuse_cut_newest(newest, claim)?;
             }
         }
-        for (i, base) in bases.iter().enumerate() {
-            let path = dir.join(segment_name(*base));
-            // The newest segment may be short if power failed between its creation and its
-            // preallocation: extend it (the tail is zeroes, i.e. unwritten).
-            let file = if i + 1 == bases.len() {
-                MappedFile::open(&path, segment_bytes, &durability)?
-            } else {
-                MappedFile::open_existing(&path, &durability)?
-            };
-            segments.push(Segment { base: *base, file });
-        }
-        for pair in segments.windows(2) {
-            if pair[0].end() != pair[1].base {
-                return Err(Error::Corrupt {
-                    file: pair[1].file.path().display().to_string(),
-                    offset: pair[1].base,
-                    reason: format!(
-                        "segment does not follow the previous one, which ends at {}",
-                        pair[0].end()
-                    ),
-                });
-            }
-        }
-        if segments.is_empty() {
-            let file = MappedFile::open(&dir.join(segment_name(0)), segment_bytes, &durability)?;
-            file.sync_all()?;
-            sync_dir(dir, &durability)?;
-            segments.push(Segment { base: 0, file });
-        }
+        let segments = open_segments(dir, &bases, segment_bytes, &durability)?;
         let mut log = CommitLog {
             dir: dir.to_path_buf(),
             segment_bytes,
@@ -184,14 +133,7 @@ impl CommitLog {
             roll_refused: None,
             next: None,
         };
-        // Scan from the start of the segment holding the checkpoint rather than the checkpoint
-        // itself: it costs at most one segment and also re-checks what the checkpoint covers there,
-        // so a log that lost bytes the checkpoint thought durable is cut, not trusted.
-        let first = log.segments[0].base;
-        let start = match log.locate(scan_from.max(first)) {
-            Some((i, _)) => log.segments[i].base,
-            None => log.segments.last().map_or(first, |s| s.base),
-        };
+        let start = log.scan_start(scan_from);
         // A clean marker's end is a claim like the checkpoint's, not a licence to skip the scan:
         // it says what the log held at shutdown, not that it still does (a segment cut or zeroed
         // since reads as a clean end right there). The scan costs at most one segment.
@@ -205,27 +147,26 @@ impl CommitLog {
         Ok((log, report))
     }
 
+    /// Where the recovery scan starts: the start of the segment holding `scan_from`.
+    fn scan_start(&self, scan_from: u64) -> u64 {
+        // Scan from the start of the segment holding the checkpoint rather than the checkpoint
+        // itself: it costs at most one segment and also re-checks what the checkpoint covers there,
+        // so a log that lost bytes the checkpoint thought durable is cut, not trusted.
+        let first = self.segments[0].base;
+        match self.locate(scan_from.max(first)) {
+            Some((i, _)) => self.segments[i].base,
+            None => self.segments.last().map_or(first, |s| s.base),
+        }
+    }
+
+    /// Finds the log's end from `start`, weighs it against `claim` and clears what lies after it.
     fn recover(
         &mut self,
         start: u64,
         mode: RecoveryMode,
         claim: Option<&DurableClaim>,
     ) -> Result<RecoveryReport> {
-        let mut offset = start;
-        let (bad, reason) = loop {
-            match self.decode_at(offset) {
-                Ok(Some((Record::EndOfSegment, _))) => match self.next_segment_base(offset) {
-                    Some(next) => offset = next,
-                    None => break (None, None),
-                },
-                Ok(Some((_, len))) => offset += len as u64,
-                Ok(None) => break (None, None),
-                Err(DecodeError::Empty) => break (None, None),
-                Err(DecodeError::Truncated) => break (Some(offset), Some("record cut short".to_string())),
-                Err(DecodeError::Invalid(why)) => break (Some(offset), Some(why.to_string())),
-            }
-        };
-        let end = offset;
+        let (end, bad, reason) = self.scan_end(start);
         if reason.as_deref() == Some("unsupported record version") {
             return Err(Error::Corrupt {
                 file: self.dir.display().to_string(),
@@ -246,51 +187,98 @@ impl CommitLog {
             durable_bytes_lost: 0,
         };
         if let Some(claim) = claim.filter(|c| c.offset > end) {
-            let file = match self.locate(end) {
-                Some((i, _)) => self.segments[i].file.path().display().to_string(),
-                None => self.dir.display().to_string(),
-            };
-            let why = report.reason.as_deref().unwrap_or("no record (zeroes)");
-            if mode == RecoveryMode::Strict {
-                return Err(Error::Corrupt {
-                    file,
-                    offset: end,
-                    reason: format!(
-                        "the commit log ends at offset {end} ({why} there), but {} says it was durable \
-                         up to offset {}: {} bytes of records that may have been acknowledged are \
-                         missing. Refusing to start; restore the file, or set recovery = \"truncate\" \
-                         to accept the loss",
-                        claim.source,
-                        claim.offset,
-                        claim.offset - end
-                    ),
-                });
-            }
-            tracing::error!(
-                %file,
-                log_end = end,
-                claimed_end = claim.offset,
-                claimed_by = %claim.source,
-                bytes_lost = claim.offset - end,
-                reason = why,
-                "commit log: ends before what was durable; recovery = truncate accepts the loss of \
-                 every record in [log_end, claimed_end)"
-            );
-            report.claimed_end = Some(claim.offset);
-            report.durable_bytes_lost = claim.offset - end;
+            self.lost_before_claim(claim, mode, &mut report)?;
         }
         if after > 0 && mode == RecoveryMode::Strict {
-            let (i, _) = self.locate(end).unwrap_or((0, 0));
+            return Err(self.records_after_end(&report));
+        }
+        self.cut_tail(&mut report)?;
+        Ok(report)
+    }
+
+    /// Reads records from `start` to the first that is not one: the log's end, and where and why
+    /// the scan stopped on a bad record (`None` on zeroes).
+    fn scan_end(&self, start: u64) -> (u64, Option<u64>, Option<String>) {
+        let mut offset = start;
+        let (bad, reason) = loop {
+            match self.decode_at(offset) {
+                Ok(Some((Record::EndOfSegment, _))) => match self.next_segment_base(offset) {
+                    Some(next) => offset = next,
+                    None => break (None, None),
+                },
+                Ok(Some((_, len))) => offset += len as u64,
+                Ok(None) => break (None, None),
+                Err(DecodeError::Empty) => break (None, None),
+                Err(DecodeError::Truncated) => break (Some(offset), Some("record cut short".to_string())),
+                Err(DecodeError::Invalid(why)) => break (Some(offset), Some(why.to_string())),
+            }
+        };
+        (offset, bad, reason)
+    }
+
+    /// The log ends before what `claim` says was durable: `strict` refuses to open, `truncate`
+    /// logs the loss and records it in `report`.
+    fn lost_before_claim(
+        &self,
+        claim: &DurableClaim,
+        mode: RecoveryMode,
+        report: &mut RecoveryReport,
+    ) -> Result<()> {
+        let end = report.end;
+        let file = match self.locate(end) {
+            Some((i, _)) => self.segments[i].file.path().display().to_string(),
+            None => self.dir.display().to_string(),
+        };
+        let why = report.reason.as_deref().unwrap_or("no record (zeroes)");
+        if mode == RecoveryMode::Strict {
             return Err(Error::Corrupt {
-                file: self.segments[i].file.path().display().to_string(),
+                file,
                 offset: end,
                 reason: format!(
-                    "{}; {after} valid records follow it, so this is not a torn tail. Refusing to drop \
-                     acknowledged data: inspect the file, or set recovery = \"truncate\" to drop them",
-                    report.reason.as_deref().unwrap_or("unreadable record")
+                    "the commit log ends at offset {end} ({why} there), but {} says it was durable \
+                     up to offset {}: {} bytes of records that may have been acknowledged are \
+                     missing. Refusing to start; restore the file, or set recovery = \"truncate\" \
+                     to accept the loss",
+                    claim.source,
+                    claim.offset,
+                    claim.offset - end
                 ),
             });
         }
+        tracing::error!(
+            %file,
+            log_end = end,
+            claimed_end = claim.offset,
+            claimed_by = %claim.source,
+            bytes_lost = claim.offset - end,
+            reason = why,
+            "commit log: ends before what was durable; recovery = truncate accepts the loss of \
+             every record in [log_end, claimed_end)"
+        );
+        report.claimed_end = Some(claim.offset);
+        report.durable_bytes_lost = claim.offset - end;
+        Ok(())
+    }
+
+    /// The `strict` refusal of a bad record with valid records after it: mid-log corruption, not
+    /// a torn tail.
+    fn records_after_end(&self, report: &RecoveryReport) -> Error {
+        let (end, after) = (report.end, report.records_after_bad);
+        let (i, _) = self.locate(end).unwrap_or((0, 0));
+        Error::Corrupt {
+            file: self.segments[i].file.path().display().to_string(),
+            offset: end,
+            reason: format!(
+                "{}; {after} valid records follow it, so this is not a torn tail. Refusing to drop \
+                 acknowledged data: inspect the file, or set recovery = \"truncate\" to drop them",
+                report.reason.as_deref().unwrap_or("unreadable record")
+            ),
+        }
+    }
+
+    /// Clears every byte after the end and logs what was dropped.
+    fn cut_tail(&mut self, report: &mut RecoveryReport) -> Result<()> {
+        let (end, after) = (report.end, report.records_after_bad);
         report.bytes_dropped = self.clear_from(end)?;
         if report.bytes_dropped > 0 || after > 0 {
             warn!(
@@ -303,7 +291,7 @@ impl CommitLog {
         } else {
             info!(end, "commit log: recovered, tail is clean");
         }
-        Ok(report)
+        Ok(())
     }
 
     /// Counts frames with a valid CRC anywhere after `from` (byte-by-byte search, only on recovery).
@@ -727,6 +715,79 @@ fn next_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
         i += 8;
     }
     rest[i..].iter().position(|b| *b != 0).map(|p| from + i + p)
+}
+
+/// The newest segment's base, size and path before it is extended: a file cut short looks, once
+/// extended, like unwritten space, so this is the only trace of the cut.
+fn newest_on_disk(dir: &Path, bases: &[u64]) -> Result<Option<(u64, u64, PathBuf)>> {
+    match bases.last() {
+        Some(base) => {
+            let path = dir.join(segment_name(*base));
+            let len = fs::metadata(&path).map_err(|e| Error::io_at("stat", &path, e))?.len();
+            Ok(Some((*base, len, path)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// In `strict` mode, refuses a log whose newest segment on disk ends before what `claim` says
+/// was durable (before any byte is changed).
+fn refuse_cut_newest((base, len, path): &(u64, u64, PathBuf), claim: &DurableClaim) -> Result<()> {
+    if claim.offset > base + len {
+        return Err(Error::Corrupt {
+            file: path.display().to_string(),
+            offset: base + len,
+            reason: format!(
+                "the commit log ends at offset {} (this file, the newest segment, is {len} bytes), \
+                 but {} says it was durable up to offset {}: {} bytes of records that may have \
+                 been acknowledged are missing. Refusing to start; restore the file, or set \
+                 recovery = \"truncate\" to accept the loss",
+                base + len,
+                claim.source,
+                claim.offset,
+                claim.offset - (base + len)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Maps the segments `bases` names (the newest extended to `segment_bytes`), checks that each
+/// follows the previous one, and makes the first segment of an empty log.
+fn open_segments(
+    dir: &Path,
+    bases: &[u64],
+    segment_bytes: u64,
+    durability: &Durability,
+) -> Result<Vec<Segment>> {
+    let mut segments = Vec::new();
+    for (i, base) in bases.iter().enumerate() {
+        let path = dir.join(segment_name(*base));
+        // The newest segment may be short if power failed between its creation and its
+        // preallocation: extend it (the tail is zeroes, i.e. unwritten).
+        let file = if i + 1 == bases.len() {
+            MappedFile::open(&path, segment_bytes, durability)?
+        } else {
+            MappedFile::open_existing(&path, durability)?
+        };
+        segments.push(Segment { base: *base, file });
+    }
+    for pair in segments.windows(2) {
+        if pair[0].end() != pair[1].base {
+            return Err(Error::Corrupt {
+                file: pair[1].file.path().display().to_string(),
+                offset: pair[1].base,
+                reason: format!("segment does not follow the previous one, which ends at {}", pair[0].end()),
+            });
+        }
+    }
+    if segments.is_empty() {
+        let file = MappedFile::open(&dir.join(segment_name(0)), segment_bytes, durability)?;
+        file.sync_all()?;
+        sync_dir(dir, durability)?;
+        segments.push(Segment { base: 0, file });
+    }
+    Ok(segments)
 }
 
 /// Lists files in `dir` whose names are 20-digit numbers, ascending.

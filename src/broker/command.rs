@@ -1,0 +1,141 @@
+//! What the broker's handle sends the engine (one [`Command`] per request) and the replies held
+//! until the flush that covers them decides whether they may be sent.
+
+use tokio::sync::oneshot;
+
+use crate::engine::WalkPos;
+use crate::error::{Error, Result};
+use crate::message::{
+    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, PushConfig, Stats,
+    TopicInfo,
+};
+use crate::storage::writer::Release;
+
+/// A request for the engine, with the channel its answer goes back on.
+pub(super) enum Command {
+    Produce {
+        topic: String,
+        reqs: Vec<ProduceRequest>,
+        reply: oneshot::Sender<Result<Vec<Result<Produced>>>>,
+    },
+    Pop {
+        topics: Vec<String>,
+        max: usize,
+        ttr_ms: Option<u64>,
+        reply: oneshot::Sender<Result<Vec<Delivery>>>,
+    },
+    Ack {
+        receipt: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    AckId {
+        id: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Nack {
+        receipt: String,
+        delay_ms: Option<u64>,
+        reply: oneshot::Sender<Result<Nacked>>,
+    },
+    Cancel {
+        id: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Replace {
+        topic: String,
+        req: ProduceRequest,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Get {
+        id: String,
+        reply: oneshot::Sender<Result<MessageInfo>>,
+    },
+    Stats {
+        reply: oneshot::Sender<Result<Stats>>,
+    },
+    Pause {
+        topic: String,
+        paused: bool,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Topics {
+        reply: oneshot::Sender<Result<Vec<TopicInfo>>>,
+    },
+    SetPush {
+        topic: String,
+        cfg: Option<PushConfig>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    GetPush {
+        topic: String,
+        reply: oneshot::Sender<Result<Option<PushConfig>>>,
+    },
+    Pushes {
+        reply: oneshot::Sender<Result<(u64, Vec<PushConfig>)>>,
+    },
+    History {
+        id: String,
+        reply: oneshot::Sender<Result<(Vec<HistoryEntry>, bool)>>,
+    },
+    Browse {
+        topic: String,
+        state: MessageState,
+        at: WalkPos,
+        limit: usize,
+        reply: oneshot::Sender<Result<(Vec<MessageInfo>, Option<WalkPos>)>>,
+    },
+    /// One slice of a purge (`ids` is `None`) or a redrive.
+    Walk {
+        op: WalkOp,
+        topic: String,
+        at: WalkPos,
+        until: Option<u64>,
+        reply: oneshot::Sender<Result<WalkStep>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<Result<()>>,
+    },
+    /// Nothing to apply: the engine thread looks at its timers again.
+    Wake,
+}
+
+/// What a purge or redrive slice does.
+#[derive(Debug, Clone)]
+pub(super) enum WalkOp {
+    Purge,
+    Redrive(Option<Vec<String>>),
+}
+
+/// One slice's result: messages changed, where to go on (`None`: done), and the log offset the
+/// whole operation stops at (fixed by its first slice, so it never chases new messages).
+pub(super) type WalkStep = (u64, Option<WalkPos>, u64);
+
+/// A reply held until the batch's flush decides whether it may be sent.
+pub(super) enum Pending {
+    Produce(oneshot::Sender<Result<Vec<Result<Produced>>>>, Result<Vec<Result<Produced>>>),
+    Pop(oneshot::Sender<Result<Vec<Delivery>>>, Result<Vec<Delivery>>),
+    Unit(oneshot::Sender<Result<()>>, Result<()>),
+    Nack(oneshot::Sender<Result<Nacked>>, Result<Nacked>),
+    Walk(oneshot::Sender<Result<WalkStep>>, Result<WalkStep>),
+}
+
+impl Release for Pending {
+    /// Sends the reply, or an `Unavailable` error instead when the flush covering it failed.
+    fn release(self, flush_err: Option<&Error>) {
+        match self {
+            Pending::Produce(tx, r) => answer(tx, r, flush_err),
+            Pending::Pop(tx, r) => answer(tx, r, flush_err),
+            Pending::Unit(tx, r) => answer(tx, r, flush_err),
+            Pending::Nack(tx, r) => answer(tx, r, flush_err),
+            Pending::Walk(tx, r) => answer(tx, r, flush_err),
+        }
+    }
+}
+
+fn answer<T>(tx: oneshot::Sender<Result<T>>, r: Result<T>, flush_err: Option<&Error>) {
+    let _ = tx.send(match flush_err {
+        Some(Error::Unavailable(why)) => Err(Error::Unavailable(why.clone())),
+        Some(e) => Err(Error::Unavailable(e.to_string())),
+        None => r,
+    });
+}
