@@ -69,7 +69,7 @@ impl Engine {
         let mut out = Vec::new();
         // A paused topic answers as if empty; its messages keep falling due meanwhile.
         for topic in topics {
-            if self.store.paused.contains_key(topic) {
+            if self.store.is_paused(topic) {
                 continue;
             }
             let mut repairs = 0;
@@ -177,7 +177,7 @@ impl Engine {
     fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
         let (msg_offset, seq) = self.receipts.decode(receipt)?;
         let gone = || Error::NotFound("unknown or expired receipt".to_string());
-        if msg_offset >= self.store.log.end() || msg_offset < self.store.log.start() {
+        if !self.store.in_log(msg_offset) {
             return Err(gone());
         }
         let hash = match self.store.message_fields_at(msg_offset) {
@@ -358,10 +358,10 @@ impl Engine {
     fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
-                let route = match self.store.log.read_fields(old.last_offset) {
-                    Ok((Record::Put(p), _)) => p.route,
-                    Ok((Record::Carry(c), _)) => c.put.route,
-                    Ok((Record::Transition(t), _)) => t.route,
+                let route = match self.store.record_fields_at(old.last_offset) {
+                    Ok(Record::Put(p)) => p.route,
+                    Ok(Record::Carry(c)) => c.put.route,
+                    Ok(Record::Transition(t)) => t.route,
                     _ => return,
                 };
                 if let Route::Level { level_ms, due_ms } = route {

@@ -128,17 +128,13 @@ impl Engine {
         };
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
-        let on_disk: Vec<u64> = engine.store.levels.keys().copied().collect();
-        for ms in on_disk {
-            if !engine.cfg.levels_ms.contains(&ms) {
-                let q = &engine.store.levels[&ms];
-                if q.cq.len() > q.cursor {
-                    tracing::warn!(
-                        level_ms = ms,
-                        pending = q.cq.len() - q.cursor,
-                        "draining a level no longer configured"
-                    );
-                }
+        for (ms, q) in engine.store.levels() {
+            if !engine.cfg.levels_ms.contains(&ms) && q.cq.len() > q.cursor {
+                tracing::warn!(
+                    level_ms = ms,
+                    pending = q.cq.len() - q.cursor,
+                    "draining a level no longer configured"
+                );
             }
         }
         for ms in engine.cfg.levels_ms.clone() {
@@ -213,7 +209,7 @@ impl Engine {
     /// a failed sync has poisoned the store (see `durability.rs`).
     pub fn flush(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
-        if crate::storage::writer::sync_log(&mut self.store.log, &self.durability)? {
+        if self.store.sync_log()? {
             self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
         }
         Ok(())
@@ -222,17 +218,17 @@ impl Engine {
     /// The one commit call of the write path: the records this step appended become durable
     /// through `writer`, which releases `replies` when they are (see `storage::writer`).
     pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
-        writer.commit(&mut self.store.log, replies, driver);
+        self.store.commit(writer, replies, driver);
     }
 
     /// True when appends are waiting for a flush.
     pub fn dirty(&self) -> bool {
-        self.store.log.flushed() < self.store.log.end()
+        self.store.unflushed()
     }
 
     /// Offset one past the last appended record.
     pub fn log_end(&self) -> u64 {
-        self.store.log.end()
+        self.store.log_end()
     }
 
     /// Refuses every later write: something failed whose outcome is unknown.
@@ -271,23 +267,22 @@ impl Engine {
 impl Engine {
     /// Slots of the id index table inserts go to (benchmarks).
     pub fn index_slots_for_bench(&self) -> u64 {
-        self.store.index.capacity()
+        self.store.index_slots()
     }
 
     /// Whether the id index is being resized (benchmarks).
     pub fn index_resizing_for_bench(&self) -> bool {
-        self.store.index.is_migrating()
+        self.store.index_migrating()
     }
 
     /// Commit-log end offset (benchmarks).
     pub fn log_end_for_bench(&self) -> u64 {
-        self.store.log.end()
+        self.store.log_end()
     }
 
     /// Entries written to all queues so far (benchmarks).
     pub fn queue_entries_for_bench(&self) -> u64 {
-        self.store.levels.values().map(|q| q.cq.len()).sum::<u64>()
-            + self.store.topics.values().map(|q| q.cq.len()).sum::<u64>()
+        self.store.queue_entries()
     }
 
     /// Hops performed so far (benchmarks).

@@ -53,10 +53,10 @@ impl Engine {
     pub(super) fn sync_schedulers(&mut self) {
         // Level queues are only ever added, and a scheduler only made for one: equal counts mean
         // every level has its scheduler. This runs at every engine step, inline ones included.
-        if self.schedulers.len() == self.store.levels.len() {
+        if self.schedulers.len() == self.store.level_count() {
             return;
         }
-        let levels: Vec<(u64, u64)> = self.store.levels.iter().map(|(ms, q)| (*ms, q.cursor)).collect();
+        let levels: Vec<(u64, u64)> = self.store.levels().map(|(ms, q)| (ms, q.cursor)).collect();
         for (ms, cursor) in levels {
             if !self.schedulers.contains_key(&ms) {
                 let skew = self.skew_for(ms);
@@ -68,11 +68,11 @@ impl Engine {
     /// The timer a queue entry's record stands for; `None` when the record
     /// was reclaimed (its message was carried forward or expired, so the entry is stale).
     pub(super) fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
-        if offset < self.store.log.start() {
+        if offset < self.store.log_start() {
             return Ok(None);
         }
         // The entry was checked against this record on the same path: its fields are enough.
-        Ok(Some(match self.store.log.read_fields(offset)?.0 {
+        Ok(Some(match self.store.record_fields_at(offset)? {
             Record::Put(p) => Timer::new(offset, format::id_hash(p.id), 0, p.deliver_at_ms),
             Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
@@ -96,7 +96,7 @@ impl Engine {
         for _ in 0..8 {
             let mut damaged = None;
             for (ms, s) in self.schedulers.iter_mut() {
-                let Some(q) = self.store.levels.get(ms) else { continue };
+                let Some(q) = self.store.level(*ms) else { continue };
                 let (store, queue) = (&self.store, QueueRef::Level(*ms));
                 let mut why = String::new();
                 let bad = s.fill_checked(&q.cq, |e| match store.check_entry(&queue, e) {
@@ -128,9 +128,7 @@ impl Engine {
             // The scheduler may hold entries read before the damage: start it again at the last
             // good entry (entries fired twice are skipped by their sequence number).
             let cursor = self.schedulers.get(&ms).map_or(keep, |s| s.cursor()).min(keep);
-            if let Some(q) = self.store.levels.get_mut(&ms) {
-                q.cursor = cursor;
-            }
+            self.store.set_level_cursor(ms, cursor);
             self.schedulers.remove(&ms);
             self.sync_schedulers();
         }
@@ -203,8 +201,7 @@ impl Engine {
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
-        let timer = (msg_offset, seq);
-        if let Some(&(_, newest)) = self.store.replayed_hops.get(&timer) {
+        if let Some(newest) = self.store.replayed_hop(msg_offset, seq) {
             if entry.offset < newest {
                 return Ok(());
             }
@@ -217,7 +214,7 @@ impl Engine {
                 (slot, TimerAction::Expire)
             }
             _ => {
-                self.store.replayed_hops.remove(&timer);
+                self.store.forget_replayed_hop(msg_offset, seq);
                 return Ok(());
             }
         };
@@ -228,7 +225,7 @@ impl Engine {
             inc(&self.metrics.hops);
             return Ok(());
         }
-        self.store.replayed_hops.remove(&timer);
+        self.store.forget_replayed_hop(msg_offset, seq);
         match action {
             TimerAction::MakeReady => {
                 self.metrics.lateness_ms.observe(now - target);

@@ -117,7 +117,7 @@ impl Engine {
             return Err(Error::invalid("cursor", "does not belong to this listing"));
         }
         let mut out = Vec::new();
-        let until = self.store.log.end();
+        let until = self.store.log_end();
         let next = self.walk(topic, &states, at, until, |e, slot| {
             out.push(e.info_of(&slot)?);
             Ok(out.len() < limit)
