@@ -110,7 +110,7 @@ impl Engine {
             // Repaired entries come from the log and check out: one that still fails after
             // several repairs is skipped rather than repaired in a loop.
             EntryCheck::Bad(why) if *repairs >= 8 => {
-                tracing::error!(%topic, entry = at, %why, "consume-queue entry still damaged after repair; skipped");
+                tracing::error!(%topic, entry = at.get(), %why, "consume-queue entry still damaged after repair; skipped");
                 None
             }
             EntryCheck::Bad(why) => {
@@ -126,7 +126,9 @@ impl Engine {
     }
 
     fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
-        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else { return Ok(None) };
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset.get())? else {
+            return Ok(None);
+        };
         let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
@@ -159,7 +161,7 @@ impl Engine {
                 attempt,
                 deliver_at_ms: now + ttr,
                 route: plan_hop(&self.cfg.levels_ms, now, ttr),
-                due_ms: Some(entry.tag),
+                due_ms: Some(entry.tag.get()),
             },
         )?;
         inc(&self.metrics.popped);
@@ -169,7 +171,7 @@ impl Engine {
             body,
             receipt: self.receipts.encode(msg_offset, new_seq),
             attempt,
-            deliver_at_ms: entry.tag,
+            deliver_at_ms: entry.tag.get(),
             ttr_ms: ttr,
         }))
     }

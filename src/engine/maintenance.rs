@@ -74,7 +74,7 @@ impl Engine {
     }
 
     pub(super) fn level_cursors(&self) -> BTreeMap<u64, u64> {
-        self.schedulers.iter().map(|(ms, s)| (*ms, s.cursor())).collect()
+        self.schedulers.iter().map(|(ms, s)| (*ms, s.cursor().get())).collect()
     }
 
     /// Persists queue lengths and cursors (after flushing everything they cover).

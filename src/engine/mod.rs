@@ -129,10 +129,10 @@ impl Engine {
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
         for (ms, q) in engine.store.levels() {
-            if !engine.cfg.levels_ms.contains(&ms) && q.cq.len() > q.cursor {
+            if !engine.cfg.levels_ms.contains(&ms) && q.cq.len() > q.cursor.get() {
                 tracing::warn!(
                     level_ms = ms,
-                    pending = q.cq.len() - q.cursor,
+                    pending = q.cq.len() - q.cursor.get(),
                     "draining a level no longer configured"
                 );
             }

@@ -112,9 +112,9 @@ impl Engine {
             .map(|(ms, q)| {
                 let s = self.schedulers.get(&ms);
                 let cursor = s.map_or(q.cursor, |s| s.cursor());
-                let entries = q.cq.len().saturating_sub(cursor);
+                let entries = q.cq.len().saturating_sub(cursor.get());
                 // Offset of the first unhandled entry; 0 (prune nothing) if it cannot be read.
-                let first = (entries > 0).then(|| q.cq.get(cursor).map_or(0, |e| e.offset));
+                let first = (entries > 0).then(|| q.cq.get(cursor).map_or(0, |e| e.offset.get()));
                 let behind = self.left_behind.level_count(ms, first);
                 LevelStats {
                     level_ms: ms,

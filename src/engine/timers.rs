@@ -10,6 +10,7 @@ use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
 use crate::storage::store::{EntryCheck, QueueRef};
+use crate::storage::types::QueueIndex;
 
 use super::delivery::{ready_state, Change};
 use super::Engine;
@@ -56,7 +57,7 @@ impl Engine {
         if self.schedulers.len() == self.store.level_count() {
             return;
         }
-        let levels: Vec<(u64, u64)> = self.store.levels().map(|(ms, q)| (ms, q.cursor)).collect();
+        let levels: Vec<(u64, QueueIndex)> = self.store.levels().map(|(ms, q)| (ms, q.cursor)).collect();
         for (ms, cursor) in levels {
             if !self.schedulers.contains_key(&ms) {
                 let skew = self.skew_for(ms);
@@ -187,7 +188,7 @@ impl Engine {
             if let Some(s) = self.schedulers.get_mut(&ms) {
                 s.done(idx);
             }
-            self.left_behind.level_passed(ms, entry.offset);
+            self.left_behind.level_passed(ms, entry.offset.get());
             fired += 1;
         }
         self.sync_damage_metrics();
@@ -195,14 +196,14 @@ impl Engine {
     }
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
-        let Some(Timer { msg_offset, hash, seq, due_ms: target }) = self.timer_of(entry.offset)? else {
+        let Some(Timer { msg_offset, hash, seq, due_ms: target }) = self.timer_of(entry.offset.get())? else {
             return Ok(());
         };
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
         if let Some(newest) = self.store.replayed_hop(msg_offset, seq) {
-            if entry.offset < newest {
+            if entry.offset.get() < newest {
                 return Ok(());
             }
         }

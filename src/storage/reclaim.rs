@@ -16,6 +16,7 @@ use super::commitlog::CommitLog;
 use super::format::{self, Carry, Put, Record, Route, State};
 use super::index::{Slot, SlotRef};
 use super::store::Store;
+use super::types::QueueIndex;
 use crate::error::Result;
 
 /// Records examined per scan or expiry step, at most (the caller's deadline usually ends it first).
@@ -284,7 +285,7 @@ impl Store {
                 }
             };
             if let Some(cq) = cq {
-                self.reclaim.stats.queue_files_deleted += cq.drop_before(q.cursor)? as u64;
+                self.reclaim.stats.queue_files_deleted += cq.drop_before(QueueIndex::new(q.cursor))? as u64;
             }
             let empty = |reserved: u64, delayed: u64, ready: u64| reserved == 0 && delayed == 0 && ready == 0;
             if q.kind == QueueKind::Topic
@@ -295,7 +296,7 @@ impl Store {
                 let unchanged = self.topics.get(&q.name).is_some_and(|t| {
                     t.created_at < cp.dispatched
                         && t.cq.len() == q.len
-                        && t.cursor == q.len
+                        && t.cursor.get() == q.len
                         && empty(t.reserved, t.delayed, t.ready)
                 });
                 if unchanged {

@@ -13,6 +13,7 @@ use crate::storage::format::{
     self, Carry, Cause, Home, Hop, Pause, Push, Put, Record, Route, State, Transition,
 };
 use crate::storage::index::Slot;
+use crate::storage::types::{LogOffset, UnixMs};
 
 impl Store {
     /// Appends a record to the log and dispatches it at once, from the record itself (nothing is
@@ -174,7 +175,11 @@ impl Store {
         // Counters move by the record alone (a replay starts from the checkpoint's counts).
         let state = if route == Route::Topic { State::Ready } else { State::Delayed };
         self.count(&topic, state, true)?;
-        self.route(route, &topic, Entry { offset, size, tag: deliver_at })
+        self.route(
+            route,
+            &topic,
+            Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(deliver_at) },
+        )
     }
 
     /// Applies a Carry (reclaim copied a message forward): its slot moves to the new record, and
@@ -230,7 +235,11 @@ impl Store {
         if prev < self.log.start() {
             self.count(&queue, c.state, true)?;
         }
-        self.route(route, &queue, Entry { offset, size, tag: deliver_at })
+        self.route(
+            route,
+            &queue,
+            Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(deliver_at) },
+        )
     }
 
     /// Applies a Transition (a message changed state): its slot, the counters of the queues it
@@ -274,7 +283,11 @@ impl Store {
         if t.cause == Cause::DeadLetter {
             self.topic_state(&topic)?.dead += 1;
         }
-        self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })
+        self.route(
+            t.route,
+            &queue,
+            Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(t.deliver_at_ms) },
+        )
     }
 
     /// Applies a Hop (a timer moved to its next level): remembered during a replay, and queued on
@@ -287,7 +300,7 @@ impl Store {
         if self.recovering {
             self.replayed_hops.insert((h.msg_offset, h.seq), (h.id_hash, offset));
         }
-        self.route(h.route, "", Entry { offset, size, tag: 0 })
+        self.route(h.route, "", Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(0) })
     }
 
     /// Applies a Pause (or resume): the topic's Pause record in effect, kept by reclaim.
@@ -373,7 +386,7 @@ impl Store {
                 }
             }
             Route::Level { level_ms, due_ms } => {
-                entry.tag = due_ms;
+                entry.tag = UnixMs::new(due_ms);
                 self.level_queue(level_ms)?.cq.append(entry)?;
             }
         }

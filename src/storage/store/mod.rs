@@ -18,6 +18,7 @@ use super::format::{Record, State};
 use super::index::IdIndex;
 use super::mmap::DirLock;
 use super::reserve::Reserve;
+use super::types::QueueIndex;
 use super::writer::{self, Driver, Release, Writer};
 use crate::error::{Error, Result};
 
@@ -50,7 +51,7 @@ pub struct TopicQueue {
     /// The entries; their files are open only while the queue is in the open-queue cache.
     pub cq: ConsumeQueue,
     /// Next entry a pop looks at.
-    pub cursor: u64,
+    pub cursor: QueueIndex,
     /// Messages currently reserved from this queue.
     pub reserved: u64,
     /// Messages of this queue waiting on a delay level.
@@ -68,7 +69,7 @@ pub struct TopicQueue {
 }
 
 impl TopicQueue {
-    fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
+    fn new(cq: ConsumeQueue, cursor: QueueIndex, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
         TopicQueue { cq, cursor, reserved, delayed: 0, ready: 0, dead, lru: None, created_at }
     }
 
@@ -88,7 +89,7 @@ pub struct LevelQueue {
     /// The entries.
     pub cq: ConsumeQueue,
     /// First entry not yet handled (persisted at checkpoints).
-    pub cursor: u64,
+    pub cursor: QueueIndex,
 }
 
 /// What opening found, for logs and tests.
@@ -367,7 +368,7 @@ impl Store {
     }
 
     /// Moves a level's persisted cursor (back to the last good entry after a repair).
-    pub fn set_level_cursor(&mut self, level_ms: u64, cursor: u64) {
+    pub fn set_level_cursor(&mut self, level_ms: u64, cursor: QueueIndex) {
         if let Some(q) = self.levels.get_mut(&level_ms) {
             q.cursor = cursor;
         }
