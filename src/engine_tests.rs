@@ -77,12 +77,12 @@ fn hops_of(e: &Engine, id: &str) -> Vec<u64> {
     let mut at = store.log_start();
     while let Some((off, rec, next)) = store.log().next(at).unwrap() {
         match rec {
-            Record::Put(p) if off == slot.msg_offset => {
+            Record::Put(p) if off == slot.msg_offset.get() => {
                 if let Route::Level { level_ms, .. } = p.route {
                     out.push(level_ms)
                 }
             }
-            Record::Hop(h) if h.msg_offset == slot.msg_offset => {
+            Record::Hop(h) if h.msg_offset == slot.msg_offset.get() => {
                 if let Route::Level { level_ms, due_ms } = h.route {
                     out.push(level_ms);
                     assert!(due_ms <= h.target_ms, "a hop never ends after the target");

@@ -719,7 +719,7 @@ fn a_head_of_pending_messages_is_not_scanned_while_nothing_in_it_changes() {
         if i % 8 != 0
             && e.store_for_tests()
                 .find_id(id.as_bytes(), 0)
-                .is_some_and(|(_, s)| s.msg_offset < head + (64 << 10))
+                .is_some_and(|(_, s)| s.msg_offset.get() < head + (64 << 10))
         {
             e.cancel(&id).unwrap();
         }

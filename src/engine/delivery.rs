@@ -10,6 +10,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Record, Route, State, Transition};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::store::{dead_letter_topic, EntryCheck, QueueRef};
+use crate::storage::types::{IdHash, LogOffset};
 
 use super::timers::Timer;
 use super::{validate_id, Engine};
@@ -41,8 +42,8 @@ impl Engine {
     pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
         let seq = slot.seq + 1;
         self.append(&Record::Transition(Transition {
-            msg_offset: slot.msg_offset,
-            id_hash: slot.hash,
+            msg_offset: slot.msg_offset.get(),
+            id_hash: slot.hash.get(),
             seq,
             prev_state: slot.state,
             state: change.state,
@@ -53,7 +54,7 @@ impl Engine {
             deliver_at_ms: change.deliver_at_ms,
             route: change.route,
             due_ms: change.due_ms,
-            prev_offset: Some(slot.last_offset),
+            prev_offset: Some(slot.last_offset.get()),
         }))?;
         Ok(seq)
     }
@@ -129,7 +130,9 @@ impl Engine {
         let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset.get())? else {
             return Ok(None);
         };
-        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
+        let Some((_, slot)) = self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) else {
+            return Ok(None);
+        };
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
         }
@@ -186,7 +189,7 @@ impl Engine {
             Ok(p) => format::id_hash(p.id),
             Err(_) => return Err(gone()),
         };
-        match self.store.find_offset(hash, msg_offset) {
+        match self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
             _ => Err(gone()),
         }
@@ -255,7 +258,7 @@ impl Engine {
             }
         }
         let (max_attempts, step, topic) = {
-            let p = self.store.message_fields_at(slot.msg_offset)?;
+            let p = self.store.message_fields_at(slot.msg_offset.get())?;
             let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
             let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
             (
@@ -360,7 +363,7 @@ impl Engine {
     fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
-                let route = match self.store.record_fields_at(old.last_offset) {
+                let route = match self.store.record_fields_at(old.last_offset.get()) {
                     Ok(Record::Put(p)) => p.route,
                     Ok(Record::Carry(c)) => c.put.route,
                     Ok(Record::Transition(t)) => t.route,
@@ -368,7 +371,7 @@ impl Engine {
                 };
                 if let Route::Level { level_ms, due_ms } = route {
                     if due_ms > self.now() {
-                        self.left_behind.level(level_ms, old.last_offset);
+                        self.left_behind.level(level_ms, old.last_offset.get());
                     }
                 }
             }

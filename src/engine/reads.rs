@@ -53,7 +53,7 @@ impl Engine {
     pub fn history(&self, id: &str) -> Result<(Vec<HistoryEntry>, bool)> {
         let (_, slot) = self.by_id(id)?;
         let mut out = Vec::new();
-        let mut at = slot.last_offset;
+        let mut at = slot.last_offset.get();
         while out.len() < HISTORY_MAX && at >= self.store.log_start() {
             let entry = |time_ms, event, state, attempt, deliver_at_ms| HistoryEntry {
                 time_ms,
@@ -88,7 +88,7 @@ impl Engine {
     /// What a look-up shows of the message in `slot`.
     pub(super) fn info_of(&self, slot: &Slot) -> Result<MessageInfo> {
         let deliver_at_ms = self.store.deliver_at(slot)?;
-        let p = self.store.put_at(slot.msg_offset)?;
+        let p = self.store.put_at(slot.msg_offset.get())?;
         let topic = String::from_utf8_lossy(p.topic).into_owned();
         Ok(MessageInfo {
             id: String::from_utf8_lossy(p.id).into_owned(),

@@ -10,7 +10,7 @@ use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
 use crate::storage::store::{EntryCheck, QueueRef};
-use crate::storage::types::QueueIndex;
+use crate::storage::types::{IdHash, LogOffset, QueueIndex};
 
 use super::delivery::{ready_state, Change};
 use super::Engine;
@@ -207,7 +207,7 @@ impl Engine {
                 return Ok(());
             }
         }
-        let (slot, action) = match self.store.find_offset(hash, msg_offset) {
+        let (slot, action) = match self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Delayed => {
                 (slot, TimerAction::MakeReady)
             }

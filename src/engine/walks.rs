@@ -7,7 +7,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{Cause, Home, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::{dead_letter_topic, QueueRef};
-use crate::storage::types::QueueIndex;
+use crate::storage::types::{IdHash, LogOffset, QueueIndex};
 
 use super::delivery::Change;
 use super::reads::message_state;
@@ -39,7 +39,9 @@ impl Engine {
         let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset.get())? else {
             return Ok(None);
         };
-        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
+        let Some((_, slot)) = self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) else {
+            return Ok(None);
+        };
         if slot.seq != seq || slot.state.is_final() {
             return Ok(None);
         }

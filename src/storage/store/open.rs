@@ -20,7 +20,7 @@ use crate::storage::format::{self, Home, Record, Route, State};
 use crate::storage::index::{IdIndex, Slot};
 use crate::storage::mmap::DirLock;
 use crate::storage::reserve::Reserve;
-use crate::storage::types::{LogOffset, QueueIndex};
+use crate::storage::types::{IdHash, LogOffset, QueueIndex};
 
 impl Store {
     /// Opens (or creates) the data directory, recovering from whatever state it was left in.
@@ -118,9 +118,9 @@ impl Store {
         let end = self.log.end();
         let (mut lost, mut reverted) = (0u64, 0u64);
         self.index.for_each(|s| {
-            if s.msg_offset >= end {
+            if s.msg_offset.get() >= end {
                 lost += 1;
-            } else if s.last_offset >= end {
+            } else if s.last_offset.get() >= end {
                 reverted += 1;
             }
         });
@@ -178,7 +178,7 @@ impl Store {
         // Only timers still running need their newest Hop remembered.
         let index = &self.index;
         self.replayed_hops.retain(|&(msg_offset, seq), &mut (hash, _)| {
-            index.find(hash, |m| m == msg_offset).is_some_and(|(_, slot)| {
+            index.find(IdHash::new(hash), |m| m.get() == msg_offset).is_some_and(|(_, slot)| {
                 slot.seq == seq && matches!(slot.state, State::Delayed | State::Reserved)
             })
         });
@@ -399,20 +399,21 @@ impl Store {
 
     fn slot_damage(&self, s: &Slot) -> Option<String> {
         let (start, end) = (self.log.start(), self.log.end());
-        let what = format!("slot of the message at {} (last record {})", s.msg_offset, s.last_offset);
-        if s.msg_offset >= end || s.last_offset >= end {
+        let (msg_offset, last_offset, hash) = (s.msg_offset.get(), s.last_offset.get(), s.hash.get());
+        let what = format!("slot of the message at {msg_offset} (last record {last_offset})");
+        if msg_offset >= end || last_offset >= end {
             return Some(format!("{what} holds state from past the log end {end}"));
         }
-        if s.msg_offset < start || s.last_offset < s.msg_offset {
+        if msg_offset < start || last_offset < msg_offset {
             return Some(format!("{what} points outside the log [{start}, {end})"));
         }
         let attempt = |a: u32| a.min(u32::from(u16::MAX)) as u16;
-        let expect = match self.read_checked(s.msg_offset) {
-            Ok(Some(Record::Put(p))) if format::id_hash(p.id) == s.hash => {
+        let expect = match self.read_checked(msg_offset) {
+            Ok(Some(Record::Put(p))) if format::id_hash(p.id) == hash => {
                 let state = if p.route == Route::Topic { State::Ready } else { State::Delayed };
                 (0, state, Home::Main, 0)
             }
-            Ok(Some(Record::Carry(c))) if format::id_hash(c.put.id) == s.hash => {
+            Ok(Some(Record::Carry(c))) if format::id_hash(c.put.id) == hash => {
                 (c.seq, c.state, c.home, attempt(c.attempt))
             }
             Ok(Some(_)) => return Some(format!("{what}: no message with its id hash there")),
@@ -420,11 +421,11 @@ impl Store {
             Ok(None) => return None,
             Err(why) => return Some(format!("{what}: {why}")),
         };
-        let expect = if s.last_offset == s.msg_offset {
+        let expect = if last_offset == msg_offset {
             expect
         } else {
-            match self.read_checked(s.last_offset) {
-                Ok(Some(Record::Transition(t))) if t.msg_offset == s.msg_offset && t.id_hash == s.hash => {
+            match self.read_checked(last_offset) {
+                Ok(Some(Record::Transition(t))) if t.msg_offset == msg_offset && t.id_hash == hash => {
                     (t.seq, t.state, t.home, attempt(t.attempt))
                 }
                 Ok(Some(_)) => return Some(format!("{what}: its last record is not a change of it")),
