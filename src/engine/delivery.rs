@@ -127,16 +127,16 @@ impl Engine {
     }
 
     fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
-        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset.get())? else {
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else {
             return Ok(None);
         };
-        let Some((_, slot)) = self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) else {
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else {
             return Ok(None);
         };
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
         }
-        let (id, body, msg_ttr) = match self.store.read_checked(msg_offset) {
+        let (id, body, msg_ttr) = match self.store.read_checked(msg_offset.get()) {
             Ok(Some(Record::Put(p))) => {
                 (String::from_utf8_lossy(p.id).into_owned(), Bytes::copy_from_slice(p.body), p.ttr_ms)
             }
@@ -172,7 +172,7 @@ impl Engine {
             id,
             topic: topic.to_string(),
             body,
-            receipt: self.receipts.encode(msg_offset, new_seq),
+            receipt: self.receipts.encode(msg_offset.get(), new_seq),
             attempt,
             deliver_at_ms: entry.tag.get(),
             ttr_ms: ttr,

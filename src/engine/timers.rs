@@ -10,7 +10,7 @@ use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
 use crate::storage::store::{EntryCheck, QueueRef};
-use crate::storage::types::{IdHash, LogOffset, QueueIndex};
+use crate::storage::types::{IdHash, LogOffset, QueueIndex, UnixMs};
 
 use super::delivery::{ready_state, Change};
 use super::Engine;
@@ -26,18 +26,24 @@ enum TimerAction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Timer {
     /// The message's Put or Carry record.
-    pub(super) msg_offset: u64,
+    pub(super) msg_offset: LogOffset,
     /// Its id hash, to find its index slot.
-    pub(super) hash: u64,
+    pub(super) hash: IdHash,
     /// The delivery sequence the timer belongs to; a slot with another is past it.
     pub(super) seq: u32,
-    /// When the timer is due (the hop's target, or the message's due time), unix ms.
-    pub(super) due_ms: u64,
+    /// When the timer is due (the hop's target, or the message's due time).
+    pub(super) due_ms: UnixMs,
 }
 
 impl Timer {
+    /// The timer of a record's fields (bare numbers, as records hold them).
     fn new(msg_offset: u64, hash: u64, seq: u32, due_ms: u64) -> Timer {
-        Timer { msg_offset, hash, seq, due_ms }
+        Timer {
+            msg_offset: LogOffset::new(msg_offset),
+            hash: IdHash::new(hash),
+            seq,
+            due_ms: UnixMs::new(due_ms),
+        }
     }
 }
 
@@ -68,7 +74,8 @@ impl Engine {
 
     /// The timer a queue entry's record stands for; `None` when the record
     /// was reclaimed (its message was carried forward or expired, so the entry is stale).
-    pub(super) fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
+    pub(super) fn timer_of(&self, at: LogOffset) -> Result<Option<Timer>> {
+        let offset = at.get();
         if offset < self.store.log_start() {
             return Ok(None);
         }
@@ -196,18 +203,18 @@ impl Engine {
     }
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
-        let Some(Timer { msg_offset, hash, seq, due_ms: target }) = self.timer_of(entry.offset.get())? else {
+        let Some(Timer { msg_offset, hash, seq, due_ms }) = self.timer_of(entry.offset)? else {
             return Ok(());
         };
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
         if let Some(newest) = self.store.replayed_hop(msg_offset, seq) {
-            if entry.offset.get() < newest {
+            if entry.offset < newest {
                 return Ok(());
             }
         }
-        let (slot, action) = match self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) {
+        let (slot, action) = match self.store.find_offset(hash, msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Delayed => {
                 (slot, TimerAction::MakeReady)
             }
@@ -219,10 +226,17 @@ impl Engine {
                 return Ok(());
             }
         };
+        let target = due_ms.get();
         if target > now {
             let route = plan_hop(&self.cfg.levels_ms, now, target - now);
-            debug!(msg_offset, target, ?route, "hop");
-            self.append(&Record::Hop(Hop { msg_offset, id_hash: hash, seq, target_ms: target, route }))?;
+            debug!(msg_offset = msg_offset.get(), target, ?route, "hop");
+            self.append(&Record::Hop(Hop {
+                msg_offset: msg_offset.get(),
+                id_hash: hash.get(),
+                seq,
+                target_ms: target,
+                route,
+            }))?;
             inc(&self.metrics.hops);
             return Ok(());
         }
@@ -246,7 +260,7 @@ impl Engine {
             }
             TimerAction::Expire => {
                 inc(&self.metrics.ttr_expired);
-                let max_attempts = self.store.message_fields_at(msg_offset)?.max_attempts;
+                let max_attempts = self.store.message_fields_at(msg_offset.get())?.max_attempts;
                 if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
                     self.dead_letter(&slot)?;
                 } else {

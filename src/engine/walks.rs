@@ -7,7 +7,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{Cause, Home, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::{dead_letter_topic, QueueRef};
-use crate::storage::types::{IdHash, LogOffset, QueueIndex};
+use crate::storage::types::QueueIndex;
 
 use super::delivery::Change;
 use super::reads::message_state;
@@ -36,10 +36,10 @@ impl Engine {
     /// The message a queue entry still stands for: its slot, if the entry is its live timer or
     /// queue entry (same seq) and it is not final, and it belongs to queue `topic`.
     fn live_entry(&self, entry: &Entry, topic: &str) -> Result<Option<Slot>> {
-        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset.get())? else {
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else {
             return Ok(None);
         };
-        let Some((_, slot)) = self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) else {
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else {
             return Ok(None);
         };
         if slot.seq != seq || slot.state.is_final() {

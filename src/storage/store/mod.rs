@@ -18,7 +18,7 @@ use super::format::{Record, State};
 use super::index::IdIndex;
 use super::mmap::DirLock;
 use super::reserve::Reserve;
-use super::types::QueueIndex;
+use super::types::{LogOffset, QueueIndex};
 use super::writer::{self, Driver, Release, Writer};
 use crate::error::{Error, Result};
 
@@ -460,13 +460,13 @@ impl Store {
 
     /// Offset of the newest Hop replayed at open for the timer of (`msg_offset`, `seq`), if any
     /// (see the `replayed_hops` field).
-    pub fn replayed_hop(&self, msg_offset: u64, seq: u32) -> Option<u64> {
-        self.replayed_hops.get(&(msg_offset, seq)).map(|&(_, newest)| newest)
+    pub fn replayed_hop(&self, msg_offset: LogOffset, seq: u32) -> Option<LogOffset> {
+        self.replayed_hops.get(&(msg_offset.get(), seq)).map(|&(_, newest)| LogOffset::new(newest))
     }
 
     /// Forgets the replayed Hop of a timer that fired or ended.
-    pub fn forget_replayed_hop(&mut self, msg_offset: u64, seq: u32) {
-        self.replayed_hops.remove(&(msg_offset, seq));
+    pub fn forget_replayed_hop(&mut self, msg_offset: LogOffset, seq: u32) {
+        self.replayed_hops.remove(&(msg_offset.get(), seq));
     }
 }
 
