@@ -74,7 +74,7 @@ fn hops_of(e: &Engine, id: &str) -> Vec<u64> {
     let store = e.store_for_tests();
     let (_, slot) = store.find_id(id.as_bytes(), 0).unwrap();
     let mut out = vec![];
-    let mut at = store.log_start();
+    let mut at = store.log_start().get();
     while let Some((off, rec, next)) = store.log().next(at).unwrap() {
         match rec {
             Record::Put(p) if off == slot.msg_offset.get() => {

@@ -181,6 +181,7 @@ impl Engine {
 
     fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
         let (msg_offset, seq) = self.receipts.decode(receipt)?;
+        let msg_offset = LogOffset::new(msg_offset);
         let gone = || Error::NotFound("unknown or expired receipt".to_string());
         if !self.store.in_log(msg_offset) {
             return Err(gone());
@@ -189,7 +190,7 @@ impl Engine {
             Ok(p) => format::id_hash(p.id),
             Err(_) => return Err(gone()),
         };
-        match self.store.find_offset(IdHash::new(hash), LogOffset::new(msg_offset)) {
+        match self.store.find_offset(IdHash::new(hash), msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
             _ => Err(gone()),
         }
@@ -258,7 +259,7 @@ impl Engine {
             }
         }
         let (max_attempts, step, topic) = {
-            let p = self.store.message_fields_at(slot.msg_offset.get())?;
+            let p = self.store.message_fields_at(slot.msg_offset)?;
             let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
             let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
             (
@@ -363,7 +364,7 @@ impl Engine {
     fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
-                let route = match self.store.record_fields_at(old.last_offset.get()) {
+                let route = match self.store.record_fields_at(old.last_offset) {
                     Ok(Record::Put(p)) => p.route,
                     Ok(Record::Carry(c)) => c.put.route,
                     Ok(Record::Transition(t)) => t.route,

@@ -43,6 +43,7 @@ use crate::storage::durability::{Durability, Failure};
 use crate::storage::format::{self, Record};
 use crate::storage::io;
 use crate::storage::store::{OpenReport, Store, StoreConfig};
+use crate::storage::types::LogOffset;
 use crate::storage::writer::{Driver, Release, Writer};
 
 /// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
@@ -168,12 +169,12 @@ impl Engine {
     }
 
     /// Appends `rec`; the store dispatches it from the struct (see `Store::append`).
-    fn append(&mut self, rec: &Record<'_>) -> Result<u64> {
+    fn append(&mut self, rec: &Record<'_>) -> Result<LogOffset> {
         self.append_framed(&rec.encode()?, rec)
     }
 
     /// [`append`](Self::append) of a record encoded already (`bytes` is `rec`'s encoding).
-    fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<u64> {
+    fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<LogOffset> {
         self.writable()?;
         let r = self.store.append_framed(bytes, rec);
         if r.is_ok() {
@@ -228,7 +229,7 @@ impl Engine {
 
     /// Offset one past the last appended record.
     pub fn log_end(&self) -> u64 {
-        self.store.log_end()
+        self.store.log_end().get()
     }
 
     /// Refuses every later write: something failed whose outcome is unknown.
@@ -277,7 +278,7 @@ impl Engine {
 
     /// Commit-log end offset (benchmarks).
     pub fn log_end_for_bench(&self) -> u64 {
-        self.store.log_end()
+        self.store.log_end().get()
     }
 
     /// Entries written to all queues so far (benchmarks).

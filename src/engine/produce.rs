@@ -128,7 +128,7 @@ impl Engine {
         if replace {
             return Ok(Existing::Replaces(!matches!(slot.state, State::Done | State::Cancelled)));
         }
-        let p = self.store.put_at(slot.msg_offset.get())?;
+        let p = self.store.put_at(slot.msg_offset)?;
         let same = p.topic == topic.as_bytes()
             && p.body == &req.body[..]
             && p.request_kind == request.0

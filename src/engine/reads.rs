@@ -7,6 +7,7 @@ use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats,
 use crate::storage::format::{Cause, Home, Record, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::dead_letter_topic;
+use crate::storage::types::LogOffset;
 
 use super::Engine;
 
@@ -53,7 +54,7 @@ impl Engine {
     pub fn history(&self, id: &str) -> Result<(Vec<HistoryEntry>, bool)> {
         let (_, slot) = self.by_id(id)?;
         let mut out = Vec::new();
-        let mut at = slot.last_offset.get();
+        let mut at = slot.last_offset;
         while out.len() < HISTORY_MAX && at >= self.store.log_start() {
             let entry = |time_ms, event, state, attempt, deliver_at_ms| HistoryEntry {
                 time_ms,
@@ -66,7 +67,7 @@ impl Engine {
                 Record::Transition(t) => {
                     out.push(entry(t.time_ms, cause_name(t.cause), t.state, t.attempt, t.deliver_at_ms));
                     match t.prev_offset {
-                        Some(prev) => at = prev,
+                        Some(prev) => at = LogOffset::new(prev),
                         None => break,
                     }
                 }
@@ -88,7 +89,7 @@ impl Engine {
     /// What a look-up shows of the message in `slot`.
     pub(super) fn info_of(&self, slot: &Slot) -> Result<MessageInfo> {
         let deliver_at_ms = self.store.deliver_at(slot)?;
-        let p = self.store.put_at(slot.msg_offset.get())?;
+        let p = self.store.put_at(slot.msg_offset)?;
         let topic = String::from_utf8_lossy(p.topic).into_owned();
         Ok(MessageInfo {
             id: String::from_utf8_lossy(p.id).into_owned(),
@@ -141,7 +142,7 @@ impl Engine {
             disk_bytes: self.store.disk_bytes(),
             open_queues: self.store.open_topic_queues(),
             log_bytes: self.store.log_disk_bytes(),
-            log_written_bytes: self.store.log_end(),
+            log_written_bytes: self.store.log_end().get(),
             live_bytes: self.store.live_bytes(),
             index_entries: self.store.index_len(),
             index_slots: self.store.index_slots(),

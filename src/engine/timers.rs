@@ -75,12 +75,12 @@ impl Engine {
     /// The timer a queue entry's record stands for; `None` when the record
     /// was reclaimed (its message was carried forward or expired, so the entry is stale).
     pub(super) fn timer_of(&self, at: LogOffset) -> Result<Option<Timer>> {
-        let offset = at.get();
-        if offset < self.store.log_start() {
+        if at < self.store.log_start() {
             return Ok(None);
         }
+        let offset = at.get();
         // The entry was checked against this record on the same path: its fields are enough.
-        Ok(Some(match self.store.record_fields_at(offset)? {
+        Ok(Some(match self.store.record_fields_at(at)? {
             Record::Put(p) => Timer::new(offset, format::id_hash(p.id), 0, p.deliver_at_ms),
             Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
@@ -260,7 +260,7 @@ impl Engine {
             }
             TimerAction::Expire => {
                 inc(&self.metrics.ttr_expired);
-                let max_attempts = self.store.message_fields_at(msg_offset.get())?.max_attempts;
+                let max_attempts = self.store.message_fields_at(msg_offset)?.max_attempts;
                 if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
                     self.dead_letter(&slot)?;
                 } else {

@@ -75,7 +75,7 @@ impl Engine {
             })),
             _ => Err(Error::Corrupt {
                 file: "commitlog".into(),
-                offset: at,
+                offset: at.get(),
                 reason: format!("the push subscription of {topic:?} does not point at a Push record"),
             }),
         }

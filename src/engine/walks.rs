@@ -123,7 +123,7 @@ impl Engine {
             return Err(Error::invalid("cursor", "does not belong to this listing"));
         }
         let mut out = Vec::new();
-        let until = self.store.log_end();
+        let until = self.store.log_end().get();
         let next = self.walk(topic, &states, at, until, |e, slot| {
             out.push(e.info_of(&slot)?);
             Ok(out.len() < limit)

@@ -23,19 +23,19 @@ impl Store {
     /// makes room before it writes: so running out of disk space or file handles fails the call
     /// with nothing changed, and a retry may succeed. A failure after the record is in the log
     /// leaves queues and index half-updated, which poisons the store.
-    pub fn append(&mut self, rec: &Record<'_>) -> Result<u64> {
+    pub fn append(&mut self, rec: &Record<'_>) -> Result<LogOffset> {
         self.append_framed(&rec.encode()?, rec)
     }
 
     /// [`append`](Self::append) of a record already encoded: `bytes` must be `rec`'s encoding
     /// (for a caller that built the bytes first, e.g. to copy a body it read once).
-    pub(crate) fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<u64> {
+    pub(crate) fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<LogOffset> {
         self.prepare_dispatch(rec)?;
         let at = self.log.append(bytes)?;
         if let Err(e) = self.dispatch_appended(at, rec) {
             return Err(self.durability.poison(Failure::from_error(&e)));
         }
-        Ok(at)
+        Ok(LogOffset::new(at))
     }
 
     /// Dispatches `rec`, just appended at `at`, from the struct. Whatever lies between the

@@ -306,18 +306,18 @@ impl Store {
 /// maps, log and index behind them stay the store's to change.
 impl Store {
     /// Offset of the oldest record still in the log (older ones were reclaimed).
-    pub fn log_start(&self) -> u64 {
-        self.log.start()
+    pub fn log_start(&self) -> LogOffset {
+        LogOffset::new(self.log.start())
     }
 
     /// Offset one past the last appended record.
-    pub fn log_end(&self) -> u64 {
-        self.log.end()
+    pub fn log_end(&self) -> LogOffset {
+        LogOffset::new(self.log.end())
     }
 
     /// Whether `offset` lies in the log's live range, between its start and its end.
-    pub fn in_log(&self, offset: u64) -> bool {
-        offset >= self.log.start() && offset < self.log.end()
+    pub fn in_log(&self, offset: LogOffset) -> bool {
+        offset.get() >= self.log.start() && offset.get() < self.log.end()
     }
 
     /// True when appends are waiting for a flush.
@@ -331,14 +331,14 @@ impl Store {
     }
 
     /// The CRC-checked record at `offset`.
-    pub fn record_at(&self, offset: u64) -> Result<Record<'_>> {
-        Ok(self.log.read(offset)?.0)
+    pub fn record_at(&self, offset: LogOffset) -> Result<Record<'_>> {
+        Ok(self.log.read(offset.get())?.0)
     }
 
     /// The record at `offset` read for its fields: a body is neither read nor checked (see
     /// [`format::decode_fields`](super::format::decode_fields)).
-    pub fn record_fields_at(&self, offset: u64) -> Result<Record<'_>> {
-        Ok(self.log.read_fields(offset)?.0)
+    pub fn record_fields_at(&self, offset: LogOffset) -> Result<Record<'_>> {
+        Ok(self.log.read_fields(offset.get())?.0)
     }
 
     /// Makes every append durable on this thread; true when there was something to sync (see
@@ -401,8 +401,8 @@ impl Store {
     }
 
     /// Offset of the Push record in effect for `topic`, if it has a subscription.
-    pub fn push_at(&self, topic: &str) -> Option<u64> {
-        self.push.get(topic).copied()
+    pub fn push_at(&self, topic: &str) -> Option<LogOffset> {
+        self.push.get(topic).copied().map(LogOffset::new)
     }
 
     /// The topics with a push subscription, by name.
@@ -484,8 +484,8 @@ impl Store {
     }
 
     /// Offset of the Pause record in effect for `topic`, if it is paused.
-    pub(crate) fn paused_at(&self, topic: &str) -> Option<u64> {
-        self.paused.get(topic).copied()
+    pub(crate) fn paused_at(&self, topic: &str) -> Option<LogOffset> {
+        self.paused.get(topic).copied().map(LogOffset::new)
     }
 
     /// Timers replayed at open whose Hop has not fired or ended yet.

@@ -57,8 +57,8 @@ impl Store {
     }
 
     /// Reads the message whose Put (or Carry) record is at `msg_offset`.
-    pub fn put_at(&self, msg_offset: u64) -> Result<Put<'_>> {
-        match self.log.read(msg_offset)?.0 {
+    pub fn put_at(&self, msg_offset: LogOffset) -> Result<Put<'_>> {
+        match self.log.read(msg_offset.get())?.0 {
             Record::Put(p) => Ok(p),
             Record::Carry(c) => Ok(c.put),
             _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
@@ -104,14 +104,14 @@ impl Store {
     }
 
     pub(super) fn topic_of(&self, msg_offset: u64) -> Result<String> {
-        Ok(String::from_utf8_lossy(self.message_fields_at(msg_offset)?.topic).into_owned())
+        Ok(String::from_utf8_lossy(self.message_fields_at(LogOffset::new(msg_offset))?.topic).into_owned())
     }
 
     /// The message whose Put (or Carry) is at `msg_offset`, read for its fields (id, topic,
     /// times): its body is neither read nor checked (see [`format::decode_fields`]). For offsets
     /// the index or a receipt gave; a consumer's read of the message uses [`put_at`](Self::put_at).
-    pub fn message_fields_at(&self, msg_offset: u64) -> Result<Put<'_>> {
-        match self.log.read_fields(msg_offset)?.0 {
+    pub fn message_fields_at(&self, msg_offset: LogOffset) -> Result<Put<'_>> {
+        match self.log.read_fields(msg_offset.get())?.0 {
             Record::Put(p) => Ok(p),
             Record::Carry(c) => Ok(c.put),
             _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
@@ -124,7 +124,7 @@ impl Store {
     pub fn find_id(&self, id: &[u8], expired_at_ms: u64) -> Option<(SlotRef, Slot)> {
         let hash = IdHash::new(format::id_hash(id));
         self.index.find_slot(hash, |s| {
-            self.message_fields_at(s.msg_offset.get()).is_ok_and(|p| p.id == id)
+            self.message_fields_at(s.msg_offset).is_ok_and(|p| p.id == id)
                 && !self.is_expired(s, expired_at_ms)
         })
     }
