@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use delayd::storage::durability::Durability;
 use delayd::storage::format::{Home, State};
 use delayd::storage::index::{IdIndex, Slot};
+use delayd::storage::{IdHash, LogOffset};
 
 /// Log-linear histogram of nanoseconds: 16 sub-buckets per power of two, no allocation per sample.
 struct Histogram {
@@ -117,9 +118,9 @@ fn splitmix(mut x: u64) -> u64 {
 
 fn slot(i: u64) -> Slot {
     Slot {
-        hash: splitmix(i),
-        msg_offset: i * 128,
-        last_offset: i * 128,
+        hash: IdHash::new(splitmix(i)),
+        msg_offset: LogOffset::new(i * 128),
+        last_offset: LogOffset::new(i * 128),
         seq: 0,
         attempt: 0,
         state: State::Delayed,

@@ -16,6 +16,7 @@ use delayd::storage::commitlog::{CommitLog, RecoveryMode};
 use delayd::storage::consumequeue::{ConsumeQueue, Entry};
 use delayd::storage::durability::Durability;
 use delayd::storage::format::{encode_put, Put, Route};
+use delayd::storage::{LogOffset, QueueIndex, UnixMs};
 
 fn put_record(body: &[u8]) -> Vec<u8> {
     encode_put(&Put {
@@ -139,7 +140,7 @@ fn consume_queue_read(c: &mut Criterion) {
         ConsumeQueue::open(dir.path(), 1 << 20, None, &Durability::new(dir.path())).expect("open queue");
     const N: u64 = 2_000_000;
     for i in 0..N {
-        q.append(Entry { offset: i * 100, size: 100, tag: i }).expect("append");
+        q.append(Entry { offset: LogOffset::new(i * 100), size: 100, tag: UnixMs::new(i) }).expect("append");
     }
     let mut g = c.benchmark_group("consume_queue_read");
     g.throughput(Throughput::Elements(N));
@@ -147,7 +148,7 @@ fn consume_queue_read(c: &mut Criterion) {
         b.iter(|| {
             let mut sum = 0u64;
             for i in 0..N {
-                sum = sum.wrapping_add(q.get(i).map_or(0, |e| e.tag));
+                sum = sum.wrapping_add(q.get(QueueIndex::new(i)).map_or(0, |e| e.tag.get()));
             }
             sum
         })

@@ -159,7 +159,7 @@ fn long_delays_are_carried_forward_and_old_segments_and_queue_files_are_deleted(
     assert!(stats.carried >= 1, "the long delay was carried: {stats:?}");
     assert!(stats.queue_files_deleted > 0, "{stats:?}");
     assert!(max_segments <= 6, "the log stayed small: at most {max_segments} segments");
-    assert!(store.log.start() > 0);
+    assert!(store.log_start().get() > 0);
     let live = store.live_bytes();
     assert!(live < 4_000, "only two messages are live: {live} bytes");
     assert_eq!(e.get("long").unwrap().state, MessageState::Delayed);
@@ -549,7 +549,7 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     let paused = vec!["p".to_string()];
     e.produce("p", req("held", 100, When::Now)).unwrap();
     e.set_paused("p", true).unwrap();
-    let first = e.store_for_tests().paused["p"];
+    let first = e.store_for_tests().paused_at("p").unwrap();
     // A push subscription is a setting like a pause: it must outlive its segment too.
     let hook = crate::message::PushConfig {
         topic: "p".into(),
@@ -561,7 +561,7 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
         created_at_ms: 0,
     };
     e.set_push("p", Some(&hook)).unwrap();
-    let first_push = e.store_for_tests().push["p"];
+    let first_push = e.store_for_tests().push_at("p").unwrap();
     // Pausing twice writes nothing.
     let end = e.log_end();
     e.set_paused("p", true).unwrap();
@@ -579,10 +579,10 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
         settle(&mut e);
     }
     let store = e.store_for_tests();
-    assert!(store.log.start() > first, "the pause's segment was reclaimed");
-    assert!(store.paused["p"] >= store.log.start(), "the pause was copied forward");
+    assert!(store.log_start() > first, "the pause's segment was reclaimed");
+    assert!(store.paused_at("p").unwrap() >= store.log_start(), "the pause was copied forward");
     assert!(
-        store.log.start() > first_push && store.push["p"] >= store.log.start(),
+        store.log_start() > first_push && store.push_at("p").unwrap() >= store.log_start(),
         "the push was copied forward"
     );
     let kept = e.push_of("p").unwrap().unwrap();
@@ -599,7 +599,7 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     drop(e);
     std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
     let mut e = open(dir.path(), &clock);
-    assert!(e.store_for_tests().paused.contains_key("p"));
+    assert!(e.store_for_tests().is_paused("p"));
     assert_eq!(e.push_of("p").unwrap().map(|c| c.url), Some(hook.url.clone()), "the rebuild found the push");
     assert!(e.pop(&paused, 10, None).unwrap().is_empty());
     e.set_paused("p", false).unwrap();
@@ -608,7 +608,7 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     // Resumed is the default: no record is needed to keep it so.
     drop(e);
     let e = open(dir.path(), &clock);
-    assert!(e.store_for_tests().paused.is_empty());
+    assert!(e.store_for_tests().paused_topics().next().is_none());
     assert_eq!(e.topics().iter().find(|t| t.topic == "p").map(|t| t.paused), Some(false));
 }
 
@@ -697,7 +697,7 @@ fn a_head_of_pending_messages_is_not_scanned_while_nothing_in_it_changes() {
     let mut e = open(dir.path(), &clock);
     let day = 86_400_000;
     let mut n = 0;
-    while e.store_for_tests().log.segment_count() < 4 {
+    while e.store_for_tests().log().segment_count() < 4 {
         e.produce("t", req(&format!("p{n}"), 100, When::DelayMs(3 * day))).unwrap();
         n += 1;
     }
@@ -713,13 +713,13 @@ fn a_head_of_pending_messages_is_not_scanned_while_nothing_in_it_changes() {
     assert!(e.store_for_tests().segment_counts_differ().is_none());
 
     // Cancelling most of the head makes it worth carrying: now it is scanned, carried and freed.
-    let head = e.store_for_tests().log.start();
+    let head = e.store_for_tests().log_start();
     for i in 0..n {
         let id = format!("p{i}");
         if i % 8 != 0
             && e.store_for_tests()
                 .find_id(id.as_bytes(), 0)
-                .is_some_and(|(_, s)| s.msg_offset < head + (64 << 10))
+                .is_some_and(|(_, s)| s.msg_offset < head.plus(64 << 10))
         {
             e.cancel(&id).unwrap();
         }

@@ -280,7 +280,7 @@ fn a_damaged_id_index_is_detected_at_start_and_rebuilt() {
     let (mut e, _) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
     let (acked, _) = fill(&mut e, 3000, 500, 0);
     // Let any resize finish, so `ids` alone holds the table.
-    while e.store_for_tests().index.is_migrating() {
+    while e.store_for_tests().index_migrating() {
         e.maintain().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1));
     }

@@ -91,7 +91,7 @@ fn a_one_message_topic_costs_one_small_file() {
     assert!((20 << 10..=24 << 10).contains(&per_topic), "{per_topic} bytes allocated per topic");
     let disk = e.stats().disk_bytes;
     let s = e.store_for_tests();
-    assert_eq!(disk, s.log.disk_bytes() + s.index.disk_bytes() + n as u64 * 20 * 1024, "stats agree");
+    assert_eq!(disk, s.log_disk_bytes() + s.index().disk_bytes() + n as u64 * 20 * 1024, "stats agree");
     eprintln!("{n} one-message topics: {} KiB allocated in queue files", bytes >> 10);
 }
 
@@ -217,7 +217,7 @@ fn an_emptied_topic_is_forgotten_after_a_durable_checkpoint_and_can_come_back() 
     assert!(topic_dirs(dir.path()).is_empty());
     assert_eq!(e.stats().disk_bytes, {
         let s = e.store_for_tests();
-        s.log.disk_bytes() + s.index.disk_bytes() + s.levels.values().map(|q| q.cq.disk_bytes()).sum::<u64>()
+        s.log_disk_bytes() + s.index().disk_bytes() + s.levels().map(|(_, q)| q.cq.disk_bytes()).sum::<u64>()
     });
 
     // Forgotten topics no longer count against max_topics, and come back fresh when used.

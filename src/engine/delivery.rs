@@ -10,6 +10,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Record, Route, State, Transition};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::store::{dead_letter_topic, EntryCheck, QueueRef};
+use crate::storage::types::{IdHash, LogOffset};
 
 use super::timers::Timer;
 use super::{validate_id, Engine};
@@ -41,8 +42,8 @@ impl Engine {
     pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
         let seq = slot.seq + 1;
         self.append(&Record::Transition(Transition {
-            msg_offset: slot.msg_offset,
-            id_hash: slot.hash,
+            msg_offset: slot.msg_offset.get(),
+            id_hash: slot.hash.get(),
             seq,
             prev_state: slot.state,
             state: change.state,
@@ -53,7 +54,7 @@ impl Engine {
             deliver_at_ms: change.deliver_at_ms,
             route: change.route,
             due_ms: change.due_ms,
-            prev_offset: Some(slot.last_offset),
+            prev_offset: Some(slot.last_offset.get()),
         }))?;
         Ok(seq)
     }
@@ -69,7 +70,7 @@ impl Engine {
         let mut out = Vec::new();
         // A paused topic answers as if empty; its messages keep falling due meanwhile.
         for topic in topics {
-            if self.store.paused.contains_key(topic) {
+            if self.store.is_paused(topic) {
                 continue;
             }
             let mut repairs = 0;
@@ -110,7 +111,7 @@ impl Engine {
             // Repaired entries come from the log and check out: one that still fails after
             // several repairs is skipped rather than repaired in a loop.
             EntryCheck::Bad(why) if *repairs >= 8 => {
-                tracing::error!(%topic, entry = at, %why, "consume-queue entry still damaged after repair; skipped");
+                tracing::error!(%topic, entry = at.get(), %why, "consume-queue entry still damaged after repair; skipped");
                 None
             }
             EntryCheck::Bad(why) => {
@@ -126,12 +127,16 @@ impl Engine {
     }
 
     fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
-        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else { return Ok(None) };
-        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else {
+            return Ok(None);
+        };
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else {
+            return Ok(None);
+        };
         if slot.seq != seq || !matches!(slot.state, State::Ready | State::Dead) {
             return Ok(None);
         }
-        let (id, body, msg_ttr) = match self.store.read_checked(msg_offset) {
+        let (id, body, msg_ttr) = match self.store.read_checked(msg_offset.get()) {
             Ok(Some(Record::Put(p))) => {
                 (String::from_utf8_lossy(p.id).into_owned(), Bytes::copy_from_slice(p.body), p.ttr_ms)
             }
@@ -159,7 +164,7 @@ impl Engine {
                 attempt,
                 deliver_at_ms: now + ttr,
                 route: plan_hop(&self.cfg.levels_ms, now, ttr),
-                due_ms: Some(entry.tag),
+                due_ms: Some(entry.tag.get()),
             },
         )?;
         inc(&self.metrics.popped);
@@ -167,24 +172,25 @@ impl Engine {
             id,
             topic: topic.to_string(),
             body,
-            receipt: self.receipts.encode(msg_offset, new_seq),
+            receipt: self.receipts.encode(msg_offset.get(), new_seq),
             attempt,
-            deliver_at_ms: entry.tag,
+            deliver_at_ms: entry.tag.get(),
             ttr_ms: ttr,
         }))
     }
 
     fn reserved_by_receipt(&self, receipt: &str) -> Result<Slot> {
         let (msg_offset, seq) = self.receipts.decode(receipt)?;
+        let msg_offset = LogOffset::new(msg_offset);
         let gone = || Error::NotFound("unknown or expired receipt".to_string());
-        if msg_offset >= self.store.log.end() || msg_offset < self.store.log.start() {
+        if !self.store.in_log(msg_offset) {
             return Err(gone());
         }
         let hash = match self.store.message_fields_at(msg_offset) {
             Ok(p) => format::id_hash(p.id),
             Err(_) => return Err(gone()),
         };
-        match self.store.find_offset(hash, msg_offset) {
+        match self.store.find_offset(IdHash::new(hash), msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
             _ => Err(gone()),
         }
@@ -358,15 +364,15 @@ impl Engine {
     fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
-                let route = match self.store.log.read_fields(old.last_offset) {
-                    Ok((Record::Put(p), _)) => p.route,
-                    Ok((Record::Carry(c), _)) => c.put.route,
-                    Ok((Record::Transition(t), _)) => t.route,
+                let route = match self.store.record_fields_at(old.last_offset) {
+                    Ok(Record::Put(p)) => p.route,
+                    Ok(Record::Carry(c)) => c.put.route,
+                    Ok(Record::Transition(t)) => t.route,
                     _ => return,
                 };
                 if let Route::Level { level_ms, due_ms } = route {
                     if due_ms > self.now() {
-                        self.left_behind.level(level_ms, old.last_offset);
+                        self.left_behind.level(level_ms, old.last_offset.get());
                     }
                 }
             }

@@ -34,8 +34,7 @@ impl Engine {
         let index_until =
             if self.cfg.reclaim { started + until.saturating_duration_since(started) / 2 } else { until };
         loop {
-            self.store.index.step(INDEX_STEP_CHUNK);
-            if !self.store.index.is_copying() || std::time::Instant::now() >= index_until {
+            if !self.store.step_index(INDEX_STEP_CHUNK) || std::time::Instant::now() >= index_until {
                 break;
             }
         }
@@ -55,7 +54,7 @@ impl Engine {
     /// True when [`maintain`](Self::maintain) has work it could do at once.
     pub fn maintenance_due(&self) -> bool {
         !self.durability.is_poisoned()
-            && (self.store.index.is_copying()
+            && (self.store.index_copying()
                 || self.cfg.reclaim && self.store.reclaim_busy(self.now(), &self.reclaim_policy()))
     }
 
@@ -75,7 +74,7 @@ impl Engine {
     }
 
     pub(super) fn level_cursors(&self) -> BTreeMap<u64, u64> {
-        self.schedulers.iter().map(|(ms, s)| (*ms, s.cursor())).collect()
+        self.schedulers.iter().map(|(ms, s)| (*ms, s.cursor().get())).collect()
     }
 
     /// Persists queue lengths and cursors (after flushing everything they cover).

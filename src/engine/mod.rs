@@ -43,6 +43,7 @@ use crate::storage::durability::{Durability, Failure};
 use crate::storage::format::{self, Record};
 use crate::storage::io;
 use crate::storage::store::{OpenReport, Store, StoreConfig};
+use crate::storage::types::LogOffset;
 use crate::storage::writer::{Driver, Release, Writer};
 
 /// Checks a topic name: `[A-Za-z0-9._-]{1,128}`.
@@ -128,17 +129,13 @@ impl Engine {
         };
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
-        let on_disk: Vec<u64> = engine.store.levels.keys().copied().collect();
-        for ms in on_disk {
-            if !engine.cfg.levels_ms.contains(&ms) {
-                let q = &engine.store.levels[&ms];
-                if q.cq.len() > q.cursor {
-                    tracing::warn!(
-                        level_ms = ms,
-                        pending = q.cq.len() - q.cursor,
-                        "draining a level no longer configured"
-                    );
-                }
+        for (ms, q) in engine.store.levels() {
+            if !engine.cfg.levels_ms.contains(&ms) && q.cq.len() > q.cursor.get() {
+                tracing::warn!(
+                    level_ms = ms,
+                    pending = q.cq.len() - q.cursor.get(),
+                    "draining a level no longer configured"
+                );
             }
         }
         for ms in engine.cfg.levels_ms.clone() {
@@ -172,12 +169,12 @@ impl Engine {
     }
 
     /// Appends `rec`; the store dispatches it from the struct (see `Store::append`).
-    fn append(&mut self, rec: &Record<'_>) -> Result<u64> {
+    fn append(&mut self, rec: &Record<'_>) -> Result<LogOffset> {
         self.append_framed(&rec.encode()?, rec)
     }
 
     /// [`append`](Self::append) of a record encoded already (`bytes` is `rec`'s encoding).
-    fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<u64> {
+    fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<LogOffset> {
         self.writable()?;
         let r = self.store.append_framed(bytes, rec);
         if r.is_ok() {
@@ -213,7 +210,7 @@ impl Engine {
     /// a failed sync has poisoned the store (see `durability.rs`).
     pub fn flush(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
-        if crate::storage::writer::sync_log(&mut self.store.log, &self.durability)? {
+        if self.store.sync_log()? {
             self.metrics.flush_us.observe(started.elapsed().as_micros() as u64);
         }
         Ok(())
@@ -222,17 +219,17 @@ impl Engine {
     /// The one commit call of the write path: the records this step appended become durable
     /// through `writer`, which releases `replies` when they are (see `storage::writer`).
     pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
-        writer.commit(&mut self.store.log, replies, driver);
+        self.store.commit(writer, replies, driver);
     }
 
     /// True when appends are waiting for a flush.
     pub fn dirty(&self) -> bool {
-        self.store.log.flushed() < self.store.log.end()
+        self.store.unflushed()
     }
 
     /// Offset one past the last appended record.
     pub fn log_end(&self) -> u64 {
-        self.store.log.end()
+        self.store.log_end().get()
     }
 
     /// Refuses every later write: something failed whose outcome is unknown.
@@ -271,23 +268,22 @@ impl Engine {
 impl Engine {
     /// Slots of the id index table inserts go to (benchmarks).
     pub fn index_slots_for_bench(&self) -> u64 {
-        self.store.index.capacity()
+        self.store.index_slots()
     }
 
     /// Whether the id index is being resized (benchmarks).
     pub fn index_resizing_for_bench(&self) -> bool {
-        self.store.index.is_migrating()
+        self.store.index_migrating()
     }
 
     /// Commit-log end offset (benchmarks).
     pub fn log_end_for_bench(&self) -> u64 {
-        self.store.log.end()
+        self.store.log_end().get()
     }
 
     /// Entries written to all queues so far (benchmarks).
     pub fn queue_entries_for_bench(&self) -> u64 {
-        self.store.levels.values().map(|q| q.cq.len()).sum::<u64>()
-            + self.store.topics.values().map(|q| q.cq.len()).sum::<u64>()
+        self.store.queue_entries()
     }
 
     /// Hops performed so far (benchmarks).

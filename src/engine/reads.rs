@@ -7,6 +7,7 @@ use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats,
 use crate::storage::format::{Cause, Home, Record, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::dead_letter_topic;
+use crate::storage::types::LogOffset;
 
 use super::Engine;
 
@@ -54,7 +55,7 @@ impl Engine {
         let (_, slot) = self.by_id(id)?;
         let mut out = Vec::new();
         let mut at = slot.last_offset;
-        while out.len() < HISTORY_MAX && at >= self.store.log.start() {
+        while out.len() < HISTORY_MAX && at >= self.store.log_start() {
             let entry = |time_ms, event, state, attempt, deliver_at_ms| HistoryEntry {
                 time_ms,
                 event,
@@ -62,11 +63,11 @@ impl Engine {
                 attempt,
                 deliver_at_ms,
             };
-            match self.store.log.read(at)?.0 {
+            match self.store.record_at(at)? {
                 Record::Transition(t) => {
                     out.push(entry(t.time_ms, cause_name(t.cause), t.state, t.attempt, t.deliver_at_ms));
                     match t.prev_offset {
-                        Some(prev) => at = prev,
+                        Some(prev) => at = LogOffset::new(prev),
                         None => break,
                     }
                 }
@@ -108,17 +109,16 @@ impl Engine {
         self.next_due();
         let levels = self
             .store
-            .levels
-            .iter()
+            .levels()
             .map(|(ms, q)| {
-                let s = self.schedulers.get(ms);
+                let s = self.schedulers.get(&ms);
                 let cursor = s.map_or(q.cursor, |s| s.cursor());
-                let entries = q.cq.len().saturating_sub(cursor);
+                let entries = q.cq.len().saturating_sub(cursor.get());
                 // Offset of the first unhandled entry; 0 (prune nothing) if it cannot be read.
-                let first = (entries > 0).then(|| q.cq.get(cursor).map_or(0, |e| e.offset));
-                let behind = self.left_behind.level_count(*ms, first);
+                let first = (entries > 0).then(|| q.cq.get(cursor).map_or(0, |e| e.offset.get()));
+                let behind = self.left_behind.level_count(ms, first);
                 LevelStats {
-                    level_ms: *ms,
+                    level_ms: ms,
                     backlog: entries.saturating_sub(behind),
                     next_due_ms: s.and_then(|s| s.next_due()),
                 }
@@ -126,10 +126,9 @@ impl Engine {
             .collect();
         let mut topics: Vec<TopicStats> = self
             .store
-            .topics
-            .iter()
+            .topic_queues()
             .map(|(name, q)| TopicStats {
-                topic: name.clone(),
+                topic: name.to_string(),
                 ready: q.ready,
                 reserved: q.reserved,
                 delayed: q.delayed,
@@ -142,11 +141,11 @@ impl Engine {
             topics,
             disk_bytes: self.store.disk_bytes(),
             open_queues: self.store.open_topic_queues(),
-            log_bytes: self.store.log.disk_bytes(),
-            log_written_bytes: self.store.log.end(),
+            log_bytes: self.store.log_disk_bytes(),
+            log_written_bytes: self.store.log_end().get(),
             live_bytes: self.store.live_bytes(),
-            index_entries: self.store.index.len(),
-            index_slots: self.store.index.capacity(),
+            index_entries: self.store.index_len(),
+            index_slots: self.store.index_slots(),
             reclaim: self.store.reclaim_stats().into(),
             store_writable: self.durability.writable(),
             store_error: self

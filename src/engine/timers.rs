@@ -10,6 +10,7 @@ use crate::schedule::scheduler::LevelScheduler;
 use crate::storage::consumequeue::Entry;
 use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
 use crate::storage::store::{EntryCheck, QueueRef};
+use crate::storage::types::{IdHash, LogOffset, QueueIndex, UnixMs};
 
 use super::delivery::{ready_state, Change};
 use super::Engine;
@@ -25,18 +26,24 @@ enum TimerAction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Timer {
     /// The message's Put or Carry record.
-    pub(super) msg_offset: u64,
+    pub(super) msg_offset: LogOffset,
     /// Its id hash, to find its index slot.
-    pub(super) hash: u64,
+    pub(super) hash: IdHash,
     /// The delivery sequence the timer belongs to; a slot with another is past it.
     pub(super) seq: u32,
-    /// When the timer is due (the hop's target, or the message's due time), unix ms.
-    pub(super) due_ms: u64,
+    /// When the timer is due (the hop's target, or the message's due time).
+    pub(super) due_ms: UnixMs,
 }
 
 impl Timer {
+    /// The timer of a record's fields (bare numbers, as records hold them).
     fn new(msg_offset: u64, hash: u64, seq: u32, due_ms: u64) -> Timer {
-        Timer { msg_offset, hash, seq, due_ms }
+        Timer {
+            msg_offset: LogOffset::new(msg_offset),
+            hash: IdHash::new(hash),
+            seq,
+            due_ms: UnixMs::new(due_ms),
+        }
     }
 }
 
@@ -53,10 +60,10 @@ impl Engine {
     pub(super) fn sync_schedulers(&mut self) {
         // Level queues are only ever added, and a scheduler only made for one: equal counts mean
         // every level has its scheduler. This runs at every engine step, inline ones included.
-        if self.schedulers.len() == self.store.levels.len() {
+        if self.schedulers.len() == self.store.level_count() {
             return;
         }
-        let levels: Vec<(u64, u64)> = self.store.levels.iter().map(|(ms, q)| (*ms, q.cursor)).collect();
+        let levels: Vec<(u64, QueueIndex)> = self.store.levels().map(|(ms, q)| (ms, q.cursor)).collect();
         for (ms, cursor) in levels {
             if !self.schedulers.contains_key(&ms) {
                 let skew = self.skew_for(ms);
@@ -67,12 +74,13 @@ impl Engine {
 
     /// The timer a queue entry's record stands for; `None` when the record
     /// was reclaimed (its message was carried forward or expired, so the entry is stale).
-    pub(super) fn timer_of(&self, offset: u64) -> Result<Option<Timer>> {
-        if offset < self.store.log.start() {
+    pub(super) fn timer_of(&self, at: LogOffset) -> Result<Option<Timer>> {
+        if at < self.store.log_start() {
             return Ok(None);
         }
+        let offset = at.get();
         // The entry was checked against this record on the same path: its fields are enough.
-        Ok(Some(match self.store.log.read_fields(offset)?.0 {
+        Ok(Some(match self.store.record_fields_at(at)? {
             Record::Put(p) => Timer::new(offset, format::id_hash(p.id), 0, p.deliver_at_ms),
             Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
@@ -96,7 +104,7 @@ impl Engine {
         for _ in 0..8 {
             let mut damaged = None;
             for (ms, s) in self.schedulers.iter_mut() {
-                let Some(q) = self.store.levels.get(ms) else { continue };
+                let Some(q) = self.store.level(*ms) else { continue };
                 let (store, queue) = (&self.store, QueueRef::Level(*ms));
                 let mut why = String::new();
                 let bad = s.fill_checked(&q.cq, |e| match store.check_entry(&queue, e) {
@@ -128,9 +136,7 @@ impl Engine {
             // The scheduler may hold entries read before the damage: start it again at the last
             // good entry (entries fired twice are skipped by their sequence number).
             let cursor = self.schedulers.get(&ms).map_or(keep, |s| s.cursor()).min(keep);
-            if let Some(q) = self.store.levels.get_mut(&ms) {
-                q.cursor = cursor;
-            }
+            self.store.set_level_cursor(ms, cursor);
             self.schedulers.remove(&ms);
             self.sync_schedulers();
         }
@@ -189,7 +195,7 @@ impl Engine {
             if let Some(s) = self.schedulers.get_mut(&ms) {
                 s.done(idx);
             }
-            self.left_behind.level_passed(ms, entry.offset);
+            self.left_behind.level_passed(ms, entry.offset.get());
             fired += 1;
         }
         self.sync_damage_metrics();
@@ -197,14 +203,13 @@ impl Engine {
     }
 
     fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
-        let Some(Timer { msg_offset, hash, seq, due_ms: target }) = self.timer_of(entry.offset)? else {
+        let Some(Timer { msg_offset, hash, seq, due_ms }) = self.timer_of(entry.offset)? else {
             return Ok(());
         };
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
-        let timer = (msg_offset, seq);
-        if let Some(&(_, newest)) = self.store.replayed_hops.get(&timer) {
+        if let Some(newest) = self.store.replayed_hop(msg_offset, seq) {
             if entry.offset < newest {
                 return Ok(());
             }
@@ -217,18 +222,25 @@ impl Engine {
                 (slot, TimerAction::Expire)
             }
             _ => {
-                self.store.replayed_hops.remove(&timer);
+                self.store.forget_replayed_hop(msg_offset, seq);
                 return Ok(());
             }
         };
+        let target = due_ms.get();
         if target > now {
             let route = plan_hop(&self.cfg.levels_ms, now, target - now);
-            debug!(msg_offset, target, ?route, "hop");
-            self.append(&Record::Hop(Hop { msg_offset, id_hash: hash, seq, target_ms: target, route }))?;
+            debug!(msg_offset = msg_offset.get(), target, ?route, "hop");
+            self.append(&Record::Hop(Hop {
+                msg_offset: msg_offset.get(),
+                id_hash: hash.get(),
+                seq,
+                target_ms: target,
+                route,
+            }))?;
             inc(&self.metrics.hops);
             return Ok(());
         }
-        self.store.replayed_hops.remove(&timer);
+        self.store.forget_replayed_hop(msg_offset, seq);
         match action {
             TimerAction::MakeReady => {
                 self.metrics.lateness_ms.observe(now - target);

@@ -14,7 +14,7 @@ impl Engine {
     pub fn set_paused(&mut self, topic: &str, paused: bool) -> Result<()> {
         self.writable()?;
         validate_topic(topic)?;
-        if self.store.paused.contains_key(topic) == paused {
+        if self.store.is_paused(topic) == paused {
             return Ok(());
         }
         if paused {
@@ -33,7 +33,7 @@ impl Engine {
     pub fn set_push(&mut self, topic: &str, cfg: Option<&PushConfig>) -> Result<()> {
         self.writable()?;
         validate_topic(topic)?;
-        if cfg.is_none() && !self.store.push.contains_key(topic) {
+        if cfg.is_none() && self.store.push_at(topic).is_none() {
             return Err(Error::NotFound(format!("topic {topic:?} has no push subscription")));
         }
         if cfg.is_some() {
@@ -61,8 +61,8 @@ impl Engine {
 
     /// `topic`'s push subscription, if it has one (read from the record in effect).
     pub fn push_of(&self, topic: &str) -> Result<Option<PushConfig>> {
-        let Some(at) = self.store.push.get(topic) else { return Ok(None) };
-        match self.store.log.read(*at)?.0 {
+        let Some(at) = self.store.push_at(topic) else { return Ok(None) };
+        match self.store.record_at(at)? {
             Record::Push(p) if p.target != format::PushTarget::None => Ok(Some(PushConfig {
                 topic: topic.to_string(),
                 url: String::from_utf8_lossy(p.url).into_owned(),
@@ -75,7 +75,7 @@ impl Engine {
             })),
             _ => Err(Error::Corrupt {
                 file: "commitlog".into(),
-                offset: *at,
+                offset: at.get(),
                 reason: format!("the push subscription of {topic:?} does not point at a Push record"),
             }),
         }
@@ -84,33 +84,20 @@ impl Engine {
     /// Every push subscription, and a number that changes whenever one is set or removed.
     pub fn pushes(&self) -> Result<(u64, Vec<PushConfig>)> {
         let mut out = Vec::new();
-        for topic in self.store.push.keys() {
+        for topic in self.store.push_topics() {
             out.extend(self.push_of(topic)?);
         }
-        Ok((self.store.push_changes, out))
+        Ok((self.store.push_changes(), out))
     }
 
     /// Refuses a change that would make `topic` a new topic past `max_topics`. A topic exists
     /// once it has a queue, a pause or a push subscription: each is kept (and listed) for good,
     /// so every route that makes one obeys the same limit.
     pub(super) fn may_name_topic(&self, topic: &str) -> Result<()> {
-        let known = |t: &str| {
-            self.store.topics.contains_key(t)
-                || self.store.paused.contains_key(t)
-                || self.store.push.contains_key(t)
-        };
-        if known(topic) {
+        if self.store.knows_topic(topic) {
             return Ok(());
         }
-        // Names with only a pause or a subscription are few; counted when a new topic is asked for.
-        let paused_only = self.store.paused.keys().filter(|t| !self.store.topics.contains_key(*t)).count();
-        let push_only = self
-            .store
-            .push
-            .keys()
-            .filter(|t| !self.store.topics.contains_key(*t) && !self.store.paused.contains_key(*t))
-            .count();
-        let count = self.store.topics.len() + paused_only + push_only;
+        let count = self.store.topic_count();
         if count >= self.cfg.max_topics {
             return Err(Error::TooManyTopics(format!(
                 "{count} topics exist, the most max_topics allows; topic {topic:?} would be new"
@@ -121,23 +108,23 @@ impl Engine {
 
     /// Every topic with a queue, a count or a pause, by name, with its counts.
     pub fn topics(&self) -> Vec<TopicInfo> {
-        let mut names: BTreeSet<&str> = self.store.topics.keys().map(String::as_str).collect();
-        names.extend(self.store.paused.keys().map(String::as_str));
+        let mut names: BTreeSet<&str> = self.store.topic_queues().map(|(name, _)| name).collect();
+        names.extend(self.store.paused_topics());
         names
             .into_iter()
             .map(|name| {
                 let counts =
                     |q: Option<&TopicQueue>| q.map_or((0, 0, 0), |q| (q.ready, q.reserved, q.delayed));
-                let (ready, reserved, delayed) = counts(self.store.topics.get(name));
+                let (ready, reserved, delayed) = counts(self.store.topic_queue(name));
                 let dlq = (!name.ends_with(".dlq"))
-                    .then(|| counts(self.store.topics.get(&dead_letter_topic(name))));
+                    .then(|| counts(self.store.topic_queue(&dead_letter_topic(name))));
                 TopicInfo {
                     topic: name.to_string(),
                     ready,
                     reserved,
                     delayed,
                     dead_lettered: dlq.map_or(0, |(r, v, d)| r + v + d),
-                    paused: self.store.paused.contains_key(name),
+                    paused: self.store.is_paused(name),
                 }
             })
             .collect()

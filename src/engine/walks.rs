@@ -7,6 +7,7 @@ use crate::storage::consumequeue::Entry;
 use crate::storage::format::{Cause, Home, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::{dead_letter_topic, QueueRef};
+use crate::storage::types::QueueIndex;
 
 use super::delivery::Change;
 use super::reads::message_state;
@@ -35,8 +36,12 @@ impl Engine {
     /// The message a queue entry still stands for: its slot, if the entry is its live timer or
     /// queue entry (same seq) and it is not final, and it belongs to queue `topic`.
     fn live_entry(&self, entry: &Entry, topic: &str) -> Result<Option<Slot>> {
-        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else { return Ok(None) };
-        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else { return Ok(None) };
+        let Some(Timer { msg_offset, hash, seq, .. }) = self.timer_of(entry.offset)? else {
+            return Ok(None);
+        };
+        let Some((_, slot)) = self.store.find_offset(hash, msg_offset) else {
+            return Ok(None);
+        };
         if slot.seq != seq || slot.state.is_final() {
             return Ok(None);
         }
@@ -74,15 +79,16 @@ impl Engine {
             let (queue, floor) = match q {
                 WalkQueue::Topic => (QueueRef::Topic(topic), self.store.topic_cursor(topic)),
                 WalkQueue::Level(ms) => {
-                    (QueueRef::Level(*ms), self.schedulers.get(ms).map_or(0, |s| s.cursor()))
+                    (QueueRef::Level(*ms), self.schedulers.get(ms).map_or(QueueIndex::new(0), |s| s.cursor()))
                 }
             };
-            let (entries, _) = self.store.read_entries(&queue, at.entry.max(floor), budget)?;
+            let (entries, _) =
+                self.store.read_entries(&queue, QueueIndex::new(at.entry).max(floor), budget)?;
             let mut finished = entries.len() < budget as usize;
             for (i, e) in entries {
                 budget -= 1;
-                at.entry = i + 1;
-                if e.offset >= until {
+                at.entry = i.get() + 1;
+                if e.offset.get() >= until {
                     finished = true;
                     break;
                 }
@@ -117,7 +123,7 @@ impl Engine {
             return Err(Error::invalid("cursor", "does not belong to this listing"));
         }
         let mut out = Vec::new();
-        let until = self.store.log.end();
+        let until = self.store.log_end().get();
         let next = self.walk(topic, &states, at, until, |e, slot| {
             out.push(e.info_of(&slot)?);
             Ok(out.len() < limit)

@@ -12,22 +12,23 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::storage::consumequeue::{ConsumeQueue, Entry};
+use crate::storage::types::{LogOffset, QueueIndex, UnixMs};
 
 /// An entry held by the scheduler, ordered by due time and then by its index in the queue (the
 /// field order is the order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Held {
-    /// When it falls due: the entry's tag, unix ms.
-    due_ms: u64,
+    /// When it falls due: the entry's tag.
+    due_ms: UnixMs,
     /// Its index in the level queue.
-    idx: u64,
+    idx: QueueIndex,
     /// The record it stands for.
-    offset: u64,
+    offset: LogOffset,
     size: u32,
 }
 
 impl Held {
-    fn new(idx: u64, e: &Entry) -> Held {
+    fn new(idx: QueueIndex, e: &Entry) -> Held {
         Held { due_ms: e.tag, idx, offset: e.offset, size: e.size }
     }
 }
@@ -38,17 +39,17 @@ pub struct LevelScheduler {
     /// Level duration in ms.
     pub level_ms: u64,
     skew_ms: u64,
-    read_pos: u64,
+    read_pos: QueueIndex,
     /// Entries read but not all handled, from the cursor on; `true` once handled.
     window: VecDeque<bool>,
-    window_start: u64,
+    window_start: QueueIndex,
     heap: BinaryHeap<Reverse<Held>>,
     last_read_due: u64,
 }
 
 impl LevelScheduler {
     /// A scheduler starting at `cursor`, tolerating due times out of order by up to `skew_ms`.
-    pub fn new(level_ms: u64, skew_ms: u64, cursor: u64) -> Self {
+    pub fn new(level_ms: u64, skew_ms: u64, cursor: QueueIndex) -> Self {
         LevelScheduler {
             level_ms,
             skew_ms,
@@ -61,7 +62,7 @@ impl LevelScheduler {
     }
 
     /// First entry not yet handled: everything below it may be skipped after a restart.
-    pub fn cursor(&self) -> u64 {
+    pub fn cursor(&self) -> QueueIndex {
         self.window_start
     }
 
@@ -73,10 +74,14 @@ impl LevelScheduler {
     /// Like [`fill`](Self::fill), but stops before the first entry `is_bad` rejects and returns its
     /// index: a damaged entry must be repaired before it is held (a garbage due time would hold it,
     /// and the cursor behind it, for good).
-    pub fn fill_checked(&mut self, cq: &ConsumeQueue, mut is_bad: impl FnMut(&Entry) -> bool) -> Option<u64> {
-        while self.read_pos < cq.len() {
+    pub fn fill_checked(
+        &mut self,
+        cq: &ConsumeQueue,
+        mut is_bad: impl FnMut(&Entry) -> bool,
+    ) -> Option<QueueIndex> {
+        while self.read_pos < cq.end() {
             if let Some(Reverse(min)) = self.heap.peek() {
-                if min.due_ms <= self.last_read_due.saturating_sub(self.skew_ms) {
+                if min.due_ms.get() <= self.last_read_due.saturating_sub(self.skew_ms) {
                     break;
                 }
             }
@@ -86,21 +91,21 @@ impl LevelScheduler {
             }
             self.heap.push(Reverse(Held::new(self.read_pos, &e)));
             self.window.push_back(false);
-            self.last_read_due = e.tag;
-            self.read_pos += 1;
+            self.last_read_due = e.tag.get();
+            self.read_pos = self.read_pos.plus(1);
         }
         None
     }
 
     /// Due time of the earliest held entry.
     pub fn next_due(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse(h)| h.due_ms)
+        self.heap.peek().map(|Reverse(h)| h.due_ms.get())
     }
 
     /// Takes the earliest entry if it is due at `now_ms`; call [`done`](Self::done) once handled.
-    pub fn take_due(&mut self, now_ms: u64) -> Option<(u64, Entry)> {
+    pub fn take_due(&mut self, now_ms: u64) -> Option<(QueueIndex, Entry)> {
         match self.heap.peek() {
-            Some(Reverse(h)) if h.due_ms <= now_ms => {
+            Some(Reverse(h)) if h.due_ms.get() <= now_ms => {
                 let Reverse(Held { due_ms, idx, offset, size }) = self.heap.pop()?;
                 Some((idx, Entry { offset, size, tag: due_ms }))
             }
@@ -110,18 +115,19 @@ impl LevelScheduler {
 
     /// Gives back an entry [`take_due`](Self::take_due) yielded whose handling failed (nothing
     /// was written for it), so it is yielded again on the next try.
-    pub fn put_back(&mut self, idx: u64, e: Entry) {
+    pub fn put_back(&mut self, idx: QueueIndex, e: Entry) {
         self.heap.push(Reverse(Held::new(idx, &e)));
     }
 
     /// Marks entry `idx` handled and advances the cursor over the handled prefix.
-    pub fn done(&mut self, idx: u64) {
-        if let Some(slot) = idx.checked_sub(self.window_start).and_then(|i| self.window.get_mut(i as usize)) {
+    pub fn done(&mut self, idx: QueueIndex) {
+        let held = idx.get().checked_sub(self.window_start.get());
+        if let Some(slot) = held.and_then(|i| self.window.get_mut(i as usize)) {
             *slot = true;
         }
         while self.window.front() == Some(&true) {
             self.window.pop_front();
-            self.window_start += 1;
+            self.window_start = self.window_start.plus(1);
         }
     }
 
@@ -147,9 +153,10 @@ mod tests {
         .unwrap();
         // Written at t=0,100,200,300: full hops of 1000 and remainders shorter than that.
         for (i, due) in [1000u64, 400, 1200, 350].iter().enumerate() {
-            cq.append(Entry { offset: i as u64 * 10, size: 1, tag: *due }).unwrap();
+            cq.append(Entry { offset: LogOffset::new(i as u64 * 10), size: 1, tag: UnixMs::new(*due) })
+                .unwrap();
         }
-        let mut s = LevelScheduler::new(1000, 1000, 0);
+        let mut s = LevelScheduler::new(1000, 1000, QueueIndex::new(0));
         s.fill(&cq);
         assert_eq!(s.next_due(), Some(350));
         let mut order = vec![];
@@ -157,14 +164,14 @@ mod tests {
         while s.held() > 0 {
             s.fill(&cq);
             while let Some((idx, e)) = s.take_due(now) {
-                assert!(e.tag <= now);
-                order.push(e.tag);
+                assert!(e.tag.get() <= now);
+                order.push(e.tag.get());
                 s.done(idx);
             }
             now += 50;
         }
         assert_eq!(order, vec![350, 400, 1000, 1200]);
-        assert_eq!(s.cursor(), 4);
+        assert_eq!(s.cursor().get(), 4);
     }
 
     #[test]
@@ -178,15 +185,15 @@ mod tests {
         )
         .unwrap();
         for i in 0..1000u64 {
-            cq.append(Entry { offset: i, size: 1, tag: 5000 + i }).unwrap();
+            cq.append(Entry { offset: LogOffset::new(i), size: 1, tag: UnixMs::new(5000 + i) }).unwrap();
         }
-        let mut s = LevelScheduler::new(5000, 0, 10);
+        let mut s = LevelScheduler::new(5000, 0, QueueIndex::new(10));
         s.fill(&cq);
         assert_eq!(s.held(), 1);
         assert_eq!(s.next_due(), Some(5010));
         assert!(s.take_due(5009).is_none());
         let (idx, _) = s.take_due(5010).unwrap();
         s.done(idx);
-        assert_eq!(s.cursor(), 11);
+        assert_eq!(s.cursor().get(), 11);
     }
 }

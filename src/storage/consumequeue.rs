@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use super::commitlog::{list_numbered, segment_name};
 use super::durability::Durability;
 use super::mmap::{create_durably, sync_dir, sync_path, MadeAhead, MappedFile, SyncFile};
+use super::types::{LogOffset, QueueIndex};
 use crate::error::{Error, Result};
 
 pub use super::format::entry::{Entry, ENTRY_BYTES};
@@ -221,21 +222,30 @@ impl ConsumeQueue {
         self.len == 0
     }
 
+    /// Index the next append gets (one past the last entry).
+    pub fn end(&self) -> QueueIndex {
+        QueueIndex::new(self.len)
+    }
+
     /// Index of the first entry still on disk.
-    pub fn first(&self) -> u64 {
+    pub fn first(&self) -> QueueIndex {
+        QueueIndex::new(self.first_index())
+    }
+
+    fn first_index(&self) -> u64 {
         self.first_file * self.per_file
     }
 
     /// Entry `i`, if written and not reclaimed; the queue must be open.
-    pub fn get(&self, i: u64) -> Option<Entry> {
-        if i >= self.len {
+    pub fn get(&self, i: QueueIndex) -> Option<Entry> {
+        if i.get() >= self.len {
             return None;
         }
-        self.raw(i)
+        self.raw(i.get())
     }
 
     /// Appends an entry and returns its index; reopens the files if closed.
-    pub fn append(&mut self, e: Entry) -> Result<u64> {
+    pub fn append(&mut self, e: Entry) -> Result<QueueIndex> {
         self.prepare_append()?;
         let i = self.len;
         let pos = (i % self.per_file) as usize * ENTRY_BYTES;
@@ -249,7 +259,7 @@ impl ConsumeQueue {
         };
         f.write_at(pos, &e.encode());
         self.len += 1;
-        Ok(i)
+        Ok(QueueIndex::new(i))
     }
 
     /// Opens, creates or grows files so that the next [`append`](Self::append) only writes into a
@@ -333,10 +343,10 @@ impl ConsumeQueue {
     }
 
     /// Drops entries whose log offset is at or past `log_offset`; returns how many were dropped.
-    pub fn truncate_to_offset(&mut self, log_offset: u64) -> Result<u64> {
+    pub fn truncate_to_offset(&mut self, log_offset: LogOffset) -> Result<u64> {
         self.reopen()?;
         // Entries are appended in log order, so offsets ascend: binary search.
-        let (mut lo, mut hi) = (self.first(), self.len);
+        let (mut lo, mut hi) = (self.first_index(), self.len);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if self.raw(mid).is_some_and(|e| e.offset < log_offset) {
@@ -356,9 +366,9 @@ impl ConsumeQueue {
 
     /// Replaces the entries from `from` on with `entries` (repairing a damaged queue from the log);
     /// the rewritten entries are synced at the next checkpoint like any append.
-    pub fn rewrite_from(&mut self, from: u64, entries: &[Entry]) -> Result<()> {
+    pub fn rewrite_from(&mut self, from: QueueIndex, entries: &[Entry]) -> Result<()> {
         self.reopen()?;
-        let from = from.clamp(self.first(), self.len);
+        let from = from.get().clamp(self.first_index(), self.len);
         self.zero_from(from)?;
         self.len = from;
         self.flushed_len = self.flushed_len.min(from);
@@ -418,8 +428,8 @@ impl ConsumeQueue {
     /// Deletes the files whose entries all lie before `before` (a durably checkpointed reader
     /// cursor); returns how many. The file that takes the next append is never deleted. Works open
     /// or closed.
-    pub fn drop_before(&mut self, before: u64) -> Result<usize> {
-        let before = before.min(self.len);
+    pub fn drop_before(&mut self, before: QueueIndex) -> Result<usize> {
+        let before = before.get().min(self.len);
         let mut dropped = 0;
         while self.file_count > 0 && (self.first_file + 1) * self.per_file <= before {
             if self.mapped {
@@ -436,7 +446,7 @@ impl ConsumeQueue {
         }
         if dropped > 0 {
             // Deleted entries need no flush; the flush bookkeeping starts at the first kept one.
-            self.flushed_len = self.flushed_len.max(self.first());
+            self.flushed_len = self.flushed_len.max(self.first_index());
             sync_dir(&self.dir, &self.durability)?;
         }
         Ok(dropped)
@@ -488,6 +498,7 @@ fn grown_entries(cur: u64, need: u64, full: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::types::UnixMs;
 
     /// Opens a queue with an owner of its own.
     fn open(dir: &Path, per_file: u64, len: Option<u64>) -> Result<ConsumeQueue> {
@@ -508,14 +519,14 @@ mod tests {
             .name("cq-appender".into())
             .spawn(move || {
                 for i in 1..13u64 {
-                    assert_eq!(q.append(entry(i)).unwrap(), i);
+                    assert_eq!(q.append(entry(i)).unwrap(), QueueIndex::new(i));
                 }
                 q
             })
             .unwrap()
             .join()
             .unwrap();
-        assert_eq!(q.get(9), Some(entry(9)));
+        assert_eq!(q.get(QueueIndex::new(9)), Some(entry(9)));
         assert_eq!(q.disk_bytes(), 4 * 4 * ENTRY_BYTES as u64);
         drop(q);
         // The file prepared for entries 12.. may stand empty after the last one: a valid queue.
@@ -523,7 +534,7 @@ mod tests {
         assert_eq!(list_numbered(&path).unwrap(), vec![0, 4, 8, 12, 16]);
         let q = open(&path, 4, None).unwrap();
         assert_eq!(q.len(), 13);
-        assert_eq!(q.get(12), Some(entry(12)));
+        assert_eq!(q.get(QueueIndex::new(12)), Some(entry(12)));
     }
 
     #[test]
@@ -533,7 +544,7 @@ mod tests {
         let owner = Durability::new(dir.path());
         let mut q = ConsumeQueue::open(dir.path(), 4, None, &owner).unwrap();
         for i in 0..4u64 {
-            assert_eq!(q.append(entry(i)).unwrap(), i);
+            assert_eq!(q.append(entry(i)).unwrap(), QueueIndex::new(i));
         }
         // The helper making the next file met the failed sync: it reported it to the store's
         // owner, so the append that needs that file is refused, not written into a file whose
@@ -553,15 +564,22 @@ mod tests {
         {
             let mut q = open(dir.path(), 4, None).unwrap();
             for i in 0..10u64 {
-                assert_eq!(q.append(Entry { offset: i * 100, size: 10, tag: i }).unwrap(), i);
+                assert_eq!(
+                    q.append(Entry { offset: LogOffset::new(i * 100), size: 10, tag: UnixMs::new(i) })
+                        .unwrap(),
+                    QueueIndex::new(i)
+                );
             }
             q.flush().unwrap();
-            assert_eq!(q.get(7), Some(Entry { offset: 700, size: 10, tag: 7 }));
-            assert_eq!(q.get(10), None);
+            assert_eq!(
+                q.get(QueueIndex::new(7)),
+                Some(Entry { offset: LogOffset::new(700), size: 10, tag: UnixMs::new(7) })
+            );
+            assert_eq!(q.get(QueueIndex::new(10)), None);
         }
         let mut q = open(dir.path(), 4, None).unwrap();
         assert_eq!(q.len(), 10);
-        assert_eq!(q.truncate_to_offset(450).unwrap(), 5);
+        assert_eq!(q.truncate_to_offset(LogOffset::new(450)).unwrap(), 5);
         assert_eq!(q.len(), 5);
         drop(q);
         let q = open(dir.path(), 4, None).unwrap();
@@ -579,29 +597,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut q = open(dir.path(), 4, None).unwrap();
         for i in 0..10u64 {
-            q.append(Entry { offset: i * 100, size: 10, tag: i }).unwrap();
+            q.append(Entry { offset: LogOffset::new(i * 100), size: 10, tag: UnixMs::new(i) }).unwrap();
         }
         // Entries 0..7 read: only the file of 0..4 is wholly behind.
-        assert_eq!(q.drop_before(7).unwrap(), 1);
-        assert_eq!(q.first(), 4);
-        assert_eq!(q.get(3), None);
-        assert_eq!(q.get(4), Some(Entry { offset: 400, size: 10, tag: 4 }));
+        assert_eq!(q.drop_before(QueueIndex::new(7)).unwrap(), 1);
+        assert_eq!(q.first().get(), 4);
+        assert_eq!(q.get(QueueIndex::new(3)), None);
+        assert_eq!(
+            q.get(QueueIndex::new(4)),
+            Some(Entry { offset: LogOffset::new(400), size: 10, tag: UnixMs::new(4) })
+        );
         q.flush().unwrap();
         drop(q);
         // File 8 is full, so the one after it was prepared.
         assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8, 12]);
         let mut q = open(dir.path(), 4, Some(10)).unwrap();
-        assert_eq!((q.first(), q.len()), (4, 10));
-        assert_eq!(q.get(9), Some(Entry { offset: 900, size: 10, tag: 9 }));
-        assert_eq!(q.truncate_to_offset(850).unwrap(), 1);
+        assert_eq!((q.first().get(), q.len()), (4, 10));
+        assert_eq!(
+            q.get(QueueIndex::new(9)),
+            Some(Entry { offset: LogOffset::new(900), size: 10, tag: UnixMs::new(9) })
+        );
+        assert_eq!(q.truncate_to_offset(LogOffset::new(850)).unwrap(), 1);
         // Everything read: all files but the one taking the next append go.
-        assert_eq!(q.drop_before(9).unwrap(), 1);
-        assert_eq!(q.append(Entry { offset: 1000, size: 10, tag: 10 }).unwrap(), 9);
-        assert_eq!(q.drop_before(12).unwrap(), 0);
+        assert_eq!(q.drop_before(QueueIndex::new(9)).unwrap(), 1);
+        assert_eq!(
+            q.append(Entry { offset: LogOffset::new(1000), size: 10, tag: UnixMs::new(10) }).unwrap(),
+            QueueIndex::new(9)
+        );
+        assert_eq!(q.drop_before(QueueIndex::new(12)).unwrap(), 0);
         for i in 10..12u64 {
-            q.append(Entry { offset: i * 100, size: 10, tag: i }).unwrap();
+            q.append(Entry { offset: LogOffset::new(i * 100), size: 10, tag: UnixMs::new(i) }).unwrap();
         }
-        assert_eq!(q.drop_before(12).unwrap(), 1);
+        assert_eq!(q.drop_before(QueueIndex::new(12)).unwrap(), 1);
         // Dropping the queue waits for its helper, which may still be making file 12.
         drop(q);
         // Only the empty file prepared for the next append is left.
@@ -610,9 +637,15 @@ mod tests {
         // length alone says where appends resume.
         std::fs::remove_file(dir.path().join(segment_name(12))).unwrap();
         let mut q = open(dir.path(), 4, Some(12)).unwrap();
-        assert_eq!((q.first(), q.len(), q.get(11)), (12, 12, None));
-        assert_eq!(q.append(Entry { offset: 1200, size: 10, tag: 12 }).unwrap(), 12);
-        assert_eq!(q.get(12), Some(Entry { offset: 1200, size: 10, tag: 12 }));
+        assert_eq!((q.first().get(), q.len(), q.get(QueueIndex::new(11))), (12, 12, None));
+        assert_eq!(
+            q.append(Entry { offset: LogOffset::new(1200), size: 10, tag: UnixMs::new(12) }).unwrap(),
+            QueueIndex::new(12)
+        );
+        assert_eq!(
+            q.get(QueueIndex::new(12)),
+            Some(Entry { offset: LogOffset::new(1200), size: 10, tag: UnixMs::new(12) })
+        );
     }
 
     #[test]
@@ -620,7 +653,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut q = open(dir.path(), 4, None).unwrap();
         for i in 0..5 {
-            q.append(Entry { offset: i + 1, size: 1, tag: 1 }).unwrap();
+            q.append(Entry { offset: LogOffset::new(i + 1), size: 1, tag: UnixMs::new(1) }).unwrap();
         }
         drop(q);
         // Files 0 and 4: with 8 per file the second would have to be named 8, with 2 per file the
@@ -631,7 +664,7 @@ mod tests {
     }
 
     fn entry(i: u64) -> Entry {
-        Entry { offset: i * 10 + 1, size: 7, tag: i }
+        Entry { offset: LogOffset::new(i * 10 + 1), size: 7, tag: UnixMs::new(i) }
     }
 
     fn file_sizes(dir: &Path) -> Vec<(u64, u64)> {
@@ -675,14 +708,14 @@ mod tests {
         assert!(meta.blocks() * 512 >= 1024 * b, "{} blocks", meta.blocks());
         assert_eq!(q.disk_bytes(), 6024 * b);
         for i in 0..per_file + 1 {
-            assert_eq!(q.get(i), Some(entry(i)), "{i}");
+            assert_eq!(q.get(QueueIndex::new(i)), Some(entry(i)), "{i}");
         }
         q.flush().unwrap();
         drop(q);
         let q = open(dir.path(), per_file, None).unwrap();
         assert_eq!(q.len(), per_file + 1);
-        assert_eq!(q.get(4999), Some(entry(4999)));
-        assert_eq!(q.get(5000), Some(entry(5000)));
+        assert_eq!(q.get(QueueIndex::new(4999)), Some(entry(4999)));
+        assert_eq!(q.get(QueueIndex::new(5000)), Some(entry(5000)));
     }
 
     #[test]
@@ -703,7 +736,10 @@ mod tests {
         drop(q);
         // A checkpointed length inside the grown part zeroes what follows; the size stays.
         let q = open(dir.path(), 5000, Some(2100)).unwrap();
-        assert_eq!((q.len(), q.get(2099), q.get(2100)), (2100, Some(entry(2099)), None));
+        assert_eq!(
+            (q.len(), q.get(QueueIndex::new(2099)), q.get(QueueIndex::new(2100))),
+            (2100, Some(entry(2099)), None)
+        );
         drop(q);
         assert_eq!(open(dir.path(), 5000, None).unwrap().len(), 2100);
     }
@@ -727,8 +763,8 @@ mod tests {
         set_len(&last, 0);
         let mut q = open(dir.path(), 2048, None).unwrap();
         assert_eq!(q.len(), 2048);
-        assert_eq!(q.append(entry(2048)).unwrap(), 2048);
-        assert_eq!(q.get(2048), Some(entry(2048)));
+        assert_eq!(q.append(entry(2048)).unwrap(), QueueIndex::new(2048));
+        assert_eq!(q.get(QueueIndex::new(2048)), Some(entry(2048)));
         drop(q);
         assert_eq!(file_sizes(dir.path()), vec![(0, 2048 * 20), (2048, 1024 * 20)]);
         // A last file cut inside an entry, or longer than the full range: damage.
@@ -755,7 +791,7 @@ mod tests {
         let bytes = q.disk_bytes();
         q.close();
         assert!(!q.is_open());
-        assert_eq!((q.len(), q.first(), q.disk_bytes()), (6, 0, bytes));
+        assert_eq!((q.len(), q.first().get(), q.disk_bytes()), (6, 0, bytes));
         // Unsynced entries written before the close are synced by path.
         let mut dirty = vec![];
         q.take_dirty(&mut dirty);
@@ -766,17 +802,25 @@ mod tests {
         q.take_dirty(&mut dirty);
         assert_eq!(dirty.len(), 2, "flushed while closed: nothing left to hand over");
         // Files behind the reader go while closed, too.
-        assert_eq!(q.drop_before(5).unwrap(), 1);
+        assert_eq!(q.drop_before(QueueIndex::new(5)).unwrap(), 1);
         // With file 4 full, file 8 was prepared: a closed queue keeps what a helper made.
         q.next = None;
         assert_eq!(list_numbered(dir.path()).unwrap(), vec![4, 8]);
         q.reopen().unwrap();
-        assert_eq!((q.first(), q.get(4), q.get(6), q.get(7)), (4, Some(entry(4)), Some(entry(6)), None));
+        assert_eq!(
+            (
+                q.first().get(),
+                q.get(QueueIndex::new(4)),
+                q.get(QueueIndex::new(6)),
+                q.get(QueueIndex::new(7))
+            ),
+            (4, Some(entry(4)), Some(entry(6)), None)
+        );
         q.close();
-        assert_eq!(q.drop_before(8).unwrap(), 0, "the file taking the next append stays");
+        assert_eq!(q.drop_before(QueueIndex::new(8)).unwrap(), 0, "the file taking the next append stays");
         drop(q);
         let q = open(dir.path(), 4, Some(7)).unwrap();
-        assert_eq!((q.first(), q.len(), q.get(6)), (4, 7, Some(entry(6))));
+        assert_eq!((q.first().get(), q.len(), q.get(QueueIndex::new(6))), (4, 7, Some(entry(6))));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use super::format::slot::{
 };
 use super::format::DecodeError;
 use super::mmap::{sync_dir, MappedFile, WriteHeat};
+use super::types::{IdHash, LogOffset};
 use crate::error::{Error, Result};
 
 // The layout is storage::format's; these names stay here for the index's users.
@@ -128,8 +129,8 @@ impl Table {
     }
 
     /// First live slot on `hash`'s probe path that satisfies `is_it`.
-    fn find(&self, hash: u64, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
-        self.probe(hash).find_map(|i| {
+    fn find(&self, hash: IdHash, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
+        self.probe(hash.get()).find_map(|i| {
             let b = self.raw(i);
             if !slot_is_live(b) || slot_hash(b) != hash {
                 return None;
@@ -140,8 +141,8 @@ impl Table {
     }
 
     /// Whether a slot, live or removed, holds the message `(hash, msg_offset)`.
-    fn knows(&self, hash: u64, msg_offset: u64) -> bool {
-        self.probe(hash).any(|i| {
+    fn knows(&self, hash: IdHash, msg_offset: LogOffset) -> bool {
+        self.probe(hash.get()).any(|i| {
             let b = self.raw(i);
             slot_hash(b) == hash && slot_msg_offset(b) == msg_offset
         })
@@ -150,7 +151,7 @@ impl Table {
     /// Writes `b` into the first empty slot of its probe path; None if the table is full.
     /// Removed slots are not reused: a migration's merge relies on them to remember removals.
     fn place(&mut self, b: &[u8; SLOT_BYTES]) -> Option<u64> {
-        let start = slot_hash(b);
+        let start = slot_hash(b).get();
         // The first position past the occupied run, if the run does not cover the whole table.
         let run = self.probe(start).count() as u64;
         if run == self.slots {
@@ -264,12 +265,12 @@ impl IdIndex {
     }
 
     /// Finds the slot with `hash` whose Put record offset satisfies `is_it` (callers compare ids).
-    pub fn find(&self, hash: u64, mut is_it: impl FnMut(u64) -> bool) -> Option<(SlotRef, Slot)> {
+    pub fn find(&self, hash: IdHash, mut is_it: impl FnMut(LogOffset) -> bool) -> Option<(SlotRef, Slot)> {
         self.find_slot(hash, |s| is_it(s.msg_offset))
     }
 
     /// Like [`find`](Self::find), with the whole slot to judge.
-    pub fn find_slot(&self, hash: u64, mut is_it: impl FnMut(&Slot) -> bool) -> Option<(SlotRef, Slot)> {
+    pub fn find_slot(&self, hash: IdHash, mut is_it: impl FnMut(&Slot) -> bool) -> Option<(SlotRef, Slot)> {
         if let Some((pos, s)) = self.cur.find(hash, &mut is_it) {
             return Some((SlotRef { in_old: false, pos }, s));
         }
@@ -366,7 +367,7 @@ impl IdIndex {
             if Slot::decode(b).is_err() {
                 return Some(format!("index slot {p} has unknown flags or state"));
             }
-            let home = slot_hash(b) & mask;
+            let home = slot_hash(b).get() & mask;
             if (p.wrapping_sub(home) & mask) >= run {
                 return Some(format!("index slot {p} is not on the probe path of its hash"));
             }
@@ -689,13 +690,13 @@ mod tests {
     use std::collections::BTreeMap;
     use std::fs;
 
-    type Key = (u64, u64);
+    type Key = (IdHash, LogOffset);
 
     fn slot(hash: u64, off: u64) -> Slot {
         Slot {
-            hash,
-            msg_offset: off,
-            last_offset: off,
+            hash: IdHash::new(hash),
+            msg_offset: LogOffset::new(off),
+            last_offset: LogOffset::new(off),
             seq: 0,
             attempt: 0,
             state: State::Delayed,
@@ -756,7 +757,8 @@ mod tests {
     }
 
     fn pick(model: &BTreeMap<Key, Slot>, i: usize) -> Option<Key> {
-        (!model.is_empty()).then(|| *model.keys().nth(i % model.len()).unwrap_or(&(0, 0)))
+        (!model.is_empty())
+            .then(|| *model.keys().nth(i % model.len()).unwrap_or(&(IdHash::new(0), LogOffset::new(0))))
     }
 
     fn copy_dir(from: &Path, to: &Path) {
@@ -779,10 +781,11 @@ mod tests {
             match op {
                 Op::Insert(h) => {
                     let s = slot(h, offset);
+                    let h = s.hash;
                     offset += 1;
                     assert!(idx.find(h, |m| m == s.msg_offset).is_none());
                     idx.insert(s).unwrap();
-                    model.insert((h, s.msg_offset), s);
+                    model.insert((s.hash, s.msg_offset), s);
                 }
                 Op::Remove(i) => {
                     if let Some((h, o)) = pick(&model, i) {
@@ -796,7 +799,7 @@ mod tests {
                     if let Some((h, o)) = pick(&model, i) {
                         let (at, mut s) = idx.find(h, |m| m == o).unwrap();
                         s.seq += 1;
-                        s.last_offset = offset;
+                        s.last_offset = LogOffset::new(offset);
                         offset += 1;
                         s.state = if s.seq % 2 == 0 { State::Ready } else { State::Reserved };
                         s.attempt = s.attempt.saturating_add(1);
@@ -805,7 +808,7 @@ mod tests {
                         model.insert((h, o), s);
                     }
                 }
-                Op::FindAbsent(h) => assert!(idx.find(h, |m| m == offset).is_none()),
+                Op::FindAbsent(h) => assert!(idx.find(IdHash::new(h), |m| m.get() == offset).is_none()),
                 Op::Step(budget) => {
                     idx.step(budget);
                 }
@@ -852,7 +855,7 @@ mod tests {
         for i in 0..3000u64 {
             // Force collisions: many ids share a hash and are told apart by offset.
             idx.insert(slot(i % 37, i)).unwrap();
-            model.insert((i % 37, i), slot(i % 37, i));
+            model.insert((IdHash::new(i % 37), LogOffset::new(i)), slot(i % 37, i));
         }
         while idx.step(usize::MAX) {
             idx.settle();
@@ -861,9 +864,9 @@ mod tests {
         check(&idx, &model);
         assert_eq!(files(tmp.path()), vec!["ids"]);
         for i in 0..3000u64 {
-            let (at, _) = idx.find(i % 37, |o| o == i).unwrap();
+            let (at, _) = idx.find(IdHash::new(i % 37), |o| o.get() == i).unwrap();
             idx.remove(at);
-            model.remove(&(i % 37, i));
+            model.remove(&(IdHash::new(i % 37), LogOffset::new(i)));
         }
         while idx.step(usize::MAX) {
             idx.settle();
@@ -896,7 +899,7 @@ mod tests {
         let mut idx = open_slow(&path);
         let (mut model, mut offset) = (BTreeMap::new(), 1);
         until_migrating(&mut idx, &mut model, &mut offset, 256);
-        for k in model.keys().filter(|k| k.0 == 3).copied().collect::<Vec<_>>() {
+        for k in model.keys().filter(|k| k.0 == IdHash::new(3)).copied().collect::<Vec<_>>() {
             let (at, _) = idx.find(k.0, |m| m == k.1).unwrap();
             idx.remove(at);
             model.remove(&k);
@@ -954,8 +957,8 @@ mod tests {
                         let s = slot(h, offset);
                         offset += 1;
                         idx.insert(s).unwrap();
-                        model.insert((h, s.msg_offset), s);
-                        versions.entry((h, s.msg_offset)).or_default().push(s);
+                        model.insert((s.hash, s.msg_offset), s);
+                        versions.entry((s.hash, s.msg_offset)).or_default().push(s);
                     }
                     Op::Remove(i) => if let Some((h, o)) = pick(&model, i) {
                         let (at, _) = idx.find(h, |m| m == o).unwrap();
@@ -966,7 +969,7 @@ mod tests {
                     Op::Update(i) => if let Some((h, o)) = pick(&model, i) {
                         let (at, mut s) = idx.find(h, |m| m == o).unwrap();
                         s.seq += 1;
-                        s.last_offset = offset;
+                        s.last_offset = LogOffset::new(offset);
                         offset += 1;
                         s.state = State::Ready;
                         idx.update(at, s);
@@ -1015,7 +1018,7 @@ mod tests {
         let mut i = 0u64;
         while !matches!(idx.job, Some(Job::Prepare { .. })) {
             idx.insert(slot(i % 9, i)).unwrap();
-            model.insert((i % 9, i), slot(i % 9, i));
+            model.insert((IdHash::new(i % 9), LogOffset::new(i)), slot(i % 9, i));
             i += 1;
         }
         while !matches!(&idx.job, Some(Job::Prepare { thread, .. }) if thread.is_finished()) {

@@ -15,5 +15,8 @@ pub mod secret;
 pub mod store;
 #[cfg(test)]
 pub mod synced;
+pub mod types;
 pub mod warmer;
 pub mod writer;
+
+pub use types::{IdHash, LogOffset, QueueIndex, UnixMs};

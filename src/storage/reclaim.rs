@@ -16,6 +16,7 @@ use super::commitlog::CommitLog;
 use super::format::{self, Carry, Put, Record, Route, State};
 use super::index::{Slot, SlotRef};
 use super::store::Store;
+use super::types::{IdHash, QueueIndex};
 use crate::error::Result;
 
 /// Records examined per scan or expiry step, at most (the caller's deadline usually ends it first).
@@ -229,8 +230,8 @@ impl Store {
         let mut segs = SegCounts::default();
         let log = &self.log;
         self.index.for_each(|s| {
-            segs.add(log, s.msg_offset, log.record_len(s.msg_offset));
-            segs.state(log, s.msg_offset, State::Delayed, s.state);
+            segs.add(log, s.msg_offset.get(), log.record_len(s.msg_offset.get()));
+            segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
         });
         for &at in self.paused.values().chain(self.push.values()) {
             segs.add(log, at, log.record_len(at));
@@ -244,8 +245,8 @@ impl Store {
         let mut fresh = SegCounts::default();
         let log = &self.log;
         self.index.for_each(|s| {
-            fresh.add(log, s.msg_offset, log.record_len(s.msg_offset));
-            fresh.state(log, s.msg_offset, State::Delayed, s.state);
+            fresh.add(log, s.msg_offset.get(), log.record_len(s.msg_offset.get()));
+            fresh.state(log, s.msg_offset.get(), State::Delayed, s.state);
         });
         for &at in self.paused.values().chain(self.push.values()) {
             fresh.add(log, at, log.record_len(at));
@@ -284,7 +285,7 @@ impl Store {
                 }
             };
             if let Some(cq) = cq {
-                self.reclaim.stats.queue_files_deleted += cq.drop_before(q.cursor)? as u64;
+                self.reclaim.stats.queue_files_deleted += cq.drop_before(QueueIndex::new(q.cursor))? as u64;
             }
             let empty = |reserved: u64, delayed: u64, ready: u64| reserved == 0 && delayed == 0 && ready == 0;
             if q.kind == QueueKind::Topic
@@ -295,7 +296,7 @@ impl Store {
                 let unchanged = self.topics.get(&q.name).is_some_and(|t| {
                     t.created_at < cp.dispatched
                         && t.cq.len() == q.len
-                        && t.cursor == q.len
+                        && t.cursor.get() == q.len
                         && empty(t.reserved, t.delayed, t.ready)
                 });
                 if unchanged {
@@ -359,10 +360,10 @@ impl Store {
                 _ => None,
             };
             if let Some((hash, msg_offset)) = final_of {
-                if let Some((at, slot)) = self.index.find(hash, |m| m == msg_offset) {
+                if let Some((at, slot)) = self.index.find(IdHash::new(hash), |m| m.get() == msg_offset) {
                     // Only the final transition itself expires the message; the slot could not
                     // have changed after it, but a damaged index is not trusted to say so.
-                    if slot.last_offset == offset && slot.state.is_final() {
+                    if slot.last_offset.get() == offset && slot.state.is_final() {
                         self.forget_expired(at, msg_offset);
                     }
                 }
@@ -384,7 +385,9 @@ impl Store {
     }
 
     fn holds(&self, msg_offset: u64, hash: u64, now_ms: u64, expired_at_ms: u64) -> Result<Holds> {
-        let Some((at, slot)) = self.index.find(hash, |m| m == msg_offset) else { return Ok(Holds::Nothing) };
+        let Some((at, slot)) = self.index.find(IdHash::new(hash), |m| m.get() == msg_offset) else {
+            return Ok(Holds::Nothing);
+        };
         Ok(match slot.state {
             State::Ready | State::Dead => Holds::Carryable(slot),
             // A timer about to fire would only be planned again; let it fire first.
@@ -642,7 +645,7 @@ impl Store {
             State::Ready | State::Dead | State::Reserved => Route::Topic,
         };
         format::encode_carry(&Carry {
-            prev_msg_offset: slot.msg_offset,
+            prev_msg_offset: slot.msg_offset.get(),
             seq: slot.seq,
             attempt: u32::from(slot.attempt),
             state: slot.state,

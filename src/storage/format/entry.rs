@@ -1,6 +1,7 @@
 //! The consume-queue entry: 20 bytes per entry, `offset u64, size u32, tag u64`.
 
 use super::{u32_at, u64_at, DecodeError};
+use crate::storage::types::{LogOffset, UnixMs};
 
 /// Bytes per entry: log offset u64, record size u32, tag u64.
 pub const ENTRY_BYTES: usize = 20;
@@ -9,20 +10,20 @@ pub const ENTRY_BYTES: usize = 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     /// Commit-log offset of the record.
-    pub offset: u64,
+    pub offset: LogOffset,
     /// Size of that record in bytes; never zero for a written entry.
     pub size: u32,
     /// Level queues: the due time in unix ms. Topic queues: the time the message became due.
-    pub tag: u64,
+    pub tag: UnixMs,
 }
 
 impl Entry {
     /// The entry's bytes as they are stored.
     pub fn encode(&self) -> [u8; ENTRY_BYTES] {
         let mut b = [0u8; ENTRY_BYTES];
-        b[0..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[0..8].copy_from_slice(&self.offset.get().to_le_bytes());
         b[8..12].copy_from_slice(&self.size.to_le_bytes());
-        b[12..20].copy_from_slice(&self.tag.to_le_bytes());
+        b[12..20].copy_from_slice(&self.tag.get().to_le_bytes());
         b
     }
 
@@ -36,7 +37,7 @@ impl Entry {
 
     /// Reads an entry from its stored bytes (the hot path: no length to check).
     pub fn from_bytes(b: &[u8; ENTRY_BYTES]) -> Entry {
-        Entry { offset: u64_at(b, 0), size: u32_at(b, 8), tag: u64_at(b, 12) }
+        Entry { offset: LogOffset::new(u64_at(b, 0)), size: u32_at(b, 8), tag: UnixMs::new(u64_at(b, 12)) }
     }
 }
 
@@ -48,7 +49,7 @@ mod tests {
     proptest! {
         #[test]
         fn queue_entry_round_trips(offset in any::<u64>(), size in any::<u32>(), tag in any::<u64>()) {
-            let e = Entry { offset, size, tag };
+            let e = Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(tag) };
             prop_assert_eq!(Entry::decode(&e.encode()), Ok(e));
         }
 
@@ -57,7 +58,7 @@ mod tests {
             offset in any::<u64>(), size in any::<u32>(), tag in any::<u64>(),
             cut in 0usize..ENTRY_BYTES, tail in proptest::collection::vec(any::<u8>(), 1..32),
         ) {
-            let b = Entry { offset, size, tag }.encode();
+            let b = Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(tag) }.encode();
             prop_assert!(Entry::decode(&b[..cut]).is_err());
             let long = [&b[..], &tail].concat();
             prop_assert!(Entry::decode(&long).is_err());
@@ -71,7 +72,11 @@ mod tests {
 
     #[test]
     fn queue_entry_layout_is_little_endian() {
-        let e = Entry { offset: 0x0102_0304_0506_0708, size: 0x0A0B_0C0D, tag: 0x1112_1314_1516_1718 };
+        let e = Entry {
+            offset: LogOffset::new(0x0102_0304_0506_0708),
+            size: 0x0A0B_0C0D,
+            tag: UnixMs::new(0x1112_1314_1516_1718),
+        };
         let b = e.encode();
         assert_eq!(b[..8], [8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(b[8..12], [0x0D, 0x0C, 0x0B, 0x0A]);

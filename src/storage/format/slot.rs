@@ -3,6 +3,7 @@
 //! attempt u16, state u8, flags u8`).
 
 use super::{u16_at, u32_at, u64_at, DecodeError, Home, State};
+use crate::storage::types::{IdHash, LogOffset};
 
 /// Magic at the start of an index file ("DLYI").
 pub const INDEX_MAGIC: u32 = u32::from_le_bytes(*b"DLYI");
@@ -25,11 +26,11 @@ pub const SLOT_FLAGS_AT: usize = 31;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
     /// `format::id_hash` of the id.
-    pub hash: u64,
+    pub hash: IdHash,
     /// Commit-log offset of the Put record.
-    pub msg_offset: u64,
+    pub msg_offset: LogOffset,
     /// Commit-log offset of the last record applied to this slot (Put or Transition).
-    pub last_offset: u64,
+    pub last_offset: LogOffset,
     /// Sequence number: 0 at Put, +1 per transition.
     pub seq: u32,
     /// Deliveries so far (saturates at u16::MAX).
@@ -44,9 +45,9 @@ impl Slot {
     /// The slot's bytes as stored for a live message.
     pub fn encode(&self) -> [u8; SLOT_BYTES] {
         let mut b = [0u8; SLOT_BYTES];
-        b[0..8].copy_from_slice(&self.hash.to_le_bytes());
-        b[8..16].copy_from_slice(&self.msg_offset.to_le_bytes());
-        b[16..24].copy_from_slice(&self.last_offset.to_le_bytes());
+        b[0..8].copy_from_slice(&self.hash.get().to_le_bytes());
+        b[8..16].copy_from_slice(&self.msg_offset.get().to_le_bytes());
+        b[16..24].copy_from_slice(&self.last_offset.get().to_le_bytes());
         b[24..28].copy_from_slice(&self.seq.to_le_bytes());
         b[28..30].copy_from_slice(&self.attempt.to_le_bytes());
         b[30] = self.state as u8;
@@ -77,7 +78,7 @@ impl Slot {
         Slot {
             hash: slot_hash(b),
             msg_offset: slot_msg_offset(b),
-            last_offset: u64_at(b, 16),
+            last_offset: LogOffset::new(u64_at(b, 16)),
             seq: u32_at(b, 24),
             attempt: u16_at(b, 28),
             state: State::from_u8(b[30]).unwrap_or(State::Done),
@@ -87,13 +88,13 @@ impl Slot {
 }
 
 /// The id hash a slot holds, without decoding the rest (probing compares only this).
-pub fn slot_hash(b: &[u8; SLOT_BYTES]) -> u64 {
-    u64_at(b, 0)
+pub fn slot_hash(b: &[u8; SLOT_BYTES]) -> IdHash {
+    IdHash::new(u64_at(b, 0))
 }
 
 /// The message offset a slot holds, without decoding the rest.
-pub fn slot_msg_offset(b: &[u8; SLOT_BYTES]) -> u64 {
-    u64_at(b, 8)
+pub fn slot_msg_offset(b: &[u8; SLOT_BYTES]) -> LogOffset {
+    LogOffset::new(u64_at(b, 8))
 }
 
 /// Whether the slot was ever used (live or removed): probe paths run over these.
@@ -142,9 +143,9 @@ mod tests {
     fn slot() -> impl Strategy<Value = Slot> {
         (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u16>(), 1u8..=6, any::<bool>())
             .prop_map(|(hash, msg_offset, last_offset, seq, attempt, state, dl)| Slot {
-                hash,
-                msg_offset,
-                last_offset,
+                hash: IdHash::new(hash),
+                msg_offset: LogOffset::new(msg_offset),
+                last_offset: LogOffset::new(last_offset),
                 seq,
                 attempt,
                 state: State::from_u8(state).expect("1..=6 are states"),
@@ -211,9 +212,9 @@ mod tests {
     #[test]
     fn an_unknown_state_reads_as_done_on_the_look_up_path_and_fails_the_strict_decode() {
         let s = Slot {
-            hash: 1,
-            msg_offset: 2,
-            last_offset: 3,
+            hash: IdHash::new(1),
+            msg_offset: LogOffset::new(2),
+            last_offset: LogOffset::new(3),
             seq: 4,
             attempt: 5,
             state: State::Ready,
@@ -230,9 +231,9 @@ mod tests {
     #[test]
     fn slot_and_header_bytes_are_the_documented_ones() {
         let s = Slot {
-            hash: 0x0102_0304_0506_0708,
-            msg_offset: 0x1112_1314_1516_1718,
-            last_offset: 0x2122_2324_2526_2728,
+            hash: IdHash::new(0x0102_0304_0506_0708),
+            msg_offset: LogOffset::new(0x1112_1314_1516_1718),
+            last_offset: LogOffset::new(0x2122_2324_2526_2728),
             seq: 0x3132_3334,
             attempt: 0x4142,
             state: State::Reserved,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use super::Store;
 use crate::error::Result;
 use crate::storage::checkpoint::{self, Captured, Checkpoint, CheckpointJob, QueueKind, QueueState};
+use crate::storage::types::QueueIndex;
 
 impl Store {
     /// The state a checkpoint records; `level_cursors` are the schedulers' handled prefixes (they
@@ -14,13 +15,13 @@ impl Store {
         let mut queues = Vec::with_capacity(self.levels.len() + self.topics.len());
         for (ms, q) in self.levels.iter_mut() {
             if let Some(c) = level_cursors.get(ms) {
-                q.cursor = *c;
+                q.cursor = QueueIndex::new(*c);
             }
             queues.push(QueueState {
                 kind: QueueKind::Level,
                 name: ms.to_string(),
                 len: q.cq.len(),
-                cursor: q.cursor,
+                cursor: q.cursor.get(),
                 reserved: 0,
                 dead: 0,
                 delayed: 0,
@@ -35,7 +36,7 @@ impl Store {
                 kind: QueueKind::Topic,
                 name: name.clone(),
                 len: q.cq.len(),
-                cursor: q.cursor,
+                cursor: q.cursor.get(),
                 reserved: q.reserved,
                 dead: q.dead,
                 delayed: q.delayed,

@@ -13,6 +13,7 @@ use crate::storage::format::{
     self, Carry, Cause, Home, Hop, Pause, Push, Put, Record, Route, State, Transition,
 };
 use crate::storage::index::Slot;
+use crate::storage::types::{IdHash, LogOffset, UnixMs};
 
 impl Store {
     /// Appends a record to the log and dispatches it at once, from the record itself (nothing is
@@ -22,19 +23,19 @@ impl Store {
     /// makes room before it writes: so running out of disk space or file handles fails the call
     /// with nothing changed, and a retry may succeed. A failure after the record is in the log
     /// leaves queues and index half-updated, which poisons the store.
-    pub fn append(&mut self, rec: &Record<'_>) -> Result<u64> {
+    pub fn append(&mut self, rec: &Record<'_>) -> Result<LogOffset> {
         self.append_framed(&rec.encode()?, rec)
     }
 
     /// [`append`](Self::append) of a record already encoded: `bytes` must be `rec`'s encoding
     /// (for a caller that built the bytes first, e.g. to copy a body it read once).
-    pub(crate) fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<u64> {
+    pub(crate) fn append_framed(&mut self, bytes: &[u8], rec: &Record<'_>) -> Result<LogOffset> {
         self.prepare_dispatch(rec)?;
         let at = self.log.append(bytes)?;
         if let Err(e) = self.dispatch_appended(at, rec) {
             return Err(self.durability.poison(Failure::from_error(&e)));
         }
-        Ok(at)
+        Ok(LogOffset::new(at))
     }
 
     /// Dispatches `rec`, just appended at `at`, from the struct. Whatever lies between the
@@ -149,7 +150,7 @@ impl Store {
     /// Applies a Put: indexes the new message (dropping an older one it replaces), counts it and
     /// appends its entry to its route's queue.
     fn dispatch_put(&mut self, offset: u64, size: u32, p: &Put<'_>) -> Result<()> {
-        let hash = format::id_hash(p.id);
+        let (hash, at) = (IdHash::new(format::id_hash(p.id)), LogOffset::new(offset));
         let topic = String::from_utf8_lossy(p.topic);
         let (route, deliver_at) = (p.route, p.deliver_at_ms);
         if p.replaces {
@@ -157,12 +158,12 @@ impl Store {
         }
         // Live appends are dispatched exactly once and the engine already checked the id, so
         // only a replay after a crash can meet a Put that is indexed already.
-        if !self.recovering || self.index.find(hash, |m| m == offset).is_none() {
+        if !self.recovering || self.index.find(hash, |m| m == at).is_none() {
             let state = if route == Route::Topic { State::Ready } else { State::Delayed };
             self.index.insert(Slot {
                 hash,
-                msg_offset: offset,
-                last_offset: offset,
+                msg_offset: at,
+                last_offset: at,
                 seq: 0,
                 attempt: 0,
                 state,
@@ -174,13 +175,17 @@ impl Store {
         // Counters move by the record alone (a replay starts from the checkpoint's counts).
         let state = if route == Route::Topic { State::Ready } else { State::Delayed };
         self.count(&topic, state, true)?;
-        self.route(route, &topic, Entry { offset, size, tag: deliver_at })
+        self.route(
+            route,
+            &topic,
+            Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(deliver_at) },
+        )
     }
 
     /// Applies a Carry (reclaim copied a message forward): its slot moves to the new record, and
     /// its entry goes to the queue the message is in.
     fn dispatch_carry(&mut self, offset: u64, size: u32, c: &Carry<'_>) -> Result<()> {
-        let hash = format::id_hash(c.put.id);
+        let (hash, moved_to) = (IdHash::new(format::id_hash(c.put.id)), LogOffset::new(offset));
         let topic = String::from_utf8_lossy(c.put.topic);
         let (prev, route, deliver_at) = (c.prev_msg_offset, c.put.route, c.deliver_at_ms);
         if self.recovering && !self.replayed_hops.is_empty() {
@@ -189,20 +194,20 @@ impl Store {
         }
         let slot = Slot {
             hash,
-            msg_offset: offset,
-            last_offset: offset,
+            msg_offset: moved_to,
+            last_offset: moved_to,
             seq: c.seq,
             attempt: c.attempt.min(u32::from(u16::MAX)) as u16,
             state: c.state,
             home: c.home,
         };
-        let here = self.index.find(hash, |m| m == offset).is_some();
-        match self.index.find(hash, |m| m == prev) {
+        let here = self.index.find(hash, |m| m == moved_to).is_some();
+        match self.index.find(hash, |m| m.get() == prev) {
             // A replay re-inserted the message at its old record while the slot had moved
             // on to this Carry already: drop the resurrected copy, the moved slot is newer.
             Some((at, _)) if here => self.index.remove(at),
             Some((at, old)) => {
-                if old.last_offset < offset {
+                if old.last_offset < moved_to {
                     self.index.update(at, slot);
                     let prev_len = self.log.record_len(prev);
                     self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
@@ -230,7 +235,11 @@ impl Store {
         if prev < self.log.start() {
             self.count(&queue, c.state, true)?;
         }
-        self.route(route, &queue, Entry { offset, size, tag: deliver_at })
+        self.route(
+            route,
+            &queue,
+            Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(deliver_at) },
+        )
     }
 
     /// Applies a Transition (a message changed state): its slot, the counters of the queues it
@@ -246,10 +255,10 @@ impl Store {
             self.replayed_hops.remove(&(t.msg_offset, t.seq.wrapping_sub(1)));
         }
         let topic = self.topic_of(t.msg_offset)?;
-        if let Some((at, mut slot)) = self.index.find(t.id_hash, |m| m == t.msg_offset) {
-            if slot.last_offset < offset {
-                self.segs.state(&self.log, slot.msg_offset, slot.state, t.state);
-                slot.last_offset = offset;
+        if let Some((at, mut slot)) = self.index.find(IdHash::new(t.id_hash), |m| m.get() == t.msg_offset) {
+            if slot.last_offset.get() < offset {
+                self.segs.state(&self.log, slot.msg_offset.get(), slot.state, t.state);
+                slot.last_offset = LogOffset::new(offset);
                 slot.seq = t.seq;
                 slot.attempt = t.attempt.min(u16::MAX as u32) as u16;
                 slot.state = t.state;
@@ -274,7 +283,11 @@ impl Store {
         if t.cause == Cause::DeadLetter {
             self.topic_state(&topic)?.dead += 1;
         }
-        self.route(t.route, &queue, Entry { offset, size, tag: t.deliver_at_ms })
+        self.route(
+            t.route,
+            &queue,
+            Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(t.deliver_at_ms) },
+        )
     }
 
     /// Applies a Hop (a timer moved to its next level): remembered during a replay, and queued on
@@ -287,7 +300,7 @@ impl Store {
         if self.recovering {
             self.replayed_hops.insert((h.msg_offset, h.seq), (h.id_hash, offset));
         }
-        self.route(h.route, "", Entry { offset, size, tag: 0 })
+        self.route(h.route, "", Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(0) })
     }
 
     /// Applies a Pause (or resume): the topic's Pause record in effect, kept by reclaim.
@@ -339,14 +352,14 @@ impl Store {
     /// Put took its id. The engine cancelled such a message first, so it is final and counts in
     /// no queue; its entries left in queues find no slot and are skipped. Idempotent, so a replay
     /// over an index that already lost the slot changes nothing.
-    fn forget_others(&mut self, hash: u64, id: &[u8], offset: u64) {
+    fn forget_others(&mut self, hash: IdHash, id: &[u8], offset: u64) {
         loop {
             let log = &self.log;
             let found = self.index.find_slot(hash, |s| {
                 // Only older messages: on a replay over an index that is ahead, a later message
                 // with this id (replaced after this one) keeps its slot.
-                s.msg_offset < offset
-                    && match log.read_fields(s.msg_offset) {
+                s.msg_offset.get() < offset
+                    && match log.read_fields(s.msg_offset.get()) {
                         Ok((Record::Put(p), _)) => p.id == id,
                         Ok((Record::Carry(c), _)) => c.put.id == id,
                         _ => false,
@@ -354,12 +367,12 @@ impl Store {
             });
             let Some((at, old)) = found else { return };
             if !matches!(old.state, State::Done | State::Cancelled) {
-                warn!(offset, old = old.msg_offset, state = ?old.state, "a replacing put met a live message with its id");
+                warn!(offset, old = old.msg_offset.get(), state = ?old.state, "a replacing put met a live message with its id");
             }
             self.index.remove(at);
-            let len = self.log.record_len(old.msg_offset);
+            let len = self.log.record_len(old.msg_offset.get());
             self.live_bytes = self.live_bytes.saturating_sub(len);
-            self.segs.sub(&self.log, old.msg_offset, len);
+            self.segs.sub(&self.log, old.msg_offset.get(), len);
         }
     }
 
@@ -373,7 +386,7 @@ impl Store {
                 }
             }
             Route::Level { level_ms, due_ms } => {
-                entry.tag = due_ms;
+                entry.tag = UnixMs::new(due_ms);
                 self.level_queue(level_ms)?.cq.append(entry)?;
             }
         }

@@ -14,10 +14,12 @@ use tracing::info;
 use super::commitlog::{CommitLog, RecoveryMode, RecoveryReport};
 use super::consumequeue::ConsumeQueue;
 use super::durability::Durability;
-use super::format::State;
+use super::format::{Record, State};
 use super::index::IdIndex;
 use super::mmap::DirLock;
 use super::reserve::Reserve;
+use super::types::{LogOffset, QueueIndex};
+use super::writer::{self, Driver, Release, Writer};
 use crate::error::{Error, Result};
 
 mod checkpoint;
@@ -49,7 +51,7 @@ pub struct TopicQueue {
     /// The entries; their files are open only while the queue is in the open-queue cache.
     pub cq: ConsumeQueue,
     /// Next entry a pop looks at.
-    pub cursor: u64,
+    pub cursor: QueueIndex,
     /// Messages currently reserved from this queue.
     pub reserved: u64,
     /// Messages of this queue waiting on a delay level.
@@ -67,7 +69,7 @@ pub struct TopicQueue {
 }
 
 impl TopicQueue {
-    fn new(cq: ConsumeQueue, cursor: u64, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
+    fn new(cq: ConsumeQueue, cursor: QueueIndex, reserved: u64, dead: u64, created_at: u64) -> TopicQueue {
         TopicQueue { cq, cursor, reserved, delayed: 0, ready: 0, dead, lru: None, created_at }
     }
 
@@ -87,7 +89,7 @@ pub struct LevelQueue {
     /// The entries.
     pub cq: ConsumeQueue,
     /// First entry not yet handled (persisted at checkpoints).
-    pub cursor: u64,
+    pub cursor: QueueIndex,
 }
 
 /// What opening found, for logs and tests.
@@ -124,24 +126,24 @@ pub struct Store {
     cfg: StoreConfig,
     _lock: DirLock,
     /// The commit log.
-    pub log: CommitLog,
+    pub(super) log: CommitLog,
     /// Level queues by duration in ms.
-    pub levels: BTreeMap<u64, LevelQueue>,
+    pub(super) levels: BTreeMap<u64, LevelQueue>,
     /// Topic queues by name.
-    pub topics: HashMap<String, TopicQueue>,
+    pub(super) topics: HashMap<String, TopicQueue>,
     /// Paused topics, with the offset of the Pause record in effect (reclaim copies it forward).
-    pub paused: BTreeMap<String, u64>,
+    pub(super) paused: BTreeMap<String, u64>,
     /// Topics with a push subscription, with the offset of the Push record in effect (reclaim
     /// copies it forward; the subscription is read from it).
-    pub push: BTreeMap<String, u64>,
+    pub(super) push: BTreeMap<String, u64>,
     /// Push records applied so far, so that the pushers can tell when to look again.
-    pub push_changes: u64,
+    push_changes: u64,
     /// Topics whose queue files are open, by last use (oldest first); at most `cfg.open_queues`.
     lru: BTreeMap<u64, String>,
     /// Key of the most recent use.
     lru_tick: u64,
     /// The id index.
-    pub index: IdIndex,
+    pub(super) index: IdIndex,
     pub(super) dispatched: u64,
     /// True while open() re-dispatches records that may already be in the index.
     recovering: bool,
@@ -166,7 +168,7 @@ pub struct Store {
     /// then is in the replayed records, so a timer record older than that Hop is superseded and
     /// must not hop again (see `Engine::fire`). Only the replay fills it: in a running broker each
     /// entry fires once. Emptied as those timers fire or end.
-    pub(crate) replayed_hops: HashMap<(u64, u32), (u64, u64)>,
+    replayed_hops: HashMap<(u64, u32), (u64, u64)>,
     /// Damaged records met outside the recovery scan (reads take `&self`, hence atomic).
     corrupt_records: std::sync::atomic::AtomicU64,
     /// The store's health and durable offsets, shared with every thread that syncs its files.
@@ -297,5 +299,197 @@ impl Store {
     /// Offset up to which records are dispatched.
     pub fn dispatched(&self) -> u64 {
         self.dispatched
+    }
+}
+
+/// What the engine reads of the store's state: each method answers one question, so that the
+/// maps, log and index behind them stay the store's to change.
+impl Store {
+    /// Offset of the oldest record still in the log (older ones were reclaimed).
+    pub fn log_start(&self) -> LogOffset {
+        LogOffset::new(self.log.start())
+    }
+
+    /// Offset one past the last appended record.
+    pub fn log_end(&self) -> LogOffset {
+        LogOffset::new(self.log.end())
+    }
+
+    /// Whether `offset` lies in the log's live range, between its start and its end.
+    pub fn in_log(&self, offset: LogOffset) -> bool {
+        offset.get() >= self.log.start() && offset.get() < self.log.end()
+    }
+
+    /// True when appends are waiting for a flush.
+    pub fn unflushed(&self) -> bool {
+        self.log.flushed() < self.log.end()
+    }
+
+    /// Bytes of disk the commit log occupies.
+    pub fn log_disk_bytes(&self) -> u64 {
+        self.log.disk_bytes()
+    }
+
+    /// The CRC-checked record at `offset`.
+    pub fn record_at(&self, offset: LogOffset) -> Result<Record<'_>> {
+        Ok(self.log.read(offset.get())?.0)
+    }
+
+    /// The record at `offset` read for its fields: a body is neither read nor checked (see
+    /// [`format::decode_fields`](super::format::decode_fields)).
+    pub fn record_fields_at(&self, offset: LogOffset) -> Result<Record<'_>> {
+        Ok(self.log.read_fields(offset.get())?.0)
+    }
+
+    /// Makes every append durable on this thread; true when there was something to sync (see
+    /// [`writer::sync_log`]).
+    pub fn sync_log(&mut self) -> Result<bool> {
+        writer::sync_log(&mut self.log, &self.durability)
+    }
+
+    /// Hands the log to `writer`'s commit of this step's appends (see [`Writer::commit`]).
+    pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
+        writer.commit(&mut self.log, replies, driver);
+    }
+
+    /// The delay levels with a queue, by duration in ms.
+    pub fn levels(&self) -> impl Iterator<Item = (u64, &LevelQueue)> {
+        self.levels.iter().map(|(ms, q)| (*ms, q))
+    }
+
+    /// How many delay levels have a queue.
+    pub fn level_count(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// The queue of the `level_ms` delay level, if it has one.
+    pub fn level(&self, level_ms: u64) -> Option<&LevelQueue> {
+        self.levels.get(&level_ms)
+    }
+
+    /// Moves a level's persisted cursor (back to the last good entry after a repair).
+    pub fn set_level_cursor(&mut self, level_ms: u64, cursor: QueueIndex) {
+        if let Some(q) = self.levels.get_mut(&level_ms) {
+            q.cursor = cursor;
+        }
+    }
+
+    /// Entries written to all queues so far.
+    pub fn queue_entries(&self) -> u64 {
+        self.levels.values().map(|q| q.cq.len()).sum::<u64>()
+            + self.topics.values().map(|q| q.cq.len()).sum::<u64>()
+    }
+
+    /// The topics with a queue, with their queue and counters.
+    pub fn topic_queues(&self) -> impl Iterator<Item = (&str, &TopicQueue)> {
+        self.topics.iter().map(|(name, q)| (name.as_str(), q))
+    }
+
+    /// `topic`'s queue, if it has one.
+    pub fn topic_queue(&self, topic: &str) -> Option<&TopicQueue> {
+        self.topics.get(topic)
+    }
+
+    /// Whether `topic` is paused.
+    pub fn is_paused(&self, topic: &str) -> bool {
+        self.paused.contains_key(topic)
+    }
+
+    /// The paused topics, by name.
+    pub fn paused_topics(&self) -> impl Iterator<Item = &str> {
+        self.paused.keys().map(String::as_str)
+    }
+
+    /// Offset of the Push record in effect for `topic`, if it has a subscription.
+    pub fn push_at(&self, topic: &str) -> Option<LogOffset> {
+        self.push.get(topic).copied().map(LogOffset::new)
+    }
+
+    /// The topics with a push subscription, by name.
+    pub fn push_topics(&self) -> impl Iterator<Item = &str> {
+        self.push.keys().map(String::as_str)
+    }
+
+    /// Push records applied so far, so that the pushers can tell when to look again.
+    pub fn push_changes(&self) -> u64 {
+        self.push_changes
+    }
+
+    /// Whether `topic` exists: it has a queue, a pause or a push subscription.
+    pub fn knows_topic(&self, topic: &str) -> bool {
+        self.topics.contains_key(topic) || self.paused.contains_key(topic) || self.push.contains_key(topic)
+    }
+
+    /// How many topics exist (see [`knows_topic`](Self::knows_topic)).
+    pub fn topic_count(&self) -> usize {
+        // Names with only a pause or a subscription are few; counted when a new topic is asked for.
+        let paused_only = self.paused.keys().filter(|t| !self.topics.contains_key(*t)).count();
+        let push_only = self
+            .push
+            .keys()
+            .filter(|t| !self.topics.contains_key(*t) && !self.paused.contains_key(*t))
+            .count();
+        self.topics.len() + paused_only + push_only
+    }
+
+    /// Messages in the id index.
+    pub fn index_len(&self) -> u64 {
+        self.index.len()
+    }
+
+    /// Slots of the id index table inserts go to.
+    pub fn index_slots(&self) -> u64 {
+        self.index.capacity()
+    }
+
+    /// Whether the id index is being resized.
+    pub fn index_migrating(&self) -> bool {
+        self.index.is_migrating()
+    }
+
+    /// Whether an index resize has old slots left to copy.
+    pub fn index_copying(&self) -> bool {
+        self.index.is_copying()
+    }
+
+    /// Copies up to `budget` old slots of an index resize in progress; true while copying remains.
+    pub fn step_index(&mut self, budget: usize) -> bool {
+        self.index.step(budget);
+        self.index.is_copying()
+    }
+
+    /// Offset of the newest Hop replayed at open for the timer of (`msg_offset`, `seq`), if any
+    /// (see the `replayed_hops` field).
+    pub fn replayed_hop(&self, msg_offset: LogOffset, seq: u32) -> Option<LogOffset> {
+        self.replayed_hops.get(&(msg_offset.get(), seq)).map(|&(_, newest)| LogOffset::new(newest))
+    }
+
+    /// Forgets the replayed Hop of a timer that fired or ended.
+    pub fn forget_replayed_hop(&mut self, msg_offset: LogOffset, seq: u32) {
+        self.replayed_hops.remove(&(msg_offset.get(), seq));
+    }
+}
+
+/// Read-only views for white-box tests.
+#[cfg(test)]
+impl Store {
+    /// The commit log.
+    pub(crate) fn log(&self) -> &CommitLog {
+        &self.log
+    }
+
+    /// The id index.
+    pub(crate) fn index(&self) -> &IdIndex {
+        &self.index
+    }
+
+    /// Offset of the Pause record in effect for `topic`, if it is paused.
+    pub(crate) fn paused_at(&self, topic: &str) -> Option<LogOffset> {
+        self.paused.get(topic).copied().map(LogOffset::new)
+    }
+
+    /// Timers replayed at open whose Hop has not fired or ended yet.
+    pub(crate) fn replayed_hops_left(&self) -> usize {
+        self.replayed_hops.len()
     }
 }

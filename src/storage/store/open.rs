@@ -20,6 +20,7 @@ use crate::storage::format::{self, Home, Record, Route, State};
 use crate::storage::index::{IdIndex, Slot};
 use crate::storage::mmap::DirLock;
 use crate::storage::reserve::Reserve;
+use crate::storage::types::{IdHash, LogOffset, QueueIndex};
 
 impl Store {
     /// Opens (or creates) the data directory, recovering from whatever state it was left in.
@@ -117,9 +118,9 @@ impl Store {
         let end = self.log.end();
         let (mut lost, mut reverted) = (0u64, 0u64);
         self.index.for_each(|s| {
-            if s.msg_offset >= end {
+            if s.msg_offset.get() >= end {
                 lost += 1;
-            } else if s.last_offset >= end {
+            } else if s.last_offset.get() >= end {
                 reverted += 1;
             }
         });
@@ -177,7 +178,7 @@ impl Store {
         // Only timers still running need their newest Hop remembered.
         let index = &self.index;
         self.replayed_hops.retain(|&(msg_offset, seq), &mut (hash, _)| {
-            index.find(hash, |m| m == msg_offset).is_some_and(|(_, slot)| {
+            index.find(IdHash::new(hash), |m| m.get() == msg_offset).is_some_and(|(_, slot)| {
                 slot.seq == seq && matches!(slot.state, State::Delayed | State::Reserved)
             })
         });
@@ -188,10 +189,10 @@ impl Store {
     /// contents) and, after a rebuild, checkpoints the new derived files.
     fn finish_open(&mut self, rebuilt: bool) -> Result<()> {
         for q in self.levels.values_mut() {
-            q.cursor = q.cursor.min(q.cq.len());
+            q.cursor = q.cursor.min(q.cq.end());
         }
         for q in self.topics.values_mut() {
-            q.cursor = q.cursor.min(q.cq.len()).max(q.cq.first());
+            q.cursor = q.cursor.min(q.cq.end()).max(q.cq.first());
         }
         for q in self.levels.values_mut() {
             q.cursor = q.cursor.max(q.cq.first());
@@ -252,7 +253,7 @@ impl Store {
             // restarts empty at entry 0 whatever its directory holds.
             remove_dir_if_present(&path)?;
             let cq = ConsumeQueue::new_closed(&path, per_file, &self.durability);
-            let mut t = TopicQueue::new(cq, 0, q.reserved, q.dead, 0);
+            let mut t = TopicQueue::new(cq, QueueIndex::new(0), q.reserved, q.dead, 0);
             (t.delayed, t.ready) = (q.delayed, q.ready);
             self.topics.insert(q.name.clone(), t);
             return Ok(true);
@@ -274,7 +275,7 @@ impl Store {
             report.behind_checkpoint.push(q.name.clone());
             return Ok(false);
         }
-        if let Some((why, unwritten)) = self.queue_damage(&cq, q.cursor, dispatched) {
+        if let Some((why, unwritten)) = self.queue_damage(&cq, QueueIndex::new(q.cursor), dispatched) {
             warn!(queue = %q.name, %why, "consume queue disagrees with the commit log; rebuilding all queues from the log");
             report.queue_damaged = true;
             if unwritten {
@@ -282,17 +283,17 @@ impl Store {
             }
             return Ok(false);
         }
-        let dropped = cq.truncate_to_offset(dispatched)?;
+        let dropped = cq.truncate_to_offset(LogOffset::new(dispatched))?;
         if dropped > 0 {
             warn!(queue = %q.name, dropped, "dropped consume-queue entries past the recovered log end");
             report.entries_dropped += dropped;
         }
         match level {
             Some(ms) => {
-                self.levels.insert(ms, LevelQueue { cq, cursor: q.cursor });
+                self.levels.insert(ms, LevelQueue { cq, cursor: QueueIndex::new(q.cursor) });
             }
             None => {
-                let mut t = TopicQueue::new(cq, q.cursor, q.reserved, q.dead, 0);
+                let mut t = TopicQueue::new(cq, QueueIndex::new(q.cursor), q.reserved, q.dead, 0);
                 (t.delayed, t.ready) = (q.delayed, q.ready);
                 self.topics.insert(q.name.clone(), t);
                 self.topic_open(&q.name)?;
@@ -320,7 +321,7 @@ impl Store {
                                 else {
                                     return Ok(false);
                                 };
-                                v.insert(LevelQueue { cq, cursor: 0 });
+                                v.insert(LevelQueue { cq, cursor: QueueIndex::new(0) });
                             }
                         }
                     }
@@ -342,9 +343,9 @@ impl Store {
     /// Costs one read of each queue file and one record header per unread entry. The flag says
     /// the cause is an entry below the checkpointed length that was never written: the checkpoint
     /// vouched for a write nobody synced.
-    fn queue_damage(&self, cq: &ConsumeQueue, cursor: u64, dispatched: u64) -> Option<(String, bool)> {
+    fn queue_damage(&self, cq: &ConsumeQueue, cursor: QueueIndex, dispatched: u64) -> Option<(String, bool)> {
         let mut prev: Option<u64> = None;
-        for i in cq.first()..cq.len() {
+        for i in (cq.first().get()..cq.len()).map(QueueIndex::new) {
             let Some(e) = cq.get(i) else { return Some((format!("entry {i} is missing"), false)) };
             if e.size == 0 {
                 return Some((
@@ -352,13 +353,14 @@ impl Store {
                     true,
                 ));
             }
-            if prev.is_some_and(|p| e.offset <= p) {
-                let why = format!("entry {i} (log offset {}) does not follow the previous one", e.offset);
+            let offset = e.offset.get();
+            if prev.is_some_and(|p| offset <= p) {
+                let why = format!("entry {i} (log offset {offset}) does not follow the previous one");
                 return Some((why, false));
             }
-            prev = Some(e.offset);
-            if i >= cursor && e.offset >= self.log.start() && e.offset < dispatched {
-                if let Some(why) = self.header_mismatch(e.offset, e.size) {
+            prev = Some(offset);
+            if i >= cursor && offset >= self.log.start() && offset < dispatched {
+                if let Some(why) = self.header_mismatch(offset, e.size) {
                     return Some((format!("entry {i}: {why}"), false));
                 }
             }
@@ -397,20 +399,21 @@ impl Store {
 
     fn slot_damage(&self, s: &Slot) -> Option<String> {
         let (start, end) = (self.log.start(), self.log.end());
-        let what = format!("slot of the message at {} (last record {})", s.msg_offset, s.last_offset);
-        if s.msg_offset >= end || s.last_offset >= end {
+        let (msg_offset, last_offset, hash) = (s.msg_offset.get(), s.last_offset.get(), s.hash.get());
+        let what = format!("slot of the message at {msg_offset} (last record {last_offset})");
+        if msg_offset >= end || last_offset >= end {
             return Some(format!("{what} holds state from past the log end {end}"));
         }
-        if s.msg_offset < start || s.last_offset < s.msg_offset {
+        if msg_offset < start || last_offset < msg_offset {
             return Some(format!("{what} points outside the log [{start}, {end})"));
         }
         let attempt = |a: u32| a.min(u32::from(u16::MAX)) as u16;
-        let expect = match self.read_checked(s.msg_offset) {
-            Ok(Some(Record::Put(p))) if format::id_hash(p.id) == s.hash => {
+        let expect = match self.read_checked(msg_offset) {
+            Ok(Some(Record::Put(p))) if format::id_hash(p.id) == hash => {
                 let state = if p.route == Route::Topic { State::Ready } else { State::Delayed };
                 (0, state, Home::Main, 0)
             }
-            Ok(Some(Record::Carry(c))) if format::id_hash(c.put.id) == s.hash => {
+            Ok(Some(Record::Carry(c))) if format::id_hash(c.put.id) == hash => {
                 (c.seq, c.state, c.home, attempt(c.attempt))
             }
             Ok(Some(_)) => return Some(format!("{what}: no message with its id hash there")),
@@ -418,11 +421,11 @@ impl Store {
             Ok(None) => return None,
             Err(why) => return Some(format!("{what}: {why}")),
         };
-        let expect = if s.last_offset == s.msg_offset {
+        let expect = if last_offset == msg_offset {
             expect
         } else {
-            match self.read_checked(s.last_offset) {
-                Ok(Some(Record::Transition(t))) if t.msg_offset == s.msg_offset && t.id_hash == s.hash => {
+            match self.read_checked(last_offset) {
+                Ok(Some(Record::Transition(t))) if t.msg_offset == msg_offset && t.id_hash == hash => {
                     (t.seq, t.state, t.home, attempt(t.attempt))
                 }
                 Ok(Some(_)) => return Some(format!("{what}: its last record is not a change of it")),
@@ -470,13 +473,13 @@ impl Store {
                             Some(0),
                             &self.durability,
                         )?;
-                        self.levels.insert(ms, LevelQueue { cq, cursor: 0 });
+                        self.levels.insert(ms, LevelQueue { cq, cursor: QueueIndex::new(0) });
                     }
                 }
                 QueueKind::Topic => {
                     let cq =
                         ConsumeQueue::new_closed(&topic_dir(&self.dir, &q.name), per_file, &self.durability);
-                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, 0, 0, 0, 0));
+                    self.topics.insert(q.name.clone(), TopicQueue::new(cq, QueueIndex::new(0), 0, 0, 0));
                 }
             }
         }

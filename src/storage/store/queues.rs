@@ -9,6 +9,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::storage::consumequeue::{ConsumeQueue, Entry};
 use crate::storage::format::{Home, Record, Route};
+use crate::storage::types::{LogOffset, QueueIndex, UnixMs};
 
 /// Where a record's dispatch puts an entry.
 enum Routed {
@@ -32,7 +33,7 @@ impl Store {
                 Some(0),
                 &self.durability,
             )?;
-            self.levels.insert(level_ms, LevelQueue { cq, cursor: 0 });
+            self.levels.insert(level_ms, LevelQueue { cq, cursor: QueueIndex::new(0) });
         }
         self.levels.get_mut(&level_ms).ok_or_else(|| Error::Unavailable("level queue vanished".into()))
     }
@@ -47,7 +48,8 @@ impl Store {
                 &self.durability,
             );
             // Dispatch creates queues, and it is applying the record at `dispatched` right now.
-            self.topics.insert(topic.to_string(), TopicQueue::new(cq, 0, 0, 0, self.dispatched));
+            self.topics
+                .insert(topic.to_string(), TopicQueue::new(cq, QueueIndex::new(0), 0, 0, self.dispatched));
         }
         self.topics.get_mut(topic).ok_or_else(|| Error::Unavailable("topic queue vanished".into()))
     }
@@ -83,9 +85,9 @@ impl Store {
     /// The entry at `topic`'s cursor and its index, without moving the cursor (the caller moves it
     /// with [`advance_cursor`](Self::advance_cursor) once the entry's outcome is appended); opens
     /// the queue's files only when there is an entry to read.
-    pub fn peek_entry(&mut self, topic: &str) -> Result<Option<(u64, Entry)>> {
+    pub fn peek_entry(&mut self, topic: &str) -> Result<Option<(QueueIndex, Entry)>> {
         match self.topics.get(topic) {
-            Some(q) if q.cursor < q.cq.len() => {}
+            Some(q) if q.cursor < q.cq.end() => {}
             _ => return Ok(None),
         }
         let q = self.topic_open(topic)?;
@@ -98,36 +100,38 @@ impl Store {
     pub fn read_entries(
         &mut self,
         queue: &QueueRef<'_>,
-        from: u64,
+        from: QueueIndex,
         max: u64,
-    ) -> Result<(Vec<(u64, Entry)>, u64)> {
+    ) -> Result<(Vec<(QueueIndex, Entry)>, QueueIndex)> {
+        let none = QueueIndex::new(0);
         let cq = match queue {
             QueueRef::Topic(t) => {
                 if !self.topics.contains_key(*t) {
-                    return Ok((Vec::new(), 0));
+                    return Ok((Vec::new(), none));
                 }
                 &self.topic_open(t)?.cq
             }
             QueueRef::Level(ms) => match self.levels.get(ms) {
                 Some(q) => &q.cq,
-                None => return Ok((Vec::new(), 0)),
+                None => return Ok((Vec::new(), none)),
             },
         };
-        let from = from.max(cq.first());
+        let from = from.max(cq.first()).get();
         let to = from.saturating_add(max).min(cq.len());
-        Ok(((from..to).filter_map(|i| cq.get(i).map(|e| (i, e))).collect(), cq.len()))
+        let entries = (from..to).map(QueueIndex::new).filter_map(|i| cq.get(i).map(|e| (i, e))).collect();
+        Ok((entries, cq.end()))
     }
 
     /// Where a topic's reader stands (0 for a topic without a queue).
-    pub fn topic_cursor(&self, topic: &str) -> u64 {
-        self.topics.get(topic).map_or(0, |q| q.cursor)
+    pub fn topic_cursor(&self, topic: &str) -> QueueIndex {
+        self.topics.get(topic).map_or(QueueIndex::new(0), |q| q.cursor)
     }
 
     /// Moves `topic`'s cursor past entry `at` (read with [`peek_entry`](Self::peek_entry)).
-    pub fn advance_cursor(&mut self, topic: &str, at: u64) {
+    pub fn advance_cursor(&mut self, topic: &str, at: QueueIndex) {
         if let Some(q) = self.topics.get_mut(topic) {
             if q.cursor == at {
-                q.cursor += 1;
+                q.cursor = at.plus(1);
             }
         }
     }
@@ -149,22 +153,23 @@ impl Store {
 
     fn check_entry_with(&self, queue: &QueueRef<'_>, entry: &Entry, how: Read) -> EntryCheck {
         let bad = |why: String| EntryCheck::Bad(why);
-        if entry.offset < self.log.start() {
+        let offset = entry.offset.get();
+        if offset < self.log.start() {
             // Its record was reclaimed: the message was carried forward or expired.
             return EntryCheck::Stale;
         }
-        if entry.size == 0 || entry.offset >= self.dispatched {
-            return bad(format!("entry points at log offset {} past the dispatched log", entry.offset));
+        if entry.size == 0 || offset >= self.dispatched {
+            return bad(format!("entry points at log offset {offset} past the dispatched log"));
         }
-        let rec = match self.read_as(entry.offset, how) {
+        let rec = match self.read_as(offset, how) {
             Ok(Some(rec)) => rec,
             Ok(None) => return EntryCheck::CorruptRecord,
             Err(why) => return bad(why),
         };
-        if self.log.record_len(entry.offset) != u64::from(entry.size) {
-            return bad(format!("entry size {} differs from the record at {}", entry.size, entry.offset));
+        if self.log.record_len(offset) != u64::from(entry.size) {
+            return bad(format!("entry size {} differs from the record at {offset}", entry.size));
         }
-        match self.routed(entry.offset, entry.size, &rec, how) {
+        match self.routed(offset, entry.size, &rec, how) {
             Ok(Routed::To(target, e)) if target.is(queue) && e.tag == entry.tag => EntryCheck::Valid,
             Ok(Routed::Reclaimed) => EntryCheck::Stale,
             Ok(Routed::Damaged) => EntryCheck::CorruptRecord,
@@ -211,10 +216,14 @@ impl Store {
             Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => return Ok(Routed::Nowhere),
         };
         Ok(match (route, topic) {
-            (Route::Topic, Some(t)) => Routed::To(Target::Topic(t), Entry { offset, size, tag }),
-            (Route::Level { level_ms, due_ms }, _) => {
-                Routed::To(Target::Level(level_ms), Entry { offset, size, tag: due_ms })
-            }
+            (Route::Topic, Some(t)) => Routed::To(
+                Target::Topic(t),
+                Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(tag) },
+            ),
+            (Route::Level { level_ms, due_ms }, _) => Routed::To(
+                Target::Level(level_ms),
+                Entry { offset: LogOffset::new(offset), size, tag: UnixMs::new(due_ms) },
+            ),
             _ => Routed::Nowhere,
         })
     }
@@ -223,7 +232,7 @@ impl Store {
     /// entry before it that checks out, every entry is derived again from the log (the records
     /// after that entry's record that route to the queue). Returns the index readers must restart
     /// from; entries of messages already handled are skipped when read, so re-reading is safe.
-    pub fn repair_queue(&mut self, queue: &QueueRef<'_>, bad: u64, why: &str) -> Result<u64> {
+    pub fn repair_queue(&mut self, queue: &QueueRef<'_>, bad: QueueIndex, why: &str) -> Result<QueueIndex> {
         let (first, created_at) = match queue {
             QueueRef::Topic(t) => {
                 let q = self.topic_open(t)?;
@@ -239,11 +248,11 @@ impl Store {
         // The last good entry before the damage bounds the scan: the log is never read twice over.
         let mut keep = first;
         let mut from = self.log.start().max(created_at);
-        for i in (first..bad.min(cq.len())).rev() {
+        for i in (first.get()..bad.min(cq.end()).get()).rev().map(QueueIndex::new) {
             if let Some(e) = cq.get(i) {
-                if e.offset >= self.log.start() && self.check_entry(queue, &e) == EntryCheck::Valid {
-                    keep = i + 1;
-                    from = e.offset + u64::from(e.size);
+                if e.offset.get() >= self.log.start() && self.check_entry(queue, &e) == EntryCheck::Valid {
+                    keep = i.plus(1);
+                    from = e.offset.get() + u64::from(e.size);
                     break;
                 }
             }
@@ -281,9 +290,9 @@ impl Store {
         }
         error!(
             queue = %queue,
-            entry = bad,
+            entry = bad.get(),
             %why,
-            kept = keep,
+            kept = keep.get(),
             rewritten = entries.len(),
             old_len,
             new_len,

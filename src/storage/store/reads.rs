@@ -9,6 +9,7 @@ use super::{dead_letter_topic, Store};
 use crate::error::{Error, Result};
 use crate::storage::format::{self, Home, Put, Record, State};
 use crate::storage::index::{Slot, SlotRef};
+use crate::storage::types::{IdHash, LogOffset};
 
 /// The due time a record sets: when a delayed message becomes ready, when a reservation expires,
 /// when a ready message became ready (0 for records of no message).
@@ -56,8 +57,8 @@ impl Store {
     }
 
     /// Reads the message whose Put (or Carry) record is at `msg_offset`.
-    pub fn put_at(&self, msg_offset: u64) -> Result<Put<'_>> {
-        match self.log.read(msg_offset)?.0 {
+    pub fn put_at(&self, msg_offset: LogOffset) -> Result<Put<'_>> {
+        match self.log.read(msg_offset.get())?.0 {
             Record::Put(p) => Ok(p),
             Record::Carry(c) => Ok(c.put),
             _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
@@ -67,13 +68,13 @@ impl Store {
     /// The due time the slot's last state change set: when a delayed message becomes ready, when a
     /// reservation expires, or when a ready message became ready.
     pub fn deliver_at(&self, slot: &Slot) -> Result<u64> {
-        Ok(deliver_at_of(&self.log.read_fields(slot.last_offset)?.0))
+        Ok(deliver_at_of(&self.log.read_fields(slot.last_offset.get())?.0))
     }
 
     /// The due time a message had, for an ack or cancel to keep: when it was to become (or
     /// became) ready, or for a reserved message when the delivery it holds fell due.
     pub fn due_at(&self, slot: &Slot) -> Result<u64> {
-        let rec = self.log.read_fields(slot.last_offset)?.0;
+        let rec = self.log.read_fields(slot.last_offset.get())?.0;
         Ok(match &rec {
             Record::Transition(t) => match (t.due_ms, t.state) {
                 (Some(due), _) => due,
@@ -88,7 +89,7 @@ impl Store {
 
     /// The queue the message in `slot` belongs to now: its topic, or the topic's `.dlq`.
     pub fn queue_of(&self, slot: &Slot) -> Result<String> {
-        let topic = self.topic_of(slot.msg_offset)?;
+        let topic = self.topic_of(slot.msg_offset.get())?;
         Ok(match slot.home {
             Home::Main => topic,
             Home::DeadLetter => dead_letter_topic(&topic),
@@ -98,19 +99,19 @@ impl Store {
     /// Sum of the record sizes of every indexed message (recount after recovery).
     pub(crate) fn count_live_bytes(&self) -> u64 {
         let mut sum = 0;
-        self.index.for_each(|s| sum += self.log.record_len(s.msg_offset));
+        self.index.for_each(|s| sum += self.log.record_len(s.msg_offset.get()));
         sum
     }
 
     pub(super) fn topic_of(&self, msg_offset: u64) -> Result<String> {
-        Ok(String::from_utf8_lossy(self.message_fields_at(msg_offset)?.topic).into_owned())
+        Ok(String::from_utf8_lossy(self.message_fields_at(LogOffset::new(msg_offset))?.topic).into_owned())
     }
 
     /// The message whose Put (or Carry) is at `msg_offset`, read for its fields (id, topic,
     /// times): its body is neither read nor checked (see [`format::decode_fields`]). For offsets
     /// the index or a receipt gave; a consumer's read of the message uses [`put_at`](Self::put_at).
-    pub fn message_fields_at(&self, msg_offset: u64) -> Result<Put<'_>> {
-        match self.log.read_fields(msg_offset)?.0 {
+    pub fn message_fields_at(&self, msg_offset: LogOffset) -> Result<Put<'_>> {
+        match self.log.read_fields(msg_offset.get())?.0 {
             Record::Put(p) => Ok(p),
             Record::Carry(c) => Ok(c.put),
             _ => Err(Error::NotFound(format!("no message at offset {msg_offset}"))),
@@ -121,7 +122,7 @@ impl Store {
     /// that became final at or before `expired_at_ms` is past `done_retention` and not found, even
     /// while the expiry walk has not reached it yet (a carried final message is reached late).
     pub fn find_id(&self, id: &[u8], expired_at_ms: u64) -> Option<(SlotRef, Slot)> {
-        let hash = format::id_hash(id);
+        let hash = IdHash::new(format::id_hash(id));
         self.index.find_slot(hash, |s| {
             self.message_fields_at(s.msg_offset).is_ok_and(|p| p.id == id)
                 && !self.is_expired(s, expired_at_ms)
@@ -134,7 +135,7 @@ impl Store {
         if !slot.state.is_final() {
             return Ok(None);
         }
-        Ok(match self.log.read_fields(slot.last_offset)?.0 {
+        Ok(match self.log.read_fields(slot.last_offset.get())?.0 {
             Record::Transition(t) => Some(t.time_ms),
             Record::Carry(c) => Some(c.time_ms),
             _ => None,
@@ -148,7 +149,7 @@ impl Store {
     }
 
     /// Finds a message by its Put offset and id hash.
-    pub fn find_offset(&self, hash: u64, msg_offset: u64) -> Option<(SlotRef, Slot)> {
+    pub fn find_offset(&self, hash: IdHash, msg_offset: LogOffset) -> Option<(SlotRef, Slot)> {
         self.index.find(hash, |m| m == msg_offset)
     }
 
