@@ -47,7 +47,6 @@ pub mod http;
 mod limits;
 mod live;
 pub mod message;
-pub mod metrics;
 mod push;
 #[cfg(test)]
 mod reclaim_tests;
@@ -59,6 +58,7 @@ pub mod units;
 
 internal_mod! {
     engine;
+    metrics;
     schedule;
     storage;
 }
@@ -81,5 +81,7 @@ pub use message::When;
 pub use message::{Delivery, MessageInfo, MessageState, Nacked, Produced, Stats};
 /// Requests to the broker.
 pub use message::{PopRequest, ProduceRequest, PushConfig};
+/// The broker's counters and histograms ([`Broker::metrics`]), which `/metrics` renders.
+pub use metrics::{Histogram, Metrics, PushMetrics};
 /// Delivers messages of topics with a push subscription (webhook or NATS JetStream) until dropped.
 pub use push::run as run_push;
