@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use delayd::config::cli::Cli;
 use delayd::config::{Config, LogFormat};
-use delayd::http::server::{serve as serve_http, ServeConfig};
-use delayd::http::{router, AppState, Limits};
-use delayd::Broker;
+use delayd::{router, serve as serve_http, AppState, Broker, Limits, ServeConfig};
 use tokio::sync::Notify;
 use tracing_subscriber::EnvFilter;
 
@@ -87,7 +85,7 @@ async fn run(cfg: Config) -> Result<()> {
     notify_systemd(&[sd_notify::NotifyState::Ready]);
     // Push delivery runs beside the server and stops with it (a delivery cut short comes back
     // when its reservation runs out).
-    let pusher = tokio::spawn(delayd::push::run(broker.clone()));
+    let pusher = tokio::spawn(delayd::run_push(broker.clone()));
     let served = serve(&cfg, serve_cfg, listener, broker.clone()).await;
     pusher.abort();
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
@@ -109,7 +107,7 @@ fn notify_systemd(state: &[sd_notify::NotifyState]) {
 fn serve_config(cfg: &Config) -> ServeConfig {
     let mut serve_cfg = ServeConfig::from_config(cfg);
     let show = |v: Option<u64>| v.map_or("unlimited".to_string(), |n| n.to_string());
-    let limit = match delayd::http::process::raise_file_limit() {
+    let limit = match delayd::http::raise_file_limit() {
         Ok((before, after)) => {
             tracing::info!(
                 soft = %show(after.soft),
@@ -119,7 +117,7 @@ fn serve_config(cfg: &Config) -> ServeConfig {
             );
             after
         }
-        Err(e) => match delayd::http::process::file_limit() {
+        Err(e) => match delayd::http::file_limit() {
             Ok(now) => {
                 tracing::warn!(soft = %show(now.soft), hard = %show(now.hard), "cannot raise the open file limit: {e}");
                 now

@@ -256,16 +256,15 @@ impl Engine {
     }
 }
 
-#[cfg(test)]
+/// White-box and benchmark accessors: in the crate's own tests, and public for the benches and
+/// integration tests with the `internals` feature; never in a default build.
+#[cfg(any(test, feature = "internals"))]
 impl Engine {
     /// The store, for white-box tests.
     pub fn store_for_tests(&self) -> &Store {
         &self.store
     }
-}
 
-#[doc(hidden)]
-impl Engine {
     /// Slots of the id index table inserts go to (benchmarks).
     pub fn index_slots_for_bench(&self) -> u64 {
         self.store.index_slots()

@@ -2,17 +2,17 @@
 //! `/healthz`, `/metrics` and the dashboard at `/ui`. `router` builds an `axum::Router` that tests can drive in-process.
 
 mod compat;
-pub mod error;
+mod error;
 mod extract;
 pub mod metrics;
 mod native;
 mod openapi;
-pub mod process;
+mod process;
 mod push;
-pub mod server;
+mod server;
 mod topics;
 mod ui;
-pub mod validate;
+mod validate;
 
 use std::sync::Arc;
 
@@ -32,6 +32,10 @@ use crate::broker::Broker;
 use crate::config::Config;
 use crate::schedule::clock::{Clock, SystemClock};
 pub use error::ApiError;
+/// The process's open-file limit, read and raised at start-up.
+pub use process::{file_limit, raise_file_limit, FileLimit};
+/// The connection-level server the router runs under, and its settings.
+pub use server::{serve, ServeConfig};
 
 use crate::limits::ENVELOPE_BYTES;
 
@@ -277,7 +281,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Unix time in milliseconds on the broker's step-safe clock, so a `deliver_at_ms` is checked
 /// against the same "now" that will schedule it.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemClock.now_ms()
 }
 

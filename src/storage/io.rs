@@ -5,17 +5,23 @@
 //! Nth matching call fail with a chosen errno, write only part of its bytes, or wait at a gate.
 //!
 //! Faults are registered process-wide but match only paths under a directory the test names (its
-//! own temp dir), so tests running in parallel in one process never see each other's faults. With
-//! no fault registered, each call costs one relaxed atomic load: the hook is inert in production,
-//! and nothing here changes what a real call does. (A `FileSystem` trait object threaded through
-//! every constructor, as raft-engine does, would touch every file that opens a file; matching by
-//! directory gives the same reach with no signature changes.)
+//! own temp dir), so tests running in parallel in one process never see each other's faults. The
+//! hook (`Fault`, `FaultGuard`) is built only for the crate's own tests and with the `internals`
+//! feature: a default build has none and every call goes straight through; with it and no fault
+//! registered, each call costs one relaxed atomic load. Either way nothing here changes what a
+//! real call does. (A `FileSystem` trait object threaded through every constructor, as
+//! raft-engine does, would touch every file that opens a file; matching by directory gives the
+//! same reach with no signature changes.)
 
 use std::fs::{File, OpenOptions, ReadDir};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(any(test, feature = "internals"))]
+use std::path::PathBuf;
+#[cfg(any(test, feature = "internals"))]
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+#[cfg(any(test, feature = "internals"))]
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::durability::{Durability, Failure};
@@ -38,6 +44,7 @@ pub enum Op {
 }
 
 /// What one registered fault does.
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Clone)]
 pub struct Fault {
     /// The call kind it matches.
@@ -58,6 +65,7 @@ pub struct Fault {
     pub short: bool,
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl Fault {
     /// A fault failing every `op` under `under` with `errno`, from the first call on.
     pub fn new(op: Op, under: &Path, errno: i32) -> Fault {
@@ -125,6 +133,7 @@ impl Fault {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 #[derive(Default)]
 struct Gate {
     closed: AtomicBool,
@@ -132,6 +141,7 @@ struct Gate {
     open: Condvar,
 }
 
+#[cfg(any(test, feature = "internals"))]
 struct Rule {
     fault: Fault,
     /// Matching calls seen.
@@ -142,10 +152,12 @@ struct Rule {
 }
 
 /// Keeps a fault registered; dropping it removes the fault (and opens its gate).
+#[cfg(any(test, feature = "internals"))]
 pub struct FaultGuard {
     rule: Arc<Rule>,
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl FaultGuard {
     /// Calls that failed because of this fault so far.
     pub fn failed(&self) -> u64 {
@@ -165,6 +177,7 @@ impl FaultGuard {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl Drop for FaultGuard {
     fn drop(&mut self) {
         self.release();
@@ -174,15 +187,19 @@ impl Drop for FaultGuard {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+#[cfg(any(test, feature = "internals"))]
 static RULES: Mutex<Vec<Arc<Rule>>> = Mutex::new(Vec::new());
 
 /// What an injected fault asks of the call.
+#[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
 enum Injected {
     Fail(io::Error),
     Short(io::Error),
 }
 
+#[cfg(any(test, feature = "internals"))]
 fn injected(op: Op, path: &Path) -> Option<Injected> {
     if ACTIVE.load(Ordering::Relaxed) == 0 {
         return None;
@@ -213,6 +230,13 @@ fn injected(op: Op, path: &Path) -> Option<Injected> {
     }
     let e = io::Error::from_raw_os_error(f.errno);
     Some(if f.short { Injected::Short(e) } else { Injected::Fail(e) })
+}
+
+/// Without the hooks built in, no call is failed.
+#[cfg(not(any(test, feature = "internals")))]
+#[inline(always)]
+fn injected(_op: Op, _path: &Path) -> Option<Injected> {
+    None
 }
 
 fn fail_if_injected(op: Op, path: &Path) -> io::Result<()> {
