@@ -4,6 +4,7 @@
 mod compat;
 mod error;
 mod extract;
+mod json;
 pub mod metrics;
 mod native;
 mod openapi;

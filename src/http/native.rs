@@ -280,6 +280,14 @@ pub(crate) struct PopAnswer {
     messages: Vec<DeliveryAnswer>,
 }
 
+#[cfg(test)]
+impl PopAnswer {
+    /// The answer holding `messages` (the pop handler writes it with `json::pop_answer`).
+    pub(crate) fn new(messages: Vec<DeliveryAnswer>) -> PopAnswer {
+        PopAnswer { messages }
+    }
+}
+
 /// One popped message.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct DeliveryAnswer {
@@ -337,12 +345,14 @@ pub(crate) async fn pop(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
     RawQuery(query): RawQuery,
-) -> Result<Json<PopAnswer>, ApiError> {
+) -> Result<Response, ApiError> {
     validate::topic(&topic)?;
     let q = parse_pop_query(query.as_deref(), st.limits())?;
     let req = PopRequest { topics: vec![topic], max: q.max, wait_ms: q.wait_ms, ttr_ms: q.ttr_ms };
     let deliveries = pop_or_shutdown(&st, req).await?;
-    Ok(Json(PopAnswer { messages: deliveries.iter().map(DeliveryAnswer::from).collect() }))
+    // The `PopAnswer` schema, written without serde_json's escape walk over plain bodies.
+    let json = super::json::pop_answer(&deliveries);
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 fn receipt(r: &str) -> Result<(), ApiError> {

@@ -416,8 +416,11 @@ async fn pop_ack(
     let mut q = run.queue(p)?;
     let mut accepted = 0;
     let mut seq = base;
+    // At most 1,000 messages and about 2 MiB of bodies per request, well under delayd's default
+    // request limit (4 MiB of body plus 64 KiB) whatever the body size.
+    let chunk = ((2 << 20) / p.body_bytes.max(1)).clamp(1, 1000);
     while accepted < preload {
-        let jobs: Vec<Job> = (0..1000.min(preload - accepted))
+        let jobs: Vec<Job> = (0..chunk.min(preload - accepted))
             .map(|i| Job { seq: seq + i as u64, delay_ms: 0, ttr_ms: 30_000 })
             .collect();
         seq += jobs.len() as u64;
