@@ -430,7 +430,12 @@ impl Core {
     /// True when nothing waits behind the step just applied: no request taken or queued, none
     /// half applied.
     fn alone(&self) -> bool {
-        self.batch.is_empty() && self.producing.is_none() && self.queued() == 0
+        // The writer's cheap checks first: the channel's length takes its lock, which every
+        // request sender contends for, so it is asked only when a lone batch is possible at all.
+        self.batch.is_empty()
+            && self.producing.is_none()
+            && self.writer.lone_batch_possible(self.pending.len(), self.engine.log_end())
+            && self.queued() == 0
     }
 
     /// Wakes long-polls waiting on topics that got entries.

@@ -261,6 +261,14 @@ impl<R: Release> Writer<R> {
         self.handed_off = end;
     }
 
+    /// Whether a commit of `replies` answers for a log ending at `end` could be synced on the
+    /// committing thread (`sync` mode, a small batch, nothing in flight): the cheap half of the
+    /// lone-batch rule, so a driver asks whether anything is queued behind it (which takes the
+    /// request channel's lock) only when the answer matters.
+    pub fn lone_batch_possible(&self, replies: usize, end: u64) -> bool {
+        self.flush == FlushMode::Sync && end > self.handed_off && self.lone_small_batch(replies, end)
+    }
+
     /// True when the batch is small and nothing is being flushed: syncing it on this thread
     /// delays nobody.
     fn lone_small_batch(&self, replies: usize, end: u64) -> bool {
