@@ -7,58 +7,16 @@ use crate::message::{Delivery, Nacked};
 use crate::metrics::inc;
 use crate::schedule::levels::plan_hop;
 use crate::storage::consumequeue::Entry;
-use crate::storage::format::{self, Cause, Home, Record, Route, State, Transition};
+use crate::storage::format::{self, Cause, Home, Record, Route, State};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::store::{dead_letter_topic, EntryCheck, QueueRef};
 use crate::storage::types::{IdHash, LogOffset};
 
 use super::timers::Timer;
+use super::transition::{ready_state, Change};
 use super::{validate_id, Engine};
 
-/// The state of a message in `home` that a consumer can pop: ready, or dead in its dead-letter queue.
-pub(super) fn ready_state(home: Home) -> State {
-    match home {
-        Home::Main => State::Ready,
-        Home::DeadLetter => State::Dead,
-    }
-}
-
-/// What a Transition record says of the message after it (the record adds the message, its seq
-/// and the link to the record before).
-pub(super) struct Change {
-    /// The clock reading the change was decided on; it also planned `deliver_at_ms` and `route`.
-    pub(super) time_ms: u64,
-    pub(super) state: State,
-    pub(super) cause: Cause,
-    pub(super) home: Home,
-    pub(super) attempt: u32,
-    pub(super) deliver_at_ms: u64,
-    pub(super) route: Route,
-    /// A Reserve's delivery due time, kept by a later ack or cancel.
-    pub(super) due_ms: Option<u64>,
-}
-
 impl Engine {
-    pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
-        let seq = slot.seq + 1;
-        self.append(&Record::Transition(Transition {
-            msg_offset: slot.msg_offset.get(),
-            id_hash: slot.hash.get(),
-            seq,
-            prev_state: slot.state,
-            state: change.state,
-            cause: change.cause,
-            home: change.home,
-            attempt: change.attempt,
-            time_ms: change.time_ms,
-            deliver_at_ms: change.deliver_at_ms,
-            route: change.route,
-            due_ms: change.due_ms,
-            prev_offset: Some(slot.last_offset.get()),
-        }))?;
-        Ok(seq)
-    }
-
     /// Reserves up to `max` ready messages from `topics`, in order; never waits.
     pub fn pop(&mut self, topics: &[String], max: usize, ttr_ms: Option<u64>) -> Result<Vec<Delivery>> {
         self.writable()?;

@@ -21,6 +21,7 @@ mod produce;
 mod reads;
 mod receipts;
 mod timers;
+mod transition;
 mod topics;
 mod walks;
 

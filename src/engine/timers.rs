@@ -12,7 +12,7 @@ use crate::storage::format::{self, Cause, Home, Hop, Record, Route, State};
 use crate::storage::store::{EntryCheck, QueueRef};
 use crate::storage::types::{IdHash, LogOffset, QueueIndex, UnixMs};
 
-use super::delivery::{ready_state, Change};
+use super::transition::{ready_state, Change};
 use super::Engine;
 
 /// Timers either make a delayed message ready or expire a reservation.

@@ -9,7 +9,7 @@ use crate::storage::index::Slot;
 use crate::storage::store::{dead_letter_topic, QueueRef};
 use crate::storage::types::QueueIndex;
 
-use super::delivery::Change;
+use super::transition::Change;
 use super::reads::message_state;
 use super::timers::Timer;
 use super::{validate_topic, Engine};

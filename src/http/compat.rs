@@ -92,14 +92,6 @@ impl<S: Send + Sync> FromRequest<S> for CompatBody {
     }
 }
 
-/// The paths of the original API.
-const PATHS: [&str; 5] = ["/push", "/pop", "/finish", "/delete", "/get"];
-
-/// Whether `path` is one of the original API's.
-pub(crate) fn is_compat_path(path: &str) -> bool {
-    PATHS.contains(&path)
-}
-
 /// A refused bearer token on a compat path: HTTP 401 as on `/v1`, with the compat body shape its
 /// clients parse (`code` 1, the message, `data` null).
 pub(crate) fn unauthorized(denied: ApiError) -> axum::response::Response {

@@ -2,6 +2,7 @@
 //! `/healthz`, `/metrics` and the dashboard at `/ui`. `router` builds an `axum::Router` that tests can drive in-process.
 
 mod compat;
+mod compat_paths;
 mod error;
 mod extract;
 mod json;
@@ -257,7 +258,7 @@ async fn require_token(State(state): State<AppState>, req: Request, next: Next) 
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
             let denied = ApiError::unauthorized();
-            if compat::is_compat_path(req.uri().path()) {
+            if compat_paths::is_compat_path(req.uri().path()) {
                 return compat::unauthorized(denied);
             }
             return denied.into_response();

@@ -515,7 +515,7 @@ impl ConnService {
 /// An answer given without the router, in the shape the path's clients parse: the JSON error
 /// envelope, or on a compat path the `{code, message, data}` body with the same status (as its 401).
 fn refusal(path: &str, e: ApiError) -> Response<axum::body::Body> {
-    if !super::compat::is_compat_path(path) {
+    if !super::compat_paths::is_compat_path(path) {
         return e.into_response();
     }
     let body = serde_json::json!({"code": 1, "message": e.message, "data": null});
@@ -559,7 +559,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             }
         };
         let poll = is_long_poll(&parts)
-            .then(|| (self.poll.clone(), super::compat::is_compat_path(parts.uri.path())));
+            .then(|| (self.poll.clone(), super::compat_paths::is_compat_path(parts.uri.path())));
         let req = Request::from_parts(parts, axum::body::Body::new(body));
         let router = self.router.clone();
         Box::pin(async move {

@@ -309,7 +309,7 @@ pub fn preallocate(file: &File, path: &Path, len: u64) -> io::Result<()> {
 }
 
 fn fallocate(file: &File, len: i64) -> io::Result<()> {
-    super::mmap::posix_fallocate(file, len)
+    super::sys::posix_fallocate(file, len)
 }
 
 /// Writes all of `data` at `offset`.
@@ -373,7 +373,7 @@ pub fn msync(
 /// no metadata and no cache flush, so it makes nothing durable by itself, but it does report (and
 /// consume) a writeback error, so it counts as a sync.
 pub fn sync_range(file: &File, path: &Path, offset: u64, len: u64, owner: &Durability) -> io::Result<()> {
-    guarded("sync_file_range", path, owner, || super::mmap::sync_file_range(file, offset, len))
+    guarded("sync_file_range", path, owner, || super::sys::sync_file_range(file, offset, len))
 }
 
 /// Renames `from` to `to`.

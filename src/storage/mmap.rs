@@ -1,4 +1,4 @@
-//! The only module with `unsafe`: preallocated files mapped read-write.
+//! Preallocated files mapped read-write (with `sys.rs`, the only `unsafe` in the crate).
 //!
 //! Files are preallocated with `posix_fallocate` before mapping, and before they are grown and
 //! mapped again, so writes into the map never hit a sparse hole (which on a full disk raises SIGBUS
@@ -331,32 +331,6 @@ impl WriteHeat {
     /// every page it cleans.
     pub fn cool(&mut self) {
         self.counts.fill(0);
-    }
-}
-
-/// `posix_fallocate(fd, 0, len)`.
-pub(super) fn posix_fallocate(file: &File, len: i64) -> std::io::Result<()> {
-    // SAFETY: plain syscall on an fd we own.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
-    match rc {
-        0 => Ok(()),
-        e => Err(std::io::Error::from_raw_os_error(e)),
-    }
-}
-
-/// `sync_file_range(fd, offset, len, WAIT_BEFORE | WRITE | WAIT_AFTER)`.
-pub(super) fn sync_file_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
-    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return Err(std::io::Error::other("range too large"));
-    };
-    let flags =
-        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: plain syscall on an fd we own.
-    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 

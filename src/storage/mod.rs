@@ -18,6 +18,7 @@ pub(crate) mod secret;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod synced;
+mod sys;
 pub(crate) mod types;
 pub(crate) mod warmer;
 pub(crate) mod writer;

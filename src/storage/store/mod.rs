@@ -160,9 +160,9 @@ pub struct Store {
     /// `serial` of the newest checkpoint known to be durable.
     pub(super) durable_serial: u64,
     /// Where reclaiming the oldest segment stands.
-    pub(super) reclaim: super::reclaim::Reclaim,
+    pub(super) reclaim: super::reclaim::state::Reclaim,
     /// What each segment holds that reclaim must keep, kept by dispatch (recounted at open).
-    pub(super) segs: super::reclaim::SegCounts,
+    pub(super) segs: super::reclaim::state::SegCounts,
     /// The id hash and offset of the newest Hop of each timer, by (msg_offset, seq), among the records re-dispatched at
     /// open. A level entry fired after the checkpoint fires again after a crash; the Hop it wrote
     /// then is in the replayed records, so a timer record older than that Hop is superseded and
