@@ -24,8 +24,8 @@ pub use crate::storage::commitlog::RecoveryMode;
 pub use crate::storage::writer::FlushMode;
 use crate::units::{fmt_ms, fmt_size, DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS};
 use value::{
-    AttemptsLimit, AutoCount, Choice, Choices, Count, Duration, Durations, Hosts, Kind, OptionalCount, Size,
-    Text, Token, EMPTY_TOKEN,
+    AttemptsLimit, AutoCount, Choice, Choices, Count, Duration, Durations, Hosts, Kind, OptionalCount,
+    OptionalText, Peers, Size, Text, Token, EMPTY_TOKEN,
 };
 
 pub mod cli;
@@ -274,6 +274,29 @@ config_keys! {
     /// In bytes.
     max_body_memory: u64 [Size] = 256 << 20, "SIZE",
         "Most request-body bytes in memory at once; past it, 503 with Retry-After";
+    node_id: Option<usize> [OptionalCount] = None, "ID",
+        "This node's id in a cluster (1 or more); unset with peers unset: a single node",
+        |v| rule(v.is_none_or(|n| (1..=u32::MAX as usize).contains(&n)), || {
+            format!("{} is outside 1..=4294967295", v.unwrap_or_default())
+        });
+    peers: Option<Vec<String>> [Peers] = None, "PEERS",
+        "Every node of the cluster, this one included, as ID=HOST:PORT of its cluster address";
+    cluster_listen: Option<String> [OptionalText] = None, "ADDR",
+        "Address for node-to-node traffic (needed with peers), apart from the client API",
+        |v| rule(v.as_ref().is_none_or(|a| a.parse::<SocketAddr>().is_ok()), || {
+            format!("{:?} is not an address like 0.0.0.0:9278", v.as_deref().unwrap_or_default())
+        });
+    cluster_secret: Option<String> [Token] = None, "SECRET",
+        "Shared secret every node of the cluster proves it holds (needed with peers)",
+        |v| rule(v.as_ref().is_none_or(|s| s.len() >= 16), || "must be at least 16 characters".into());
+    advertise_url: Option<String> [OptionalText] = None, "URL",
+        "This node's client API URL as other nodes give it to clients; unset: from the bound listen address",
+        |v| rule(v.as_ref().is_none_or(|u| u.starts_with("http://") || u.starts_with("https://")), || {
+            format!("{:?} is not a URL like http://10.0.0.1:9277", v.as_deref().unwrap_or_default())
+        });
+    /// In milliseconds.
+    max_clock_skew: u64 [Duration] = 250, "DURATION",
+        "A node whose clock runs ahead of the others by more than this does not lead";
 }
 
 /// Every key's name, in the order of [`KEY_TABLE`].
@@ -374,6 +397,10 @@ pub struct BrokerConfig {
     /// in the program; off only to measure the hand-off it saves, in `benches/request.rs`).
     #[doc(hidden)]
     pub inline_requests: bool,
+    /// In a cluster, the cluster's secret: every node derives the same receipt key from it, so a
+    /// receipt handed out by one leader is accepted by the next. `None`: the data directory's own
+    /// random key.
+    pub receipt_secret: Option<String>,
 }
 
 impl BrokerConfig {
@@ -503,7 +530,68 @@ impl Config {
                 ),
             );
         }
+        self.validate_cluster()
+    }
+
+    /// The rules between the cluster keys: all of `node_id`, `cluster_listen` and
+    /// `cluster_secret` come with `peers`, and `peers` names this node.
+    fn validate_cluster(&self) -> Result<()> {
+        let bad = |key: &str, msg: String| Err(Error::Config(format!("{key}: {msg}")));
+        let Some(_) = &self.peers else {
+            if self.node_id.is_some() {
+                return bad(
+                    "node_id",
+                    "is set but peers is not; set both for a cluster, neither for a single node".into(),
+                );
+            }
+            return Ok(());
+        };
+        let peers = self.cluster_peers()?;
+        let Some(id) = self.node_id else {
+            return bad("node_id", "must be set when peers is (this node's id among them)".into());
+        };
+        if !peers.iter().any(|(p, _)| *p == id as u64) {
+            return bad(
+                "peers",
+                format!("does not name this node's id {id}; list every node, this one included"),
+            );
+        }
+        if self.cluster_listen.is_none() {
+            return bad(
+                "cluster_listen",
+                "must be set when peers is (the address other nodes reach this one at)".into(),
+            );
+        }
+        if self.cluster_secret.is_none() {
+            return bad("cluster_secret", "must be set when peers is (every node needs the same one)".into());
+        }
         Ok(())
+    }
+
+    /// The `peers` list as (id, cluster address) pairs, ids unique; empty for a single node.
+    pub fn cluster_peers(&self) -> Result<Vec<(u64, String)>> {
+        let mut out: Vec<(u64, String)> = Vec::new();
+        for item in self.peers.iter().flatten() {
+            let bad = |why: &str| {
+                Error::Config(format!("peers: {item:?} {why}; write ID=HOST:PORT, e.g. 1=10.0.0.1:9278"))
+            };
+            let (id, addr) = item.split_once('=').ok_or_else(|| bad("has no '='"))?;
+            let id: u64 = id.trim().parse().map_err(|_| bad("has an id that is not a number"))?;
+            if id == 0 || id > u32::MAX as u64 {
+                return Err(bad("has an id outside 1..=4294967295"));
+            }
+            let addr = addr.trim();
+            match addr.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+                _ => return Err(bad("has no HOST:PORT")),
+            }
+            if out.iter().any(|(p, _)| *p == id) {
+                return Err(bad("repeats an id"));
+            }
+            out.push((id, addr.to_string()));
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// The parsed listen address (valid after `validate`).
@@ -538,6 +626,7 @@ impl Config {
             push_max_in_flight: self.push_max_in_flight,
             max_push_subscriptions: self.max_push_subscriptions,
             inline_requests: true,
+            receipt_secret: self.peers.as_ref().and(self.cluster_secret.clone()),
         }
     }
 }
@@ -899,6 +988,12 @@ mod tests {
             ("max_push_subscriptions", "9"),
             ("max_connections_per_ip", "4"),
             ("max_body_memory", "1MiB"),
+            ("node_id", "2"),
+            ("peers", "1=127.0.0.1:9001, 2=127.0.0.1:9002"),
+            ("cluster_listen", "127.0.0.1:9002"),
+            ("cluster_secret", "0123456789abcdef"),
+            ("advertise_url", "http://127.0.0.1:1"),
+            ("max_clock_skew", "100ms"),
         ];
         assert_eq!(values.len(), KEYS.len());
         let vars: Vec<(String, String)> = values
@@ -943,6 +1038,12 @@ mod tests {
             max_push_subscriptions: 9,
             max_connections_per_ip: Some(4),
             max_body_memory: 1 << 20,
+            node_id: Some(2),
+            peers: Some(vec!["1=127.0.0.1:9001".into(), "2=127.0.0.1:9002".into()]),
+            cluster_listen: Some("127.0.0.1:9002".into()),
+            cluster_secret: Some("0123456789abcdef".into()),
+            advertise_url: Some("http://127.0.0.1:1".into()),
+            max_clock_skew: 100,
         };
         assert_eq!(c, expected);
         c.validate().unwrap();
@@ -1138,6 +1239,52 @@ mod tests {
     /// `BrokerConfig::with_defaults` (what tests and embedders use) and the program's defaults are
     /// one source: every field, named here without `..` so a new field must be added to this test.
     #[test]
+    fn cluster_keys_come_together_and_name_this_node() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut c = Config::default();
+            for (k, v) in pairs {
+                c.set(k, v).unwrap();
+            }
+            c.validate().err().map(|e| e.to_string())
+        };
+        let full: Vec<(&str, &str)> = vec![
+            ("node_id", "1"),
+            ("peers", "1=10.0.0.1:9278 2=10.0.0.2:9278,3=node-c:9278"),
+            ("cluster_listen", "0.0.0.0:9278"),
+            ("cluster_secret", "a-secret-of-16-chars"),
+        ];
+        assert_eq!(with(&full), None);
+        let c = {
+            let mut c = Config::default();
+            for (k, v) in &full {
+                c.set(k, v).unwrap();
+            }
+            c
+        };
+        assert_eq!(
+            c.cluster_peers().unwrap(),
+            vec![(1, "10.0.0.1:9278".into()), (2, "10.0.0.2:9278".into()), (3, "node-c:9278".into())]
+        );
+        assert_eq!(c.broker_config().receipt_secret.as_deref(), Some("a-secret-of-16-chars"));
+        let err = |drop_key: &str| with(&full.iter().copied().filter(|(k, _)| *k != drop_key).collect::<Vec<_>>());
+        assert!(err("node_id").unwrap().contains("node_id: must be set"), "{:?}", err("node_id"));
+        assert!(err("cluster_listen").unwrap().starts_with("config: cluster_listen"), "{:?}", err("cluster_listen"));
+        assert!(err("cluster_secret").unwrap().contains("cluster_secret"));
+        assert!(with(&[("node_id", "1")]).unwrap().contains("peers is not"));
+        let mut other = full.clone();
+        other[0] = ("node_id", "4");
+        assert!(with(&other).unwrap().contains("does not name this node's id 4"));
+        for bad in ["1=", "x=a:1", "0=a:1", "1=a:1 1=b:2", "1=a", "1=a:0"] {
+            let mut p = full.clone();
+            p[1] = ("peers", bad);
+            assert!(with(&p).unwrap().contains("peers:"), "{bad}: {:?}", with(&p));
+        }
+        let mut c = Config::default();
+        assert!(c.set("cluster_secret", "short").is_ok());
+        assert!(c.validate().unwrap_err().to_string().contains("at least 16"));
+    }
+
+    #[test]
     fn broker_config_defaults_are_the_config_defaults() {
         let c = Config::default();
         let b = BrokerConfig::with_defaults("/some/dir");
@@ -1166,8 +1313,10 @@ mod tests {
             push_max_in_flight,
             max_push_subscriptions,
             inline_requests,
+            receipt_secret,
         } = b;
         assert!(inline_requests);
+        assert_eq!(receipt_secret, None);
         assert_eq!(data_dir, PathBuf::from("/some/dir"));
         assert_eq!(flush, c.flush);
         assert_eq!(flush_interval_ms, c.flush_interval_ms);

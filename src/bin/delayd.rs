@@ -77,8 +77,20 @@ async fn run(cfg: Config) -> Result<()> {
     let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
     let serve_cfg = serve_config(&cfg);
     let dir = cfg.data_dir.display();
-    let broker =
-        Broker::open(cfg.broker_config()).map_err(|e| format!("cannot open data directory {dir}: {e}"))?;
+    let cluster_cfg = delayd::cluster::ClusterConfig::from_config(&cfg, local).map_err(|e| e.to_string())?;
+    let (broker, cluster) = match &cluster_cfg {
+        None => (
+            Broker::open(cfg.broker_config())
+                .map_err(|e| format!("cannot open data directory {dir}: {e}"))?,
+            None,
+        ),
+        Some(cc) => {
+            let rt = tokio::runtime::Handle::current();
+            let (broker, state) = delayd::cluster::open_broker(&cfg, cc, &rt, local)
+                .map_err(|e| format!("cannot start cluster node {} on {dir}: {e}", cc.node_id))?;
+            (broker, Some(state))
+        }
+    };
     // Tests and scripts read this line to learn the port when `listen` asks for port 0.
     println!("delayd listening on http://{local}");
     tracing::info!(%local, data_dir = %cfg.data_dir.display(), flush = ?cfg.flush, "delayd started");
@@ -86,7 +98,7 @@ async fn run(cfg: Config) -> Result<()> {
     // Push delivery runs beside the server and stops with it (a delivery cut short comes back
     // when its reservation runs out).
     let pusher = tokio::spawn(delayd::run_push(broker.clone()));
-    let served = serve(&cfg, serve_cfg, listener, broker.clone()).await;
+    let served = serve(&cfg, serve_cfg, listener, broker.clone(), cluster).await;
     pusher.abort();
     let stopped = broker.shutdown().await.map_err(|e| format!("broker shutdown failed: {e}"));
     served?;
@@ -145,8 +157,12 @@ async fn serve(
     serve_cfg: ServeConfig,
     listener: tokio::net::TcpListener,
     broker: Broker,
+    cluster: Option<Arc<delayd::cluster::ClusterState>>,
 ) -> Result<()> {
-    let state = AppState::new(broker, Limits::from_config(cfg));
+    let state = match cluster {
+        Some(c) => AppState::clustered(broker, Limits::from_config(cfg), c),
+        None => AppState::new(broker, Limits::from_config(cfg)),
+    };
     let signalled = Arc::new(Notify::new());
     let on_signal = {
         let state = state.clone();

@@ -99,6 +99,29 @@ pub(super) enum Command {
     Wake,
 }
 
+impl Command {
+    /// Answers a change with `e` instead of applying it (a cluster node that does not lead);
+    /// gives back a read, which is applied as usual.
+    pub(super) fn refuse_change(self, e: &Error) -> Option<Command> {
+        let why = e.to_string();
+        let err = || Error::Unavailable(why.clone());
+        match self {
+            Command::Produce { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Pop { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Ack { reply, .. }
+            | Command::AckId { reply, .. }
+            | Command::Cancel { reply, .. }
+            | Command::Replace { reply, .. }
+            | Command::Pause { reply, .. }
+            | Command::SetPush { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Nack { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Walk { reply, .. } => drop(reply.send(Err(err()))),
+            read => return Some(read),
+        }
+        None
+    }
+}
+
 /// What a purge or redrive slice does.
 #[derive(Debug, Clone)]
 pub(super) enum WalkOp {

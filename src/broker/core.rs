@@ -144,6 +144,7 @@ impl Core {
         flush_every: Duration,
         shared: std::sync::Weak<Shared>,
         metrics: Arc<Metrics>,
+        conditions: Vec<Box<dyn crate::storage::writer::Condition>>,
     ) -> Core {
         let durability = engine.durability().clone();
         let on_flush = {
@@ -154,7 +155,7 @@ impl Core {
             WriterConfig { flush, flush_every, on_flush },
             durability.clone(),
             engine.log_end(),
-            Vec::new(),
+            conditions,
         );
         Core {
             engine,
@@ -243,7 +244,9 @@ impl Core {
             return Duration::ZERO;
         }
         let mut wait = self.writer.next_work(self.engine.dirty());
-        if !self.durability.is_poisoned() {
+        // A cluster node that does not lead fires no timers and reclaims nothing: the leader's
+        // records do that here (the raft thread wakes the engine when entries arrive).
+        if !self.durability.is_poisoned() && self.engine.may_act() {
             match retry_wait(&mut self.timers_retry_at) {
                 Some(backoff) => wait = wait.min(backoff),
                 None => {
@@ -315,6 +318,19 @@ impl Core {
     /// a shutdown ends the batch (`Break`).
     fn apply_command(&mut self, cmd: Command) -> ControlFlow<()> {
         let engine = &mut self.engine;
+        // A cluster node appends only what the leader sends it: a change that reached it anyway
+        // (it lost the lead after the request was routed here) is refused, never applied.
+        let cmd = if engine.may_act() {
+            cmd
+        } else {
+            let not_leader = crate::error::Error::Unavailable(
+                "this node is not the cluster's leader; retry on the leader".into(),
+            );
+            match cmd.refuse_change(&not_leader) {
+                Some(read) => read,
+                None => return ControlFlow::Continue(()),
+            }
+        };
         match cmd {
             Command::Produce { topic, reqs, reply } => {
                 let done = Vec::with_capacity(reqs.len());
@@ -381,7 +397,7 @@ impl Core {
     /// Fires due timers until `until` (some, at least); after a failure, waits before trying
     /// again and logs it once.
     fn fire_timers(&mut self, until: Instant) {
-        if self.durability.is_poisoned() || self.timers_retry_at.is_some() {
+        if self.durability.is_poisoned() || self.timers_retry_at.is_some() || !self.engine.may_act() {
             return;
         }
         loop {
@@ -408,7 +424,7 @@ impl Core {
         for done in self.writer.checkpoints_done() {
             self.checkpoint_done(done);
         }
-        if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() {
+        if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() || !self.engine.may_act() {
             return;
         }
         match self.engine.maintain_until(until) {

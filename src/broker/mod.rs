@@ -126,6 +126,17 @@ impl Drop for Interest<'_> {
     }
 }
 
+/// What makes a broker a cluster node's: the store's side of replication, the log's last
+/// replicated entry, and the writer's "durable on a majority" condition.
+pub struct Replication {
+    /// Keeps the store's log framed as the replicated log.
+    pub replicator: Box<dyn crate::storage::replica::Replicator>,
+    /// The log's last complete entry when it opened.
+    pub sealed: crate::storage::replica::Sealed,
+    /// Released replies wait for it after the local sync.
+    pub condition: Box<dyn crate::storage::writer::Condition>,
+}
+
 /// A cheap, cloneable handle to a running broker.
 #[derive(Clone)]
 pub struct Broker {
@@ -143,15 +154,34 @@ impl Broker {
 
     /// Like [`open`](Self::open) with a chosen clock.
     pub fn open_with_clock(config: BrokerConfig, clock: Arc<dyn Clock>) -> Result<Broker> {
+        Self::open_replicated(config, clock, None)
+    }
+
+    /// Like [`open_with_clock`](Self::open_with_clock), as a cluster node when `replication` is
+    /// given: its store keeps the log framed as the replicated log and its writer answers a
+    /// change only once a majority has it.
+    pub fn open_replicated(
+        config: BrokerConfig,
+        clock: Arc<dyn Clock>,
+        replication: Option<Replication>,
+    ) -> Result<Broker> {
         let metrics = Arc::new(Metrics::default());
-        let (engine, report) = Engine::open(config.clone(), clock.clone(), metrics.clone())?;
+        let (mut engine, report) = Engine::open(config.clone(), clock.clone(), metrics.clone())?;
+        let conditions = match replication {
+            Some(r) => {
+                engine.set_replicator(r.replicator, r.sealed);
+                vec![r.condition]
+            }
+            None => Vec::new(),
+        };
         let durability = engine.durability().clone();
         info!(clean = report.clean, rebuilt = report.rebuilt, "broker opened");
         let (tx, rx) = flume::bounded(4096);
         let flush = config.flush;
         let flush_every = Duration::from_millis(config.flush_interval_ms.max(1));
         let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
-            let core = Core::start(engine, clock, flush, flush_every, weak.clone(), metrics.clone());
+            let core =
+                Core::start(engine, clock, flush, flush_every, weak.clone(), metrics.clone(), conditions);
             Shared {
                 tx,
                 core: Arc::new(Mutex::new(Some(core))),
@@ -167,6 +197,15 @@ impl Broker {
             .map_err(|e| Error::io("spawn engine thread", e))?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         Ok(Broker { shared, metrics, push_metrics: Arc::default(), durability })
+    }
+
+    /// A function that makes the engine thread take a step (the raft thread calls it when
+    /// entries arrive for the store).
+    pub fn waker(&self) -> Box<dyn Fn() + Send + Sync> {
+        let tx = self.shared.tx.clone();
+        Box::new(move || {
+            let _ = tx.try_send(Command::Wake);
+        })
     }
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {

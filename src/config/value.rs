@@ -348,3 +348,58 @@ impl Kind for Hosts {
         }
     }
 }
+
+/// Text that may be left unset (an address, a URL); set, it must not be empty.
+pub(super) struct OptionalText;
+
+impl Kind for OptionalText {
+    type Value = Option<String>;
+    fn expecting() -> String {
+        "a string".into()
+    }
+    fn parse(text: &str) -> Result<Option<String>, String> {
+        let t = text.trim();
+        if t.is_empty() {
+            return Err("must not be empty; leave it unset instead".into());
+        }
+        Ok(Some(t.to_string()))
+    }
+    fn show(value: &Option<String>) -> Option<String> {
+        value.clone()
+    }
+}
+
+/// A cluster's nodes, `ID=HOST:PORT` items separated by spaces or commas (a TOML array of such
+/// strings too); checked item by item in `Config::cluster_peers`.
+pub(super) struct Peers;
+
+impl Kind for Peers {
+    type Value = Option<Vec<String>>;
+    fn expecting() -> String {
+        "a list of nodes such as [\"1=10.0.0.1:9278\", \"2=10.0.0.2:9278\"] or \"1=a:9278,2=b:9278\"".into()
+    }
+    fn parse(text: &str) -> Result<Option<Vec<String>>, String> {
+        let items: Vec<String> =
+            text.split([' ', ',']).filter(|h| !h.is_empty()).map(str::to_string).collect();
+        if items.is_empty() {
+            return Err("must name at least one node; leave peers unset for a single node".into());
+        }
+        Ok(Some(items))
+    }
+    fn show(value: &Option<Vec<String>>) -> Option<String> {
+        value.as_ref().map(|items| items.join(" "))
+    }
+    fn from_toml(value: &toml::Value) -> Result<Option<Vec<String>>, String> {
+        match value {
+            toml::Value::String(s) => Self::parse(s),
+            toml::Value::Array(items) => {
+                let names = items
+                    .iter()
+                    .map(|item| item.as_str().ok_or_else(|| wrong_type::<Self>(item)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Self::parse(&names.join(" "))
+            }
+            other => Err(wrong_type::<Self>(other)),
+        }
+    }
+}

@@ -111,11 +111,13 @@ impl Engine {
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());
         let durability = store.durability().clone();
-        let receipts = Receipts::new(&crate::storage::secret::load_or_create(
-            &cfg.data_dir.join("receipt_key"),
-            holds_log,
-            &durability,
-        )?);
+        let key = match &cfg.receipt_secret {
+            Some(secret) => crate::storage::secret::derive_key(secret),
+            None => {
+                crate::storage::secret::load_or_create(&cfg.data_dir.join("receipt_key"), holds_log, &durability)?
+            }
+        };
+        let receipts = Receipts::new(&key);
         let mut engine = Engine {
             cfg,
             clock,
@@ -221,6 +223,21 @@ impl Engine {
     /// through `writer`, which releases `replies` when they are (see `storage::writer`).
     pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
         self.store.commit(writer, replies, driver);
+    }
+
+    /// True when this node may append records of its own (timers, expiries, reclaim): always on
+    /// a single node, only while it leads in a cluster.
+    pub fn may_act(&self) -> bool {
+        self.store.may_act()
+    }
+
+    /// Makes this engine's store a cluster node's (see `storage::replica`).
+    pub fn set_replicator(
+        &mut self,
+        replica: Box<dyn crate::storage::replica::Replicator>,
+        sealed: crate::storage::replica::Sealed,
+    ) {
+        self.store.set_replicator(replica, sealed);
     }
 
     /// True when appends are waiting for a flush.

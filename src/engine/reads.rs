@@ -80,7 +80,7 @@ impl Engine {
                     out.push(entry(c.time_ms, "carried", c.state, c.attempt, c.deliver_at_ms));
                     break;
                 }
-                Record::Hop(_) | Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => break,
+                Record::Hop(_) | Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => break,
             }
         }
         Ok((out, false))

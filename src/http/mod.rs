@@ -1,6 +1,7 @@
 //! The HTTP front end: the native JSON API under `/v1`, the ouqiang/delay-queue compatible API,
 //! `/healthz`, `/metrics` and the dashboard at `/ui`. `router` builds an `axum::Router` that tests can drive in-process.
 
+mod cluster;
 mod compat;
 mod compat_paths;
 mod error;
@@ -92,6 +93,7 @@ struct Inner {
     limits: Limits,
     shutdown: watch::Sender<bool>,
     http_metrics: metrics::HttpMetrics,
+    cluster: Option<Arc<crate::cluster::ClusterState>>,
 }
 
 impl AppState {
@@ -99,8 +101,33 @@ impl AppState {
     pub fn new(broker: Broker, limits: Limits) -> AppState {
         let (shutdown, _) = watch::channel(false);
         AppState {
-            inner: Arc::new(Inner { broker, limits, shutdown, http_metrics: metrics::HttpMetrics::new() }),
+            inner: Arc::new(Inner {
+                broker,
+                limits,
+                shutdown,
+                http_metrics: metrics::HttpMetrics::new(),
+                cluster: None,
+            }),
         }
+    }
+
+    /// Wraps a cluster node's broker: requests it does not lead for are sent to the leader.
+    pub fn clustered(broker: Broker, limits: Limits, cluster: Arc<crate::cluster::ClusterState>) -> AppState {
+        let (shutdown, _) = watch::channel(false);
+        AppState {
+            inner: Arc::new(Inner {
+                broker,
+                limits,
+                shutdown,
+                http_metrics: metrics::HttpMetrics::new(),
+                cluster: Some(cluster),
+            }),
+        }
+    }
+
+    /// The cluster's state as this node sees it (`None` on a single node).
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::ClusterState>> {
+        self.inner.cluster.as_ref()
     }
 
     /// The broker handle.
@@ -146,6 +173,7 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(native::get_message, native::cancel))
         .routes(routes!(native::history))
         .routes(routes!(native::stats))
+        .routes(routes!(cluster::status))
         .routes(routes!(topics::list))
         .routes(routes!(topics::pause))
         .routes(routes!(topics::resume))
@@ -175,7 +203,12 @@ pub fn router(state: AppState) -> Router {
     let (open, protected) = routes();
     let (open, open_doc) = open.split_for_parts();
     let (protected, protected_doc) =
-        protected.route_layer(middleware::from_fn_with_state(state.clone(), require_token)).split_for_parts();
+        // The token is checked first (outermost), then a node that does not lead sends the
+        // request on to the leader.
+        protected
+            .route_layer(middleware::from_fn_with_state(state.clone(), cluster::to_leader))
+            .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+            .split_for_parts();
     let doc = openapi::Served::new(&openapi::document(open_doc, protected_doc));
     let router = open
         // The dashboard is a page, not an API operation: it is left out of the document. It is

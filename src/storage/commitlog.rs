@@ -790,6 +790,35 @@ fn open_segments(
     Ok(segments)
 }
 
+/// Cuts the log in `dir` (closed: no `CommitLog` open on it) back to `offset`, a record
+/// boundary: zeroes the segment holding it from there and deletes the segments after it, durably.
+/// A cluster node does this to records no replicated entry holds (see `cluster::recover`).
+pub fn cut_files(dir: &Path, offset: u64) -> Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let bases = list_numbered(dir)?;
+    let Some(&base) = bases.iter().rev().find(|b| **b <= offset) else { return Ok(()) };
+    for later in bases.iter().filter(|b| **b > base) {
+        let path = dir.join(segment_name(*later));
+        std::fs::remove_file(&path).map_err(|e| Error::io_at("remove", &path, e))?;
+    }
+    let path = dir.join(segment_name(base));
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| Error::io_at("open", &path, e))?;
+    let len = f.metadata().map_err(|e| Error::io_at("stat", &path, e))?.len();
+    let from = offset - base;
+    if from < len {
+        f.seek(SeekFrom::Start(from)).map_err(|e| Error::io_at("seek", &path, e))?;
+        let zeroes = vec![0u8; 1 << 20];
+        let mut left = len - from;
+        while left > 0 {
+            let n = left.min(zeroes.len() as u64) as usize;
+            f.write_all(&zeroes[..n]).map_err(|e| Error::io_at("write", &path, e))?;
+            left -= n as u64;
+        }
+    }
+    f.sync_all().map_err(|e| Error::io_at("sync", &path, e))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io_at("sync", dir, e))
+}
+
 /// Lists files in `dir` whose names are 20-digit numbers, ascending.
 pub fn list_numbered(dir: &Path) -> Result<Vec<u64>> {
     let mut out = Vec::new();

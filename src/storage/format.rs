@@ -27,6 +27,9 @@ pub const RECORD_VERSION_CARRY: u8 = 2;
 /// Version of a Transition that links back to the message's record before it (so a look-up can
 /// show the message's history) and always has room for a due time.
 pub const RECORD_VERSION_LINKED: u8 = 3;
+/// Version of a Raft mark, the kind a cluster adds: a delayd from before clusters refuses to start
+/// on a replicated log ("written by a newer delayd") instead of taking its marks for damage.
+pub const RECORD_VERSION_RAFT: u8 = 4;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
 /// Largest record the log accepts (a frame must also fit in one segment).
@@ -53,6 +56,9 @@ pub enum Kind {
     Pause = 5,
     /// A topic's push subscription set, replaced or removed.
     Push = 6,
+    /// Closes one entry of a cluster's replicated log: its term and index (the records since the
+    /// previous mark are the entry's).
+    Raft = 7,
     /// Closes a segment: the next record starts at the next segment.
     EndOfSegment = 0x7F,
 }
@@ -66,6 +72,7 @@ impl Kind {
             4 => Some(Kind::Carry),
             5 => Some(Kind::Pause),
             6 => Some(Kind::Push),
+            7 => Some(Kind::Raft),
             0x7F => Some(Kind::EndOfSegment),
             _ => None,
         }
@@ -250,6 +257,36 @@ pub struct Pause<'a> {
     pub topic: &'a [u8],
 }
 
+/// What kind of consensus entry a [`RaftMark`] closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EntryKind {
+    /// Records (the ones between the previous mark and this one), or none: a new leader's empty
+    /// entry.
+    Normal = 0,
+    /// A membership change; its encoded change is the mark's payload.
+    ConfChange = 1,
+}
+
+/// The end of one entry of a cluster's replicated log. The entry's records are the ones from
+/// `data_start` up to this mark; on a single node there are no marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaftMark<'a> {
+    /// The consensus term of the leader that made the entry.
+    pub term: u64,
+    /// The entry's index in the replicated log (1, 2, ...).
+    pub index: u64,
+    /// Normal or membership change.
+    pub kind: EntryKind,
+    /// Log offset of the entry's first record (the mark's own offset when it has none).
+    pub data_start: u64,
+    /// The membership change for [`EntryKind::ConfChange`]; empty otherwise.
+    pub payload: &'a [u8],
+}
+
+/// Most payload bytes a Raft mark holds (an encoded membership change is far smaller).
+pub const MAX_RAFT_PAYLOAD_BYTES: usize = 64 << 10;
+
 /// Where a push subscription delivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -343,6 +380,8 @@ pub enum Record<'a> {
     Pause(Pause<'a>),
     /// See [`Push`].
     Push(Push<'a>),
+    /// See [`RaftMark`].
+    Raft(RaftMark<'a>),
     /// End of segment.
     EndOfSegment,
 }
@@ -355,7 +394,7 @@ impl Record<'_> {
             Record::Transition(t) => t.route,
             Record::Hop(h) => h.route,
             Record::Carry(c) => c.put.route,
-            Record::Pause(_) | Record::Push(_) | Record::EndOfSegment => Route::None,
+            Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => Route::None,
         }
     }
 
@@ -368,6 +407,7 @@ impl Record<'_> {
             Record::Carry(c) => encode_carry(c),
             Record::Pause(p) => encode_pause(p),
             Record::Push(p) => encode_push(p),
+            Record::Raft(m) => encode_raft(m),
             Record::EndOfSegment => Ok(encode_end_of_segment()),
         }
     }
@@ -794,6 +834,21 @@ pub fn encode_push(p: &Push<'_>) -> Result<Vec<u8>> {
     }))
 }
 
+/// Encodes a Raft mark. Fails on a payload over [`MAX_RAFT_PAYLOAD_BYTES`].
+pub fn encode_raft(m: &RaftMark<'_>) -> Result<Vec<u8>> {
+    if m.payload.len() > MAX_RAFT_PAYLOAD_BYTES {
+        return Err(Error::invalid("payload", format!("must be at most {MAX_RAFT_PAYLOAD_BYTES} bytes")));
+    }
+    Ok(frame_v(Kind::Raft, RECORD_VERSION_RAFT, 8 + 8 + 1 + 8 + 4 + m.payload.len(), |e| {
+        e.u64(m.term);
+        e.u64(m.index);
+        e.u8(m.kind as u8);
+        e.u64(m.data_start);
+        e.u32(m.payload.len() as u32);
+        e.0.extend_from_slice(m.payload);
+    }))
+}
+
 /// Encodes a Hop record.
 pub fn encode_hop(h: &Hop) -> Vec<u8> {
     frame(Kind::Hop, 8 + 8 + 4 + 8 + ROUTE_BYTES, |e| {
@@ -846,7 +901,7 @@ fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeE
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
-    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED].contains(&h.version) {
+    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED, RECORD_VERSION_RAFT].contains(&h.version) {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(h.kind).ok_or(DecodeError::Invalid("unknown record kind"))?;
@@ -859,6 +914,7 @@ fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeE
     if (only_v2 && !v2)
         || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Push | Kind::Put | Kind::Transition))
         || (v3 && kind != Kind::Transition)
+        || ((h.version == RECORD_VERSION_RAFT) != (kind == Kind::Raft))
     {
         return Err(DecodeError::Invalid("record kind and version do not match"));
     }
@@ -934,6 +990,23 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
             prev_offset: if buf[6] == RECORD_VERSION_LINKED { Some(d.u64()?) } else { None },
         }),
         Kind::Put => Record::Put(Put { replaces: buf[6] == RECORD_VERSION_CARRY, ..d.put()? }),
+        Kind::Raft => Record::Raft(RaftMark {
+            term: d.u64()?,
+            index: d.u64()?,
+            kind: match d.u8()? {
+                0 => EntryKind::Normal,
+                1 => EntryKind::ConfChange,
+                _ => return Err(DecodeError::Invalid("unknown raft entry kind")),
+            },
+            data_start: d.u64()?,
+            payload: {
+                let n = d.u32()? as usize;
+                if n > MAX_RAFT_PAYLOAD_BYTES {
+                    return Err(DecodeError::Invalid("raft payload length"));
+                }
+                d.take(n)?
+            },
+        }),
         Kind::Pause => Record::Pause(Pause {
             paused: match d.u8()? {
                 0 => false,

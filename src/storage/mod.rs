@@ -12,6 +12,7 @@ pub mod format;
 pub mod index;
 pub mod io;
 pub mod mmap;
+pub mod replica;
 pub(crate) mod reclaim;
 pub(crate) mod reserve;
 pub(crate) mod secret;

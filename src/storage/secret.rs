@@ -45,6 +45,19 @@ pub fn load_or_create(path: &Path, holds_log: bool, durability: &Durability) -> 
     Ok(key)
 }
 
+/// The receipt key of a cluster, the same on every node: HMAC-SHA256 of a fixed label under the
+/// cluster's secret, so a receipt a leader handed out is still valid after a failover.
+pub fn derive_key(secret: &str) -> [u8; KEY_BYTES] {
+    use hmac::{Hmac, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    mac.update(b"delayd receipt key v1");
+    let mut key = [0u8; KEY_BYTES];
+    let out = mac.finalize().into_bytes();
+    key.copy_from_slice(&out[..KEY_BYTES]);
+    key
+}
+
 /// Narrows a key file made by an older delayd (under the umask, often 0644) to its owner.
 fn keep_private(path: &Path) {
     use std::os::unix::fs::PermissionsExt;

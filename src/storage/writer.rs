@@ -117,6 +117,8 @@ pub struct CheckpointDone {
 /// The store's write path: see the module documentation.
 pub struct Writer<R: Release> {
     flush: FlushMode,
+    /// Conditions past the local sync exist: every batch goes through the flusher.
+    replicated: bool,
     flush_every: Duration,
     durability: Durability,
     on_flush: Arc<dyn Fn(Duration) + Send + Sync>,
@@ -150,6 +152,10 @@ impl<R: Release> Writer<R> {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob<R>>(FLUSH_QUEUE);
         let mut conditions: Vec<Box<dyn Condition>> = vec![Box::new(LocalSync::new(durability.clone()))];
+        // Every batch must meet every condition: a replicated store never answers from the
+        // inline lone-batch sync (which meets only the local one), and in a cluster `async`
+        // still waits for the majority (each node flushing as its writer does).
+        let replicated = !more.is_empty();
         conditions.extend(more);
         let flusher = Flusher {
             durability: durability.clone(),
@@ -185,7 +191,8 @@ impl<R: Release> Writer<R> {
             }
         };
         Writer {
-            flush: cfg.flush,
+            flush: if replicated { FlushMode::Sync } else { cfg.flush },
+            replicated,
             flush_every: cfg.flush_every,
             durability,
             on_flush: cfg.on_flush,
@@ -239,7 +246,7 @@ impl<R: Release> Writer<R> {
             }
             Driver::Inline { may_block: false, .. } => false,
             Driver::Stopping => true,
-        };
+        } && !self.replicated;
         match self.sync_tx.as_ref() {
             Some(tx) if !lone => {
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -266,7 +273,10 @@ impl<R: Release> Writer<R> {
     /// lone-batch rule, so a driver asks whether anything is queued behind it (which takes the
     /// request channel's lock) only when the answer matters.
     pub fn lone_batch_possible(&self, replies: usize, end: u64) -> bool {
-        self.flush == FlushMode::Sync && end > self.handed_off && self.lone_small_batch(replies, end)
+        self.flush == FlushMode::Sync
+            && !self.replicated
+            && end > self.handed_off
+            && self.lone_small_batch(replies, end)
     }
 
     /// True when the batch is small and nothing is being flushed: syncing it on this thread

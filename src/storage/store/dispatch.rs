@@ -67,7 +67,7 @@ impl Store {
             Record::Hop(h) => self.dispatch_hop(offset, size, h),
             Record::Pause(p) => self.dispatch_pause(offset, size, p),
             Record::Push(p) => self.dispatch_push(offset, size, p),
-            Record::EndOfSegment => Ok(()),
+            Record::Raft(_) | Record::EndOfSegment => Ok(()),
         }
     }
 
@@ -142,7 +142,7 @@ impl Store {
                 let held = Held::of(&[], p.topic);
                 self.dispatch_push(offset, size, &held.push(p))?;
             }
-            Record::EndOfSegment => {}
+            Record::Raft(_) | Record::EndOfSegment => {}
         }
         Ok(Some((offset, next)))
     }

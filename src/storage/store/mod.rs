@@ -27,6 +27,7 @@ mod dispatch;
 mod open;
 mod queues;
 mod reads;
+mod replicate;
 
 /// Sizes and policies of the files.
 #[derive(Debug, Clone)]
@@ -175,6 +176,10 @@ pub struct Store {
     durability: Durability,
     /// Disk space held back for the writes that let a full disk recover.
     reserve: Reserve,
+    /// In a cluster, what keeps this log framed as the replicated log (see `storage::replica`).
+    replica: Option<Box<dyn super::replica::Replicator>>,
+    /// This log's last complete replicated entry.
+    sealed: super::replica::Sealed,
 }
 
 fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
@@ -349,6 +354,9 @@ impl Store {
 
     /// Hands the log to `writer`'s commit of this step's appends (see [`Writer::commit`]).
     pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
+        if let Err(e) = self.seal() {
+            replies.drain(..).for_each(|r| r.release(Some(&e)));
+        }
         writer.commit(&mut self.log, replies, driver);
     }
 

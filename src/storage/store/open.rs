@@ -108,6 +108,8 @@ impl Store {
             corrupt_records: Default::default(),
             durability,
             reserve,
+            replica: None,
+            sealed: Default::default(),
         }
     }
 

@@ -1,0 +1,349 @@
+//! Replication and automatic failover: several delayd nodes keep one replicated commit log with
+//! Raft (TiKV's raft-rs), and the leader alone accepts writes and fires timers.
+//!
+//! - [`node`]: the Raft driver thread, the store's [`Replicator`](crate::storage::replica::Replicator)
+//!   and the "durable on a majority" condition of the writer.
+//! - [`net`]: the node-to-node links (authenticated TCP streams).
+//! - [`recover`]: what a node does to its log before it opens: cuts records no entry holds and
+//!   finds where its replicated log ends.
+//!
+//! With no `peers` none of this runs: a single node is exactly what it was.
+
+pub mod net;
+pub mod node;
+pub mod recover;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// How a node takes part: read from the configuration.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node's id.
+    pub node_id: u64,
+    /// Every node, this one included: id and cluster address.
+    pub peers: Vec<(u64, String)>,
+    /// Where this node listens for node-to-node traffic.
+    pub listen: String,
+    /// The secret every node proves it holds.
+    pub secret: String,
+    /// This node's client API URL as others give it to clients.
+    pub advertise_url: String,
+    /// A node further ahead of the others than this does not lead.
+    pub max_clock_skew_ms: u64,
+    /// The node's data directory (its Raft state lives in `cluster/` there).
+    pub data_dir: PathBuf,
+}
+
+impl ClusterConfig {
+    /// The cluster part of `cfg`, or `None` for a single node. `bound` is the address the client
+    /// API is bound to (the default advertised URL).
+    pub fn from_config(cfg: &Config, bound: std::net::SocketAddr) -> Result<Option<ClusterConfig>> {
+        let peers = cfg.cluster_peers()?;
+        if peers.is_empty() {
+            return Ok(None);
+        }
+        let missing = |key: &str| Error::Config(format!("{key}: must be set when peers is"));
+        Ok(Some(ClusterConfig {
+            node_id: cfg.node_id.ok_or_else(|| missing("node_id"))? as u64,
+            peers,
+            listen: cfg.cluster_listen.clone().ok_or_else(|| missing("cluster_listen"))?,
+            secret: cfg.cluster_secret.clone().ok_or_else(|| missing("cluster_secret"))?,
+            advertise_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{bound}")),
+            max_clock_skew_ms: cfg.max_clock_skew,
+            data_dir: cfg.data_dir.clone(),
+        }))
+    }
+
+    /// The other nodes.
+    pub fn others(&self) -> impl Iterator<Item = &(u64, String)> {
+        self.peers.iter().filter(move |(id, _)| *id != self.node_id)
+    }
+}
+
+/// A node's role, as `/v1/cluster` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    /// Follows a leader (or waits for one).
+    Follower = 0,
+    /// Asks for votes.
+    Candidate = 1,
+    /// Accepts writes and fires timers.
+    Leader = 2,
+    /// Receives the log but does not vote.
+    Learner = 3,
+}
+
+impl Role {
+    fn from_u8(v: u8) -> Role {
+        match v {
+            1 => Role::Candidate,
+            2 => Role::Leader,
+            3 => Role::Learner,
+            _ => Role::Follower,
+        }
+    }
+
+    /// The name `/v1/cluster` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Leader => "leader",
+            Role::Learner => "learner",
+        }
+    }
+}
+
+/// What this node knows of another.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    /// Its cluster address, from `peers`.
+    pub cluster_addr: String,
+    /// Its client API URL, as it said in its last handshake.
+    pub api_url: Option<String>,
+    /// Highest entry it is known to hold (on a leader).
+    pub match_index: u64,
+    /// Unix ms of the last message received from it.
+    pub last_contact_ms: Option<u64>,
+}
+
+/// The cluster's state as this node sees it, shared with the HTTP layer and the engine.
+#[derive(Debug)]
+pub struct ClusterState {
+    /// This node's id.
+    pub node_id: u64,
+    role: AtomicU8,
+    term: AtomicU64,
+    leader_id: AtomicU64,
+    /// Leader, with every entry of its term before its own in the store: writes may be applied.
+    leading: AtomicBool,
+    commit_index: AtomicU64,
+    last_index: AtomicU64,
+    sealed_index: AtomicU64,
+    /// Why this node may not lead now (its clock is ahead), if so.
+    refused: Mutex<Option<String>>,
+    nodes: Mutex<BTreeMap<u64, NodeInfo>>,
+}
+
+impl ClusterState {
+    /// The state of a node that has not heard from anyone yet.
+    pub fn new(cfg: &ClusterConfig) -> ClusterState {
+        let nodes = cfg
+            .peers
+            .iter()
+            .map(|(id, addr)| {
+                let api_url = (*id == cfg.node_id).then(|| cfg.advertise_url.clone());
+                (*id, NodeInfo { cluster_addr: addr.clone(), api_url, ..Default::default() })
+            })
+            .collect();
+        ClusterState {
+            node_id: cfg.node_id,
+            role: AtomicU8::new(Role::Follower as u8),
+            term: AtomicU64::new(0),
+            leader_id: AtomicU64::new(0),
+            leading: AtomicBool::new(false),
+            commit_index: AtomicU64::new(0),
+            last_index: AtomicU64::new(0),
+            sealed_index: AtomicU64::new(0),
+            refused: Mutex::new(None),
+            nodes: Mutex::new(nodes),
+        }
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> Role {
+        Role::from_u8(self.role.load(Ordering::Acquire))
+    }
+
+    /// True when this node is the leader and its store holds every entry before its term's own:
+    /// a write applied here now is replicated in order.
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// The leader's id, if one is known.
+    pub fn leader_id(&self) -> Option<u64> {
+        Some(self.leader_id.load(Ordering::Acquire)).filter(|id| *id != 0)
+    }
+
+    /// The leader's client API URL, if a leader is known and has told its URL.
+    pub fn leader_url(&self) -> Option<String> {
+        let id = self.leader_id()?;
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).get(&id)?.api_url.clone()
+    }
+
+    pub(crate) fn set_soft(&self, role: Role, term: u64, leader_id: u64) {
+        self.role.store(role as u8, Ordering::Release);
+        self.term.store(term, Ordering::Release);
+        self.leader_id.store(leader_id, Ordering::Release);
+        if role != Role::Leader {
+            self.leading.store(false, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn set_leading(&self, on: bool) {
+        self.leading.store(on, Ordering::Release);
+    }
+
+    pub(crate) fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_indexes(&self, commit: u64, last: u64) {
+        self.commit_index.store(commit, Ordering::Release);
+        self.last_index.store(last, Ordering::Release);
+    }
+
+    pub(crate) fn set_sealed(&self, index: u64) {
+        self.sealed_index.store(index, Ordering::Release);
+    }
+
+    #[allow(dead_code)] // the clock-skew check (next) sets it
+    pub(crate) fn set_refused(&self, why: Option<String>) {
+        *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    pub(crate) fn update_node(&self, id: u64, f: impl FnOnce(&mut NodeInfo)) {
+        if let Some(n) = self.nodes.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&id) {
+            f(n);
+        }
+    }
+
+    /// The answer of `GET /v1/cluster`.
+    pub fn status_json(&self) -> Value {
+        let nodes: Vec<Value> = self
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, n)| {
+                json!({
+                    "node_id": id,
+                    "api_url": n.api_url,
+                    "cluster_addr": n.cluster_addr,
+                    "match_index": (self.role() == Role::Leader).then_some(n.match_index),
+                    "lag_entries": (self.role() == Role::Leader)
+                        .then(|| self.last_index.load(Ordering::Acquire).saturating_sub(n.match_index)),
+                    "last_contact_ms": n.last_contact_ms,
+                })
+            })
+            .collect();
+        json!({
+            "node_id": self.node_id,
+            "role": self.role().name(),
+            "term": self.term(),
+            "leader_id": self.leader_id(),
+            "leader_url": self.leader_url(),
+            "leading": self.leading(),
+            "commit_index": self.commit_index.load(Ordering::Acquire),
+            "last_index": self.last_index.load(Ordering::Acquire),
+            "applied_index": self.sealed_index.load(Ordering::Acquire),
+            "may_lead": self.refused.lock().unwrap_or_else(|p| p.into_inner()).is_none(),
+            "not_leading_because": *self.refused.lock().unwrap_or_else(|p| p.into_inner()),
+            "nodes": nodes,
+        })
+    }
+}
+
+/// `GET /v1/cluster` of a single node: its own leader, a cluster of one.
+pub fn single_node_json(api_url: &str) -> Value {
+    json!({
+        "node_id": 1,
+        "role": "leader",
+        "term": 0,
+        "leader_id": 1,
+        "leader_url": api_url,
+        "leading": true,
+        "commit_index": 0,
+        "last_index": 0,
+        "applied_index": 0,
+        "may_lead": true,
+        "not_leading_because": null,
+        "nodes": [{"node_id": 1, "api_url": api_url, "cluster_addr": null}],
+    })
+}
+
+/// Opens this node's broker as a member of the cluster: cuts its log to what the replicated log
+/// holds, starts Raft and the node-to-node links on `rt`, and hands the store its side. `listen`
+/// is the client API's bound address (kept when the node restarts to rejoin).
+pub fn open_broker(
+    cfg: &Config,
+    cc: &ClusterConfig,
+    rt: &tokio::runtime::Handle,
+    listen: std::net::SocketAddr,
+) -> Result<(crate::Broker, std::sync::Arc<ClusterState>)> {
+    use std::sync::{Arc, OnceLock};
+    let recovered = recover::prepare(&cfg.data_dir, cfg.segment_bytes, cfg.recovery)?;
+    let sealed = recovered.last;
+    let state = Arc::new(ClusterState::new(cc));
+    type Waker = Box<dyn Fn() + Send + Sync>;
+    let waker: Arc<OnceLock<Waker>> = Arc::new(OnceLock::new());
+    let wake_engine = {
+        let waker = waker.clone();
+        Box::new(move || {
+            if let Some(w) = waker.get() {
+                w();
+            }
+        })
+    };
+    let restart: Arc<dyn Fn() + Send + Sync> = Arc::new(move || restart_self(listen));
+    let net_state = state.clone();
+    let node = node::Node::start(
+        cc,
+        state.clone(),
+        recovered,
+        |tx| net::Net::start(rt, cc, net_state, tx),
+        wake_engine,
+        restart,
+    )?;
+    let replication =
+        crate::broker::Replication { replicator: node.replicator(), sealed, condition: node.condition() };
+    let mut bc = cfg.broker_config();
+    bc.receipt_secret = Some(cc.secret.clone());
+    let broker =
+        crate::Broker::open_replicated(bc, Arc::new(crate::schedule::clock::SystemClock), Some(replication))?;
+    let _ = waker.set(broker.waker());
+    // Entries Raft already holds (a restart) go into the store now.
+    (broker.waker())();
+    // The node lives as long as the process: its threads stop with it.
+    std::mem::forget(node);
+    Ok((broker, state))
+}
+
+/// Replaces this process with a fresh start of the same program on the same addresses, so a
+/// node whose log must be cut back rebuilds its store from what is left (the cut was recorded
+/// first, durably).
+pub fn restart_self(listen: std::net::SocketAddr) {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot find this program to restart it; exiting");
+            std::process::exit(1);
+        }
+    };
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    let mut it = std::env::args_os().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--listen" {
+            it.next();
+        } else if !a.to_string_lossy().starts_with("--listen=") {
+            args.push(a);
+        }
+    }
+    args.push("--listen".into());
+    args.push(listen.to_string().into());
+    tracing::warn!("restarting this node to rejoin the cluster");
+    let e = std::process::Command::new(exe).args(args).exec();
+    tracing::error!(error = %e, "cannot restart this node; exiting");
+    std::process::exit(1);
+}

@@ -1,0 +1,636 @@
+//! The Raft driver: one thread that owns the consensus state machine (raft-rs's `RawNode`),
+//! ticks it, feeds it the messages other nodes send, and turns its output into messages out,
+//! entries for the store and released replies.
+//!
+//! How an entry travels (see `storage::replica` for the store's side):
+//! - on the leader, the engine's commit proposes the step's records ([`Replicator::propose`]
+//!   gives the entry its index at once) and appends the entry's mark; the writer syncs the log,
+//!   then [`MajorityDurable`] tells this thread how far the log is durable and waits until the
+//!   entry is committed (a majority has it durable) before the replies go out;
+//! - on a follower, entries arrive in a `Ready`; this thread wakes the engine, whose commit
+//!   appends them ([`Replicator::missing`]) and syncs them; once durable they are acknowledged to
+//!   the leader.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, Snapshot};
+use raft::storage::MemStorage;
+use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
+use tracing::{info, warn};
+
+use super::net::Net;
+use super::recover::Recovered;
+use super::{ClusterConfig, ClusterState, Role};
+use crate::error::{Error, Result};
+use crate::storage::format::EntryKind;
+use crate::storage::replica::{Diverged, ReplicaEntry, Replicator, Sealed};
+use crate::storage::writer::Condition;
+
+/// One tick of the consensus clock.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Ticks without a leader's word before a follower stands for election (randomized up to
+/// twice this): 0.8 to 1.6 s, so a failover completes within 2 s.
+const ELECTION_TICKS: usize = 8;
+/// Ticks between a leader's heartbeats.
+const HEARTBEAT_TICKS: usize = 1;
+/// Entries kept in memory to send to a follower that fell behind, in bytes and in number.
+const WINDOW_BYTES: u64 = 64 << 20;
+/// See [`WINDOW_BYTES`].
+const WINDOW_ENTRIES: usize = 100_000;
+/// Longest a reply waits for a majority before it is answered 503.
+const MAJORITY_WAIT: Duration = Duration::from_secs(10);
+
+/// What the driver thread is told.
+pub enum Event {
+    /// A message from another node.
+    Msg(Message),
+    /// Something changed (a proposal, the durable end of the log): look again.
+    Wake,
+}
+
+/// Raft's view of the log: the entries of a bounded window in memory (to send to followers);
+/// the commit log is the durable copy.
+pub struct LogStore(MemStorage);
+
+impl Storage for LogStore {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        self.0.initial_state()
+    }
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.0.entries(low, high, max_size, context)
+    }
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.0.term(idx)
+    }
+    fn first_index(&self) -> raft::Result<u64> {
+        self.0.first_index()
+    }
+    fn last_index(&self) -> raft::Result<u64> {
+        self.0.last_index()
+    }
+    fn snapshot(&self, _request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        // A follower behind the window needs the live set streamed: not built yet.
+        warn!(node = to, "node is behind the entries kept in memory; catching it up needs a snapshot, which this version cannot send");
+        Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable))
+    }
+}
+
+/// How far the local log is durable and how far a majority has it, in log offsets.
+#[derive(Default)]
+struct Progress {
+    local_durable: u64,
+    committed_end: u64,
+}
+
+/// What the driver, the engine's commit and the writer's flusher share.
+pub struct Shared {
+    raw: Mutex<RawNode<LogStore>>,
+    state: Arc<ClusterState>,
+    progress: Mutex<Progress>,
+    changed: Condvar,
+    /// (index, end offset of its mark) of entries in the local log not yet both durable and
+    /// committed.
+    marks: Mutex<VecDeque<(u64, u64)>>,
+    events: flume::Sender<Event>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn wake(&self) {
+        let _ = self.events.try_send(Event::Wake);
+    }
+
+    /// The highest entry whose mark ends at or before `offset`.
+    fn index_at(&self, offset: u64) -> u64 {
+        lock(&self.marks).iter().take_while(|(_, end)| *end <= offset).last().map_or(0, |(i, _)| *i)
+    }
+
+    /// The end offset of the highest local entry at or below `index`.
+    fn end_of(&self, index: u64) -> Option<u64> {
+        lock(&self.marks).iter().take_while(|(i, _)| *i <= index).last().map(|(_, end)| *end)
+    }
+}
+
+/// The store's side: see [`Replicator`].
+pub struct StoreSide {
+    shared: Arc<Shared>,
+    dir: PathBuf,
+    restart: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Replicator for StoreSide {
+    fn missing(&mut self, sealed: Sealed) -> std::result::Result<Vec<ReplicaEntry>, Diverged> {
+        let raw = lock(&self.shared.raw);
+        let log = &raw.raft.raft_log;
+        let (last, committed) = (log.last_index(), log.committed);
+        if sealed.index > last {
+            return Err(Diverged {
+                keep: committed.min(last),
+                why: "the leader's log is shorter than this node's",
+            });
+        }
+        if sealed.index > 0 {
+            if let Ok(t) = log.term(sealed.index) {
+                if t != sealed.term {
+                    return Err(Diverged {
+                        keep: committed.min(sealed.index - 1),
+                        why: "this node's last entry is not the leader's",
+                    });
+                }
+            }
+        }
+        if sealed.index == last {
+            return Ok(Vec::new());
+        }
+        let entries = log
+            .entries(sealed.index + 1, None, GetEntriesContext::empty(false))
+            .map_err(|_| Diverged { keep: committed.min(sealed.index), why: "entries no longer held" })?;
+        Ok(entries.into_iter().map(replica_entry).collect())
+    }
+
+    fn propose(&mut self, records: Vec<u8>) -> Option<(u64, u64)> {
+        let mut raw = lock(&self.shared.raw);
+        if raw.raft.state != StateRole::Leader || !self.shared.state.leading() {
+            return None;
+        }
+        raw.propose(Vec::new(), records).ok()?;
+        let at = (raw.raft.term, raw.raft.raft_log.last_index());
+        drop(raw);
+        self.shared.wake();
+        Some(at)
+    }
+
+    fn sealed(&mut self, sealed: Sealed) {
+        lock(&self.shared.marks).push_back((sealed.index, sealed.end));
+        self.shared.state.set_sealed(sealed.index);
+        let state = &self.shared.state;
+        if state.role() == Role::Leader && sealed.term == state.term() && !state.leading() {
+            info!(
+                term = sealed.term,
+                index = sealed.index,
+                "leader caught up with its log; accepting writes"
+            );
+            state.set_leading(true);
+        }
+    }
+
+    fn leading(&self) -> bool {
+        self.shared.state.leading()
+    }
+
+    fn diverged(&mut self, d: Diverged) {
+        warn!(
+            keep_index = d.keep,
+            why = d.why,
+            "this node's log diverged from the leader's; restarting to cut it back"
+        );
+        self.shared.state.set_leading(false);
+        match super::recover::request_cut(&self.dir, d.keep) {
+            Ok(()) => (self.restart)(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record where to cut the log; stopping");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+fn replica_entry(e: Entry) -> ReplicaEntry {
+    let conf = e.get_entry_type() != EntryType::EntryNormal;
+    let (term, index) = (e.term, e.index);
+    let data = e.data.to_vec();
+    ReplicaEntry {
+        term,
+        index,
+        kind: if conf { EntryKind::ConfChange } else { EntryKind::Normal },
+        records: if conf { Vec::new() } else { data.clone() },
+        payload: if conf { data } else { Vec::new() },
+    }
+}
+
+/// The writer's second durability condition in a cluster: the batch's entries are durable on a
+/// majority of nodes.
+pub struct MajorityDurable(pub Arc<Shared>);
+
+impl Condition for MajorityDurable {
+    fn reach(&mut self, _paths: &[&PathBuf], end: u64) -> Result<()> {
+        let shared = &self.0;
+        {
+            let mut p = lock(&shared.progress);
+            p.local_durable = p.local_durable.max(end);
+        }
+        shared.wake();
+        // A follower's appends answer no client: the leader waits for its acknowledgement.
+        if shared.state.role() != Role::Leader {
+            return Ok(());
+        }
+        let term = shared.state.term();
+        let started = Instant::now();
+        let mut p = lock(&shared.progress);
+        while p.committed_end < end {
+            if shared.state.role() != Role::Leader || shared.state.term() != term {
+                return Err(Error::Unavailable(
+                    "leadership changed before a majority had this write; it may or may not be applied: retry on the leader"
+                        .into(),
+                ));
+            }
+            if started.elapsed() > MAJORITY_WAIT {
+                return Err(Error::Unavailable(
+                    "no majority acknowledged this write in time; it may or may not be applied".into(),
+                ));
+            }
+            p = shared
+                .changed
+                .wait_timeout(p, Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        Ok(())
+    }
+}
+
+/// The persisted part of Raft's state: term, vote and commit index, in `cluster/raft_state`.
+fn hard_state_path(dir: &Path) -> PathBuf {
+    dir.join("cluster").join("raft_state")
+}
+
+/// Reads the persisted term, vote and commit (zeroes when there is none yet).
+pub fn load_hard_state(dir: &Path) -> Result<HardState> {
+    let path = hard_state_path(dir);
+    let mut hs = HardState::default();
+    match std::fs::read(&path) {
+        Ok(b) if b.len() == 28 && crc32fast::hash(&b[..24]).to_le_bytes() == b[24..28] => {
+            let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            hs.term = word(0);
+            hs.vote = word(1);
+            hs.commit = word(2);
+            Ok(hs)
+        }
+        Ok(_) => Err(Error::Corrupt {
+            file: path.display().to_string(),
+            offset: 0,
+            reason: "raft state file damaged (bad length or CRC); the node's vote is unknown".into(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(hs),
+        Err(e) => Err(Error::io_at("read", &path, e)),
+    }
+}
+
+/// Writes term, vote and commit durably before any message that depends on them goes out.
+fn save_hard_state(dir: &Path, hs: &HardState) -> Result<()> {
+    let path = hard_state_path(dir);
+    let mut b = Vec::with_capacity(28);
+    for v in [hs.term, hs.vote, hs.commit] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&crc32fast::hash(&b).to_le_bytes());
+    write_durably(&path, &b).map_err(|e| Error::io_at("write", &path, e))
+}
+
+/// Replaces `path` with `bytes` atomically and durably: a temporary file synced, renamed over it,
+/// and the directory synced.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A running node: its shared state and driver thread.
+pub struct Node {
+    /// Shared with the store and the writer.
+    pub shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    dir: PathBuf,
+    restart: Arc<dyn Fn() + Send + Sync>,
+}
+
+/// What the driver thread owns.
+struct Driver {
+    shared: Arc<Shared>,
+    rx: flume::Receiver<Event>,
+    net: Net,
+    dir: PathBuf,
+    saved: (u64, u64),
+    /// Readies whose entries wait to be durable: (number, last entry index, messages to send
+    /// then).
+    unpersisted: VecDeque<(u64, u64, Vec<Message>)>,
+    /// Entries in the window, with their sizes.
+    window: VecDeque<(u64, u64)>,
+    window_bytes: u64,
+    wake_engine: Box<dyn Fn() + Send>,
+}
+
+impl Node {
+    /// Starts a node from what recovery found in its log; `wake_engine` makes the engine take
+    /// a step (to append entries that arrived).
+    pub fn start(
+        cfg: &ClusterConfig,
+        state: Arc<ClusterState>,
+        recovered: Recovered,
+        net_start: impl FnOnce(flume::Sender<Event>) -> Result<Net>,
+        wake_engine: Box<dyn Fn() + Send>,
+        restart: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<Node> {
+        let voters: Vec<u64> = cfg.peers.iter().map(|(id, _)| *id).collect();
+        let conf = ConfState::from((voters, vec![]));
+        let store = MemStorage::new_with_conf_state(conf.clone());
+        let mut hs = load_hard_state(&cfg.data_dir)?;
+        let mut window = VecDeque::new();
+        let mut window_bytes = 0;
+        {
+            let mut core = store.wl();
+            if let Some((index, term)) = recovered.base {
+                let mut snap = Snapshot::default();
+                snap.mut_metadata().index = index;
+                snap.mut_metadata().term = term;
+                snap.mut_metadata().set_conf_state(conf);
+                core.apply_snapshot(snap).map_err(|e| Error::Config(format!("raft log: {e}")))?;
+            }
+            let entries: Vec<Entry> = recovered.entries.iter().map(entry_of).collect();
+            for e in &entries {
+                window.push_back((e.index, e.data.len() as u64));
+                window_bytes += e.data.len() as u64;
+            }
+            core.append(&entries).map_err(|e| Error::Config(format!("raft log: {e}")))?;
+            let first = recovered.base.map_or(0, |(i, _)| i);
+            let last = entries.last().map_or(first, |e| e.index);
+            hs.commit = hs.commit.clamp(first, last);
+            hs.term = hs.term.max(recovered.last.term);
+            core.set_hardstate(hs.clone());
+        }
+        let raft_cfg = raft::Config {
+            id: cfg.node_id,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: HEARTBEAT_TICKS,
+            applied: hs.commit,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            ..Default::default()
+        };
+        raft_cfg.validate().map_err(|e| Error::Config(format!("raft: {e}")))?;
+        let logger = super::net::raft_logger();
+        let raw = RawNode::new(&raft_cfg, LogStore(store), &logger)
+            .map_err(|e| Error::Config(format!("raft: {e}")))?;
+        let (tx, rx) = flume::bounded(65_536);
+        let shared = Arc::new(Shared {
+            raw: Mutex::new(raw),
+            state,
+            progress: Mutex::new(Progress::default()),
+            changed: Condvar::new(),
+            marks: Mutex::new(recovered.marks.into_iter().collect()),
+            events: tx.clone(),
+        });
+        {
+            let mut p = lock(&shared.progress);
+            p.local_durable = recovered.last.end;
+        }
+        shared.state.set_sealed(recovered.last.index);
+        let net = net_start(tx)?;
+        let mut driver = Driver {
+            shared: shared.clone(),
+            rx,
+            net,
+            dir: cfg.data_dir.clone(),
+            saved: (hs.term, hs.vote),
+            unpersisted: VecDeque::new(),
+            window,
+            window_bytes,
+            wake_engine,
+        };
+        let thread = std::thread::Builder::new()
+            .name("delayd-raft".into())
+            .spawn(move || driver.run())
+            .map_err(|e| Error::io("spawn raft thread", e))?;
+        Ok(Node { shared, thread: Some(thread), dir: cfg.data_dir.clone(), restart })
+    }
+
+    /// The store's side of this node.
+    pub fn replicator(&self) -> Box<dyn Replicator> {
+        Box::new(StoreSide {
+            shared: self.shared.clone(),
+            dir: self.dir.clone(),
+            restart: self.restart.clone(),
+        })
+    }
+
+    /// The writer's majority condition.
+    pub fn condition(&self) -> Box<dyn Condition> {
+        Box::new(MajorityDurable(self.shared.clone()))
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // The driver stops when every event sender is gone; it is not waited for here, as the
+        // store's side may still hold one.
+        self.thread.take();
+    }
+}
+
+fn entry_of(e: &ReplicaEntry) -> Entry {
+    let mut out = Entry { term: e.term, index: e.index, ..Default::default() };
+    if e.kind == EntryKind::ConfChange {
+        out.set_entry_type(EntryType::EntryConfChangeV2);
+        out.data = e.payload.clone().into();
+    } else {
+        out.data = e.records.clone().into();
+    }
+    out
+}
+
+impl Driver {
+    fn run(&mut self) {
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let mut events = Vec::new();
+            match self.rx.recv_timeout(wait) {
+                Ok(ev) => events.push(ev),
+                Err(flume::RecvTimeoutError::Timeout) => {}
+                Err(flume::RecvTimeoutError::Disconnected) => return,
+            }
+            events.extend(self.rx.try_iter());
+            let shared = self.shared.clone();
+            let mut raw = lock(&shared.raw);
+            if Instant::now() >= next_tick {
+                raw.tick();
+                next_tick = Instant::now() + TICK;
+            }
+            for ev in events {
+                if let Event::Msg(m) = ev {
+                    let from = m.from;
+                    self.shared.state.update_node(from, |n| n.last_contact_ms = Some(now_ms()));
+                    let _ = raw.step(m);
+                }
+            }
+            self.ready(&mut raw);
+            self.persisted(&mut raw);
+            self.publish(&raw);
+        }
+    }
+
+    /// Handles one `Ready`: messages out, term and vote saved, entries handed to the engine.
+    fn ready(&mut self, raw: &mut RawNode<LogStore>) {
+        if !raw.has_ready() {
+            return;
+        }
+        let mut rd = raw.ready();
+        for m in rd.take_messages() {
+            self.net.send(m);
+        }
+        if !rd.snapshot().is_empty() {
+            warn!("a snapshot arrived; installing one is not built yet, so this node cannot catch up");
+        }
+        if let Some(hs) = rd.hs() {
+            if (hs.term, hs.vote) != self.saved {
+                if let Err(e) = save_hard_state(&self.dir, hs) {
+                    // Without its vote on disk the node could vote twice in a term: stop here.
+                    tracing::error!(error = %e, "cannot save the raft state; stopping this node's consensus");
+                    std::process::exit(1);
+                }
+                self.saved = (hs.term, hs.vote);
+            }
+            raw.mut_store().0.wl().set_hardstate(hs.clone());
+        }
+        let entries = rd.take_entries();
+        let last = entries.last().map(|e| e.index);
+        if !entries.is_empty() {
+            self.remember(&entries);
+            if let Err(e) = raw.mut_store().0.wl().append(&entries) {
+                warn!(error = %e, "raft entries out of order");
+            }
+            (self.wake_engine)();
+        }
+        let committed = rd.take_committed_entries();
+        let persisted = rd.take_persisted_messages();
+        self.unpersisted.push_back((rd.number(), last.unwrap_or(0), persisted));
+        raw.advance_append_async(rd);
+        if let Some(last_committed) = committed.last().map(|e| e.index) {
+            raw.advance_apply_to(last_committed);
+        }
+    }
+
+    /// Entries appended to the window; the oldest leave it past its bounds (never one not yet
+    /// committed).
+    fn remember(&mut self, entries: &[Entry]) {
+        if let Some(first) = entries.first() {
+            while self.window.back().is_some_and(|(i, _)| *i >= first.index) {
+                if let Some((_, b)) = self.window.pop_back() {
+                    self.window_bytes -= b;
+                }
+            }
+        }
+        for e in entries {
+            self.window.push_back((e.index, e.data.len() as u64));
+            self.window_bytes += e.data.len() as u64;
+        }
+    }
+
+    /// Tells Raft which readies are durable now, sending the messages that waited on them.
+    fn persisted(&mut self, raw: &mut RawNode<LogStore>) {
+        let durable = lock(&self.shared.progress).local_durable;
+        let durable_index = self.shared.index_at(durable);
+        while let Some((number, last, _)) = self.unpersisted.front() {
+            if *last > durable_index {
+                break;
+            }
+            let number = *number;
+            if let Some((_, _, msgs)) = self.unpersisted.pop_front() {
+                for m in msgs {
+                    self.net.send(m);
+                }
+            }
+            raw.on_persist_ready(number);
+        }
+        if raw.has_ready() {
+            self.ready(raw);
+        }
+    }
+
+    /// Publishes role, term, leader, indexes and progress, releases replies now committed and
+    /// trims what no longer needs keeping.
+    fn publish(&mut self, raw: &RawNode<LogStore>) {
+        let r = &raw.raft;
+        let role = match r.state {
+            StateRole::Leader => Role::Leader,
+            StateRole::Candidate | StateRole::PreCandidate => Role::Candidate,
+            StateRole::Follower => Role::Follower,
+        };
+        let state = &self.shared.state;
+        if role != state.role() || r.term != state.term() || r.leader_id != state.leader_id().unwrap_or(0) {
+            info!(role = role.name(), term = r.term, leader = r.leader_id, "raft role");
+            state.set_soft(role, r.term, r.leader_id);
+            self.shared.changed.notify_all();
+            if role == Role::Leader {
+                (self.wake_engine)();
+            }
+        }
+        let commit = r.raft_log.committed;
+        state.set_indexes(commit, r.raft_log.last_index());
+        if role == Role::Leader {
+            for (id, pr) in r.prs().iter() {
+                let matched = pr.matched;
+                state.update_node(*id, |n| n.match_index = matched);
+            }
+        }
+        if let Some(end) = self.shared.end_of(commit) {
+            let mut p = lock(&self.shared.progress);
+            if end > p.committed_end {
+                p.committed_end = end;
+                self.shared.changed.notify_all();
+            }
+        }
+        self.trim(raw, commit);
+    }
+
+    /// Forgets marks both durable and committed, and compacts the window past its bounds.
+    fn trim(&mut self, raw: &RawNode<LogStore>, commit: u64) {
+        let durable = lock(&self.shared.progress).local_durable;
+        let keep_from = commit.min(self.shared.index_at(durable));
+        {
+            let mut marks = lock(&self.shared.marks);
+            while marks.len() > 1 && marks.front().is_some_and(|(i, _)| *i < keep_from) {
+                marks.pop_front();
+            }
+        }
+        let mut compact_to = None;
+        while self.window.len() > WINDOW_ENTRIES || self.window_bytes > WINDOW_BYTES {
+            match self.window.front() {
+                Some((i, b)) if *i < commit => {
+                    compact_to = Some(*i + 1);
+                    self.window_bytes -= *b;
+                    self.window.pop_front();
+                }
+                _ => break,
+            }
+        }
+        if let Some(to) = compact_to {
+            let _ = raw.store().0.wl().compact(to);
+        }
+    }
+}
+
+/// Unix time in milliseconds by this node's clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
