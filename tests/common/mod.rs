@@ -3,6 +3,8 @@
 //! Each test binary uses only some helpers, hence the allow.
 #![allow(dead_code)]
 
+pub mod checker;
+pub mod proxy;
 pub mod raw;
 
 use std::fs::{File, OpenOptions};
