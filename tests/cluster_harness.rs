@@ -1,14 +1,18 @@
-//! Tests of the cluster test harness itself: the link proxy's modes and the history checker.
+//! Tests of the cluster test harness itself: the link proxy's modes, the history checker, the
+//! leader-following client against scripted nodes, the process controls, and one real
+//! three-node cluster.
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::checker::History;
+use common::cluster::{agreed_leader, short_client, Cluster, ClusterClient};
 use common::proxy::{LinkProxy, Mode};
+use serde_json::{json, Value};
 
 // ---- the link proxy ----
 
@@ -288,4 +292,305 @@ fn the_history_takes_events_from_many_threads() {
     let r = h.check();
     r.assert_ok();
     assert_eq!((r.acked_produces, r.deliveries, r.duplicates), (400, 400, 0));
+}
+
+// ---- leader agreement and the client, against scripted nodes ----
+
+#[test]
+fn a_leader_needs_a_majority_of_all_nodes_naming_it() {
+    let view = |id: u64, role: &str, leader: Option<u64>| {
+        Some(json!({"node_id": id, "role": role, "leader_id": leader}))
+    };
+    let agreed = [view(1, "follower", Some(2)), view(2, "leader", Some(2)), view(3, "follower", Some(2))];
+    assert_eq!(agreed_leader(&agreed, 3), Some(2));
+    // An old leader cut off from the others still says so; the majority names the new one.
+    let stale = [view(1, "leader", Some(1)), view(2, "leader", Some(2)), view(3, "follower", Some(2))];
+    assert_eq!(agreed_leader(&stale, 3), Some(2));
+    // Two of three down: the survivor's word alone is no leader.
+    let alone = [view(1, "leader", Some(1)), None, None];
+    assert_eq!(agreed_leader(&alone, 3), None);
+    let one_down = [None, view(2, "leader", Some(2)), view(3, "follower", Some(2))];
+    assert_eq!(agreed_leader(&one_down, 3), Some(2));
+    let no_leader = [view(1, "candidate", None), view(2, "follower", None), view(3, "follower", None)];
+    assert_eq!(agreed_leader(&no_leader, 3), None);
+    // Named by a majority but not (or no longer) leader by its own answer.
+    let stepped_down =
+        [view(1, "follower", Some(2)), view(2, "follower", Some(2)), view(3, "follower", Some(2))];
+    assert_eq!(agreed_leader(&stepped_down, 3), None);
+}
+
+/// A request as a scripted node saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+type Script = Box<dyn Fn(usize) -> String + Send>;
+
+/// A one-request-per-connection HTTP node whose answers come from a script given the number of
+/// the request (0-based); it keeps every request it got.
+struct FakeNode {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl FakeNode {
+    fn start(script: Script) -> FakeNode {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind fake node");
+        let addr = listener.local_addr().expect("address");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        // The thread ends with the test process; each test's nodes are few.
+        std::thread::spawn(move || {
+            for (n, conn) in listener.incoming().enumerate() {
+                let Ok(conn) = conn else { continue };
+                if let Some(req) = read_request(&conn) {
+                    log.lock().expect("seen lock").push(req);
+                    let _ = (&conn).write_all(script(n).as_bytes());
+                }
+            }
+        });
+        FakeNode { addr, seen }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("seen lock").clone()
+    }
+}
+
+fn read_request(conn: &TcpStream) -> Option<Seen> {
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).ok()?;
+        let Some((k, v)) = h.trim_end().split_once(':') else { break };
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let len =
+        headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).ok()?;
+    Some(Seen { method, path, headers, body: String::from_utf8_lossy(&body).into() })
+}
+
+fn http_answer(status: &str, extra: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[test]
+fn the_client_follows_a_redirect_with_the_same_method_body_and_headers() {
+    let leader =
+        FakeNode::start(Box::new(|_| http_answer("201 Created", "", r#"{"id":"m1","deliver_at_ms":5}"#)));
+    let location = format!("{}/v1/topics/t/messages?x=1", leader.url());
+    let follower = FakeNode::start(Box::new(move |_| {
+        http_answer("307 Temporary Redirect", &format!("location: {location}\r\n"), "")
+    }));
+    let c =
+        ClusterClient::with_urls(vec![follower.url(), leader.url()]).with_header("authorization", "Bearer t");
+    let body = json!({"id": "m1", "body": "hello", "delay_ms": 5});
+    let r = c.request("POST", "/v1/topics/t/messages?x=1", Some(&body), 0).expect("answered");
+    assert_eq!((r.status, r.redirects), (201, 1), "{r:?}");
+    assert_eq!(r.node, leader.url());
+    assert_eq!(r.body["id"], "m1");
+    let (f, l) = (&follower.seen()[0], &leader.seen()[0]);
+    assert_eq!((l.method.as_str(), l.path.as_str()), ("POST", "/v1/topics/t/messages?x=1"));
+    assert_eq!(l.body, f.body);
+    assert_eq!(serde_json::from_str::<Value>(&l.body).expect("json"), body);
+    for h in ["authorization", "content-type"] {
+        let value = |s: &Seen| s.headers.iter().find(|(k, _)| k == h).map(|(_, v)| v.clone());
+        assert_eq!(value(l), value(f), "header {h}");
+        assert!(value(l).is_some(), "header {h} missing");
+    }
+    // The next call starts at the node that answered.
+    c.get("m1").expect("answered");
+    assert_eq!(follower.seen().len(), 1);
+    assert_eq!(leader.seen()[1].path, "/v1/messages/m1");
+}
+
+#[test]
+fn the_client_retries_no_leader_after_retry_after_and_skips_dead_nodes() {
+    let no_leader = r#"{"error":{"code":"no_leader","message":"no leader yet"}}"#;
+    let node = FakeNode::start(Box::new(move |n| match n {
+        0 => http_answer("503 Service Unavailable", "retry-after: 1\r\n", no_leader),
+        _ => http_answer("200 OK", "", r#"{"messages":[]}"#),
+    }));
+    // A node whose port refuses connections comes first: the client moves on.
+    let dead =
+        format!("http://{}", TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr"));
+    let c = ClusterClient::with_urls(vec![dead, node.url()]);
+    let t0 = Instant::now();
+    let r = c.pop("t", 1, 0, None).expect("answered");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(t0.elapsed() >= Duration::from_secs(1), "retried before Retry-After: {:?}", t0.elapsed());
+    assert_eq!(node.seen().len(), 2);
+    // At the deadline the 503 itself is the answer.
+    let always = FakeNode::start(Box::new(move |_| {
+        http_answer("503 Service Unavailable", "retry-after: 1\r\n", no_leader)
+    }));
+    let c = ClusterClient::with_urls(vec![always.url()]).with_deadline(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let r = c.ack("receipt").expect("answered");
+    assert_eq!((r.status, r.body["error"]["code"].as_str()), (503, Some("no_leader")));
+    // Tries at 0 s, after the one-second Retry-After, and once more at the deadline.
+    assert_eq!(always.seen().len(), 3);
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_millis(2500), "{took:?}");
+}
+
+#[test]
+fn the_client_reports_an_unknown_outcome_when_a_node_does_not_answer() {
+    // Accepts and reads, never answers: the request may have been applied.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let c = ClusterClient::with_urls(vec![url]).with_timeout(Duration::from_millis(300));
+    let err = c.produce("t", &json!({"body": "x"})).expect_err("no answer is no outcome");
+    assert!(err.contains("POST"), "{err}");
+}
+
+// ---- the processes (today's binary, whether or not it is a cluster yet) ----
+
+/// The environment node `pid` was started with.
+fn environ(pid: u32) -> Vec<(String, String)> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).expect("read environ");
+    raw.split(|b| *b == 0)
+        .filter_map(|kv| {
+            String::from_utf8_lossy(kv).split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+fn env_of(pid: u32, key: &str) -> String {
+    environ(pid).into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_default()
+}
+
+#[test]
+fn every_node_reaches_every_other_through_its_own_link() {
+    let c = Cluster::start_with(3, &[("DELAYD_FLUSH", "async")], |i| {
+        vec![("DELAYD_TEST_MARK".into(), format!("n{i}"))]
+    });
+    let secret = env_of(c.pid(1), "DELAYD_CLUSTER_SECRET");
+    assert!(secret.len() >= 16, "secret {secret:?}");
+    for i in 1..=3 {
+        let pid = c.pid(i);
+        assert_eq!(env_of(pid, "DELAYD_NODE_ID"), i.to_string());
+        assert_eq!(env_of(pid, "DELAYD_CLUSTER_LISTEN"), c.cluster_addr(i).to_string());
+        assert_eq!(env_of(pid, "DELAYD_CLUSTER_SECRET"), secret);
+        assert_eq!(env_of(pid, "DELAYD_FLUSH"), "async");
+        assert_eq!(env_of(pid, "DELAYD_TEST_MARK"), format!("n{i}"));
+        let want: Vec<String> = (1..=3)
+            .map(|j| {
+                let addr = if j == i { c.cluster_addr(i) } else { c.link(i, j).addr() };
+                format!("{j}={addr}")
+            })
+            .collect();
+        assert_eq!(env_of(pid, "DELAYD_PEERS"), want.join(","));
+        for j in (1..=3).filter(|&j| j != i) {
+            assert_eq!(c.link(i, j).target(), c.cluster_addr(j), "link {i} -> {j}");
+        }
+    }
+    let mut ports: Vec<u16> = (1..=3).map(|i| c.cluster_addr(i).port()).collect();
+    ports.dedup();
+    assert_eq!(ports.len(), 3, "cluster ports repeat");
+    c.isolate(2);
+    for (i, j) in [(1, 2), (2, 1), (3, 2), (2, 3)] {
+        assert_eq!(c.link(i, j).mode(), Mode::Cut, "{i} -> {j}");
+    }
+    assert_eq!(c.link(1, 3).mode(), Mode::Pass);
+    c.heal();
+    assert_eq!(c.link(2, 3).mode(), Mode::Pass);
+}
+
+#[test]
+fn kill_stop_continue_restart_and_terminate_drive_the_processes() {
+    let mut c = Cluster::start(2, &[]);
+    let client = c.client();
+    let produced = client.produce("t", &json!({"id": "keep", "body": "x", "delay_ms": 0})).expect("answered");
+    assert!(produced.ok(), "{produced:?}");
+    let target = produced.node.clone();
+    let i = (1..=2).find(|&i| c.url(i) == target).expect("answered by a node");
+    let probe = short_client(Duration::from_millis(300));
+    let healthz = |url: &str| probe.get(format!("{url}/healthz")).send().map(|r| r.status().as_u16());
+    c.stop(i);
+    assert!(healthz(&c.url(i)).is_err(), "a stopped node answered");
+    c.cont(i);
+    assert_eq!(healthz(&c.url(i)).ok(), Some(200), "a continued node does not answer");
+    let old = c.url(i);
+    c.kill9(i);
+    assert!(!c.is_running(i));
+    assert!(healthz(&old).is_err(), "a killed node answered");
+    c.restart(i);
+    assert!(c.is_running(i));
+    let got = client.get("keep").expect("answered");
+    assert_eq!((got.status, got.body["id"].as_str()), (200, Some("keep")), "{got:?}");
+    c.terminate(i);
+    assert!(!c.is_running(i));
+    let j = 3 - i;
+    assert_eq!(healthz(&c.url(j)).ok(), Some(200), "the other node is untouched");
+}
+
+/// Seconds since midnight UTC in an HTTP `Date` header ("Thu, 26 Nov 2026 12:21:21 GMT").
+fn date_header_seconds(date: &str) -> i64 {
+    let hms = date.split_whitespace().nth(4).unwrap_or_else(|| panic!("odd Date header {date:?}"));
+    hms.split(':').map(|p| p.parse::<i64>().expect("Date header time")).fold(0, |acc, p| acc * 60 + p)
+}
+
+#[test]
+#[ignore = "needs libfaketime (apt-get install libfaketime); run with --ignored"]
+fn a_node_can_run_with_its_clock_ahead() {
+    use common::cluster::clock_offset_env;
+    // An hour, so the whole-second Date header shows it; any node, leader or not, sends one.
+    let c = Cluster::start_with(2, &[], |i| if i == 2 { clock_offset_env(3_600_000) } else { Vec::new() });
+    let probe = short_client(Duration::from_secs(5));
+    for (i, ahead) in [(1, 0), (2, 3_600)] {
+        let r = probe.get(format!("{}/healthz", c.url(i))).send().expect("healthz");
+        let date = r.headers().get("date").and_then(|v| v.to_str().ok()).expect("Date header").to_string();
+        let ours = (common::now_ms() / 1000 % 86_400) as i64;
+        let offset = (date_header_seconds(&date) - ours).rem_euclid(86_400);
+        let off_by = (offset - ahead).abs().min(86_400 - (offset - ahead).abs());
+        assert!(off_by <= 5, "node {i}: Date {date} is {offset} s from our clock, wanted {ahead}");
+    }
+}
+
+// ---- a real cluster ----
+
+#[test]
+#[ignore = "needs the cluster (issue 27) in the binary"]
+fn three_nodes_elect_a_leader_and_redirect_writes() {
+    let c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(Duration::from_secs(10));
+    let follower = (1..=3).find(|&i| i != leader).expect("a follower");
+    let raw = short_client(Duration::from_secs(5));
+    let path = "/v1/topics/redirected/messages";
+    let r = raw
+        .post(format!("{}{path}", c.url(follower)))
+        .json(&json!({"body": "x", "delay_ms": 0}))
+        .send()
+        .expect("follower answers");
+    assert_eq!(r.status().as_u16(), 307, "a follower's answer to a write");
+    let location = r.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    assert!(location.starts_with(&c.url(leader)), "Location {location:?}, leader {}", c.url(leader));
+    assert!(location.ends_with(path), "Location {location:?} lost the path");
+    let produced = c.client().produce("redirected", &json!({"body": "x", "delay_ms": 0})).expect("answered");
+    assert_eq!(produced.status, 201, "{produced:?}\n{}", c.describe());
+    for i in 1..=3 {
+        let (status, v) = c.node(i).get("/v1/cluster");
+        assert_eq!(status, 200, "node {i}: {v}");
+        assert_eq!(v["nodes"].as_array().map(Vec::len), Some(3), "node {i}: {v}");
+        assert_eq!(v["leader_id"].as_u64(), Some(leader as u64), "node {i}: {v}");
+    }
 }

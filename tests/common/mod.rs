@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod checker;
+pub mod cluster;
 pub mod proxy;
 pub mod raw;
 
