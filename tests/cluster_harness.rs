@@ -481,7 +481,7 @@ fn env_of(pid: u32, key: &str) -> String {
 #[test]
 fn every_node_reaches_every_other_through_its_own_link() {
     let c = Cluster::start_with(3, &[("DELAYD_FLUSH", "async")], |i| {
-        vec![("DELAYD_TEST_MARK".into(), format!("n{i}"))]
+        vec![("HARNESS_NODE_MARK".into(), format!("n{i}"))]
     });
     let secret = env_of(c.pid(1), "DELAYD_CLUSTER_SECRET");
     assert!(secret.len() >= 16, "secret {secret:?}");
@@ -491,7 +491,7 @@ fn every_node_reaches_every_other_through_its_own_link() {
         assert_eq!(env_of(pid, "DELAYD_CLUSTER_LISTEN"), c.cluster_addr(i).to_string());
         assert_eq!(env_of(pid, "DELAYD_CLUSTER_SECRET"), secret);
         assert_eq!(env_of(pid, "DELAYD_FLUSH"), "async");
-        assert_eq!(env_of(pid, "DELAYD_TEST_MARK"), format!("n{i}"));
+        assert_eq!(env_of(pid, "HARNESS_NODE_MARK"), format!("n{i}"));
         let want: Vec<String> = (1..=3)
             .map(|j| {
                 let addr = if j == i { c.cluster_addr(i) } else { c.link(i, j).addr() };
@@ -527,6 +527,9 @@ fn kill_stop_continue_restart_and_terminate_drive_the_processes() {
     let healthz = |url: &str| probe.get(format!("{url}/healthz")).send().map(|r| r.status().as_u16());
     c.stop(i);
     assert!(healthz(&c.url(i)).is_err(), "a stopped node answered");
+    let t0 = Instant::now();
+    assert!(c.views()[i - 1].is_none(), "a stopped node gave its view");
+    assert!(t0.elapsed() < Duration::from_secs(2), "asking a stopped node took {:?}", t0.elapsed());
     c.cont(i);
     assert_eq!(healthz(&c.url(i)).ok(), Some(200), "a continued node does not answer");
     let old = c.url(i);
@@ -547,6 +550,31 @@ fn kill_stop_continue_restart_and_terminate_drive_the_processes() {
 fn date_header_seconds(date: &str) -> i64 {
     let hms = date.split_whitespace().nth(4).unwrap_or_else(|| panic!("odd Date header {date:?}"));
     hms.split(':').map(|p| p.parse::<i64>().expect("Date header time")).fold(0, |acc, p| acc * 60 + p)
+}
+
+#[test]
+fn add_node_links_a_new_node_both_ways_and_no_leader_is_found_among_the_dead() {
+    let mut c = Cluster::start(2, &[]);
+    let n = c.add_node();
+    assert_eq!((n, c.size()), (3, 3));
+    let want: Vec<String> = vec![
+        format!("1={}", c.link(3, 1).addr()),
+        format!("2={}", c.link(3, 2).addr()),
+        format!("3={}", c.cluster_addr(3)),
+    ];
+    assert_eq!(env_of(c.pid(3), "DELAYD_PEERS"), want.join(","));
+    assert_eq!(env_of(c.pid(3), "DELAYD_NODE_ID"), "3");
+    for j in 1..=2 {
+        assert_eq!(c.link(j, 3).target(), c.cluster_addr(3), "link {j} -> 3");
+        assert_eq!(c.link(3, j).target(), c.cluster_addr(j), "link 3 -> {j}");
+    }
+    for i in 1..=3 {
+        c.kill9(i);
+    }
+    assert_eq!(c.leader(Duration::from_millis(200)), None);
+    let told = c.describe();
+    assert_eq!(told.matches("(not running) /v1/cluster: no answer").count(), 3, "{told}");
+    assert!(told.contains("delayd"), "the log tails are missing: {told}");
 }
 
 #[test]

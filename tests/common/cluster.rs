@@ -55,12 +55,16 @@ pub struct Cluster {
     per_node_env: PerNodeEnv,
     /// The API base URL of every running node, shared with the clients.
     urls: Arc<RwLock<Vec<Option<String>>>>,
+    /// Asks the nodes for `/v1/cluster`; short, as a stopped node never answers.
+    probe: reqwest::blocking::Client,
 }
 
-/// Picks `n` distinct free loopback ports (all bound at once so none repeats, then released).
-fn free_addrs(n: usize) -> Vec<SocketAddr> {
+/// Binds `n` free loopback ports and keeps them until dropped, so the proxies bound meanwhile
+/// cannot take them; the nodes bind them for good once they are released.
+fn hold_ports(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
     let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
-    held.iter().map(|l| l.local_addr().expect("local address")).collect()
+    let addrs = held.iter().map(|l| l.local_addr().expect("local address")).collect();
+    (held, addrs)
 }
 
 /// A secret that differs per run, so two test clusters never accept each other's traffic.
@@ -82,15 +86,17 @@ impl Cluster {
         per_node_env: impl Fn(usize) -> Vec<(String, String)> + 'static,
     ) -> Cluster {
         assert!(n >= 1, "a cluster has at least one node");
+        let (held, cluster_addrs) = hold_ports(n);
         let mut c = Cluster {
             nodes: Vec::new(),
             running: Vec::new(),
-            cluster_addrs: free_addrs(n),
+            cluster_addrs,
             links: BTreeMap::new(),
             secret: test_secret(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             per_node_env: Box::new(per_node_env),
             urls: Arc::new(RwLock::new(Vec::new())),
+            probe: short_client(Duration::from_millis(500)),
         };
         for i in 1..=n {
             for j in (1..=n).filter(|&j| j != i) {
@@ -98,6 +104,7 @@ impl Cluster {
             }
         }
         let envs: Vec<Vec<(String, String)>> = (1..=n).map(|i| c.node_env(i, n)).collect();
+        drop(held);
         // In parallel: a node may not answer its health check before it has met the others.
         let nodes: Vec<Server> = std::thread::scope(|s| {
             let started: Vec<_> = envs.iter().map(|e| s.spawn(move || start_server(e))).collect();
@@ -187,8 +194,9 @@ impl Cluster {
         self.set_running(i, false);
     }
 
-    /// SIGTERMs node `i` and waits for it to exit.
+    /// SIGTERMs node `i` and waits for it to exit (continuing it first, should it be stopped).
     pub fn terminate(&mut self, i: usize) {
+        signal(self.pid(i), "-CONT");
         self.nodes[i - 1].terminate();
         self.set_running(i, false);
     }
@@ -214,12 +222,14 @@ impl Cluster {
     /// it; the existing nodes learn of it only through a membership change. Returns its number.
     pub fn add_node(&mut self) -> usize {
         let i = self.nodes.len() + 1;
-        self.cluster_addrs.push(free_addrs(1)[0]);
+        let (held, addrs) = hold_ports(1);
+        self.cluster_addrs.push(addrs[0]);
         for j in 1..i {
             self.links.insert((i, j), LinkProxy::start(self.cluster_addr(j)));
             self.links.insert((j, i), LinkProxy::start(self.cluster_addr(i)));
         }
         let env = self.node_env(i, i);
+        drop(held);
         self.nodes.push(start_server(&env));
         self.running.push(true);
         self.urls.write().expect("urls lock").push(Some(self.url(i)));
@@ -232,21 +242,18 @@ impl Cluster {
         self.urls.write().expect("urls lock")[i - 1] = url;
     }
 
-    /// `GET /v1/cluster` of every running node (None for one that did not answer in time).
+    /// `GET /v1/cluster` of every running node (None for one that did not answer in time),
+    /// asked all at once so a stopped node costs one timeout, not one per node.
     pub fn views(&self) -> Vec<Option<Value>> {
-        let http = short_client(Duration::from_millis(500));
-        (1..=self.size())
-            .map(|i| {
-                if !self.running[i - 1] {
-                    return None;
-                }
-                let r = http.get(format!("{}/v1/cluster", self.url(i))).send().ok()?;
-                if !r.status().is_success() {
-                    return None;
-                }
-                r.json::<Value>().ok()
-            })
-            .collect()
+        let urls: Vec<Option<String>> = self.urls.read().expect("urls lock").clone();
+        let probe = &self.probe;
+        std::thread::scope(|s| {
+            let asked: Vec<_> = urls
+                .iter()
+                .map(|url| s.spawn(move || url.as_ref().and_then(|u| cluster_view(probe, u))))
+                .collect();
+            asked.into_iter().map(|h| h.join().ok().flatten()).collect()
+        })
     }
 
     /// The leader, once one is found within `timeout`: a node that says it is leader and that a
@@ -291,6 +298,15 @@ impl Cluster {
     pub fn client(&self) -> ClusterClient {
         ClusterClient::new(Arc::clone(&self.urls))
     }
+}
+
+/// A node's `/v1/cluster` answer, None when it does not answer 2xx in time.
+fn cluster_view(probe: &reqwest::blocking::Client, base: &str) -> Option<Value> {
+    let r = probe.get(format!("{base}/v1/cluster")).send().ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    r.json::<Value>().ok()
 }
 
 /// Starts one node's process with its full environment.
