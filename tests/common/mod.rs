@@ -3,6 +3,9 @@
 //! Each test binary uses only some helpers, hence the allow.
 #![allow(dead_code)]
 
+pub mod checker;
+pub mod cluster;
+pub mod proxy;
 pub mod raw;
 
 use std::fs::{File, OpenOptions};
