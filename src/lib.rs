@@ -37,6 +37,7 @@ macro_rules! internal_mod {
 }
 
 pub mod broker;
+pub mod cluster_clock;
 pub mod config;
 #[cfg(test)]
 mod crash_model_tests;
