@@ -467,3 +467,299 @@ fn browse_redrive_purge() {
     assert_eq!((r.code, r.stdout.as_str()), (0, "cancelled 4\n"), "{}", r.stderr);
     assert_eq!(str_of(&get(&s, "later"), "state"), "cancelled");
 }
+
+// ---- following the cluster's leader, against canned servers (no delayd) ----
+
+/// One request as a canned server read it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// What a canned server answers to its `n`th request (from 0).
+type Reply = dyn Fn(&Seen, usize) -> String + Send + Sync;
+
+/// A tiny HTTP/1.1 server on 127.0.0.1: one request per connection, each answered by `reply`;
+/// it records what it was sent and stops when dropped.
+struct Canned {
+    url: String,
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Canned {
+    fn start(reply: impl Fn(&Seen, usize) -> String + Send + Sync + 'static) -> Canned {
+        use std::sync::{atomic::AtomicBool, Arc, Mutex};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let reply: Box<Reply> = Box::new(reply);
+        let (seen2, stop2) = (Arc::clone(&seen), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let Some(req) = read_request(&mut conn) else { continue };
+                let n = {
+                    let mut all = seen2.lock().expect("seen");
+                    all.push(req.clone());
+                    all.len() - 1
+                };
+                let _ = conn.write_all(reply(&req, n).as_bytes());
+            }
+        });
+        Canned { url: format!("http://{addr}"), addr, seen, stop, thread: Some(thread) }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("seen").clone()
+    }
+}
+
+impl Drop for Canned {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop so it sees the flag.
+        let _ = std::net::TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one request (head and a Content-Length body); None for a connection that sent none.
+fn read_request(conn: &mut std::net::TcpStream) -> Option<Seen> {
+    use std::io::Read;
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = conn.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let (method, target) = (first.next()?.to_string(), first.next()?.to_string());
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let len: usize =
+        headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = conn.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some(Seen { method, target, headers, body })
+}
+
+/// A whole answer that closes its connection, so each request of the CLI is a new one.
+fn http(status: &str, headers: &[(&str, &str)], body: &str) -> String {
+    let mut out = format!("HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    for (k, v) in headers {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    out.push_str(body);
+    out
+}
+
+/// delayd's answer to a write while the cluster has no leader.
+fn no_leader(retry_after: &str) -> String {
+    let body = r#"{"error":{"code":"no_leader","message":"no leader is known; retry shortly"}}"#;
+    http(
+        "503 Service Unavailable",
+        &[("retry-after", retry_after), ("content-type", "application/json")],
+        body,
+    )
+}
+
+fn produced(id: &str) -> String {
+    let body = json!({"id": id, "deliver_at_ms": 1_796_115_600_000u64}).to_string();
+    http("201 Created", &[("content-type", "application/json")], &body)
+}
+
+/// A follower's 307 (then 308) sends the produce to the leader: the same method, path, body and
+/// bearer token arrive there, and nothing extra is printed unless `-v` asks.
+#[test]
+fn redirects_to_the_leader_are_followed_with_body_and_token() {
+    let leader = Canned::start(|_, _| produced("r-1"));
+    let leader_url = leader.url.clone();
+    let follower = Canned::start(move |req, n| {
+        let status = if n == 0 { "307 Temporary Redirect" } else { "308 Permanent Redirect" };
+        let location = format!("{leader_url}{}", req.target);
+        http(status, &[("location", &location)], "")
+    });
+    let args = ["--url", &follower.url, "--token", "s3cret", "produce", "orders", "hello", "--id", "r-1"];
+    let r = cli_with(&args, &[], b"").ok();
+    assert!(r.stdout.starts_with("ID   DELIVER_AT\nr-1  2026-12-01T09:00:00.000Z"), "{}", r.stdout);
+    assert_eq!(r.stderr, "", "a followed redirect prints nothing extra");
+
+    let mut verbose = args.to_vec();
+    verbose.insert(0, "-v");
+    let r = cli_with(&verbose, &[], b"").ok();
+    assert!(
+        r.stderr.contains(&format!("308 from {}: following to {}", follower.url, leader.url)),
+        "{}",
+        r.stderr
+    );
+
+    let (at_follower, at_leader) = (follower.seen(), leader.seen());
+    assert_eq!((at_follower.len(), at_leader.len()), (2, 2));
+    for (f, l) in at_follower.iter().zip(&at_leader) {
+        assert_eq!((l.method.as_str(), l.target.as_str()), ("POST", "/v1/topics/orders/messages"));
+        assert_eq!(l.header("authorization"), Some("Bearer s3cret"));
+        assert_eq!(l.header("content-type"), Some("application/json"));
+        assert_eq!(l.body, f.body, "the leader got another body than the follower");
+        let body: Value = serde_json::from_slice(&l.body).expect("JSON body");
+        assert_eq!(body, json!({"body": "hello", "id": "r-1"}));
+    }
+}
+
+/// Nodes that keep redirecting (to themselves here) are given up on after five hops, exit 1.
+#[test]
+fn a_redirect_loop_stops_after_five_hops() {
+    let lost = Canned::start(|req, _| {
+        let location = req.target.clone();
+        http("307 Temporary Redirect", &[("location", &location)], "")
+    });
+    let r = cli_with(&["--url", &lost.url, "cancel", "x"], &[], b"");
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.starts_with("error: more than 5 redirects"), "{}", r.stderr);
+    assert_eq!(lost.seen().len(), 6, "the request and five redirects");
+    assert!(lost.seen().iter().all(|s| s.method == "DELETE" && s.target == "/v1/messages/x"));
+}
+
+/// A leader that cannot be reached after a redirect is exit 3, as an unreachable server is,
+/// and the message names both nodes.
+#[test]
+fn a_redirect_to_a_dead_leader_exits_3() {
+    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let target = dead.clone();
+    let follower = Canned::start(move |req, _| {
+        let location = format!("{target}{}", req.target);
+        http("307 Temporary Redirect", &[("location", &location)], "")
+    });
+    let r = cli_with(&["--url", &follower.url, "produce", "t", "x"], &[], b"");
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let want = format!("error: cannot reach delayd at {dead} (redirected there by {}): ", follower.url);
+    assert!(r.stderr.starts_with(&want), "{}", r.stderr);
+}
+
+/// `503 no_leader` is waited out: Retry-After is obeyed but capped at 2 s, and the request
+/// succeeds once a leader answers.
+#[test]
+fn no_leader_is_retried_until_one_answers() {
+    let node = Canned::start(|_, n| match n {
+        0 => no_leader("30"),
+        1 => no_leader("1"),
+        _ => produced("nl-1"),
+    });
+    let started = std::time::Instant::now();
+    let r = cli_with(&["--url", &node.url, "--json", "produce", "t", "x", "--id", "nl-1"], &[], b"").ok();
+    let took = started.elapsed();
+    assert_eq!(str_of(&r.json(), "id"), "nl-1");
+    assert_eq!(r.stderr, "");
+    assert_eq!(node.seen().len(), 3);
+    // 2 s (30 capped) + 1 s, and far less than the 30 s asked.
+    assert!(took >= std::time::Duration::from_millis(2_900), "{took:?}");
+    assert!(took < std::time::Duration::from_secs(8), "{took:?}");
+    let bodies: Vec<Vec<u8>> = node.seen().into_iter().map(|s| s.body).collect();
+    assert!(bodies.iter().all(|b| *b == bodies[0]), "every retry sends the same body");
+}
+
+/// A cluster that stays without a leader fails the command after about 10 s, exit 1.
+#[test]
+fn no_leader_for_good_fails_after_ten_seconds() {
+    let node = Canned::start(|_, _| no_leader("1"));
+    let started = std::time::Instant::now();
+    let r = cli_with(&["--url", &node.url, "produce", "t", "x"], &[], b"");
+    let took = started.elapsed();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("error: no leader: the cluster is electing one or has lost its majority"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+    assert!(took >= std::time::Duration::from_millis(9_900), "{took:?}");
+    assert!(took <= std::time::Duration::from_secs(12), "{took:?}");
+    // One a second, give or take: retried, but not hammered.
+    let asked = node.seen().len();
+    assert!((9..=13).contains(&asked), "{asked} requests");
+}
+
+/// `cluster status` against a canned `/v1/cluster` of three nodes: the leader line and the table,
+/// with this node starred and absent fields as `-`; `--json` prints the document.
+#[test]
+fn cluster_status_renders_the_nodes() {
+    let doc = json!({
+        "node_id": 2, "role": "follower", "term": 7, "leader_id": 1,
+        "leader_url": "http://10.0.0.1:9277",
+        "nodes": [
+            {"node_id": 1, "api_url": "http://10.0.0.1:9277", "cluster_addr": "10.0.0.1:9300"},
+            {"node_id": 2, "api_url": "http://10.0.0.2:9277", "cluster_addr": "10.0.0.2:9300",
+             "match_index": 1042, "lag_entries": 0, "last_contact_ms": 12},
+            {"node_id": 3, "api_url": "http://10.0.0.3:9277", "cluster_addr": "10.0.0.3:9300",
+             "match_index": 998, "lag_entries": 44},
+        ],
+    });
+    let text = doc.to_string();
+    let node = Canned::start(move |_, _| http("200 OK", &[("content-type", "application/json")], &text));
+    let r = cli_with(&["--url", &node.url, "cluster", "status"], &[], b"").ok();
+    assert_eq!(
+        r.stdout,
+        "leader: 1 http://10.0.0.1:9277  term: 7\n\
+         NODE  ROLE       API_URL               CLUSTER_ADDR   MATCH_INDEX  LAG_ENTRIES  LAST_CONTACT_MS\n\
+         1     leader     http://10.0.0.1:9277  10.0.0.1:9300  -            -            -\n\
+         2     follower*  http://10.0.0.2:9277  10.0.0.2:9300  1042         0            12\n\
+         3     -          http://10.0.0.3:9277  10.0.0.3:9300  998          44           -\n"
+    );
+    assert_eq!(node.seen()[0].target, "/v1/cluster");
+    assert_eq!(node.seen()[0].method, "GET");
+    assert_eq!(cli_with(&["--url", &node.url, "--json", "cluster", "status"], &[], b"").ok().json(), doc);
+}
+
+/// A cluster without a leader, and a single node: "leader: none", and no replication columns.
+#[test]
+fn cluster_status_without_a_leader() {
+    let doc = json!({
+        "node_id": 3, "role": "candidate", "term": 9, "leader_id": null, "leader_url": null,
+        "nodes": [{"node_id": 3, "api_url": "http://127.0.0.1:9277", "cluster_addr": "127.0.0.1:9300"}],
+    });
+    let text = doc.to_string();
+    let node = Canned::start(move |_, _| http("200 OK", &[], &text));
+    let r = cli_with(&["--url", &node.url, "cluster", "status"], &[], b"").ok();
+    assert_eq!(
+        r.stdout,
+        "leader: none  term: 9\n\
+         NODE  ROLE        API_URL                CLUSTER_ADDR\n\
+         3     candidate*  http://127.0.0.1:9277  127.0.0.1:9300\n"
+    );
+}

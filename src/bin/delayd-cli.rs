@@ -4,16 +4,19 @@
 //! stdout, for scripts; otherwise a small aligned table or a sentence. Exit codes: 0 success,
 //! 1 the API answered with an error (its code and message go to stderr), 2 usage or input error,
 //! 3 the server could not be reached or did not answer.
+//!
+//! In a cluster any node may be given: a follower's `307`/`308` redirect to the leader is followed
+//! (the same method, body and token), and a `503 no_leader` during an election is waited out.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use delayd::config::units::{parse_duration, parse_duration_list, parse_u64};
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -25,6 +28,19 @@ use url::Url;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Time allowed to open the TCP connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Redirects followed for one request: a follower points at the leader, which answers itself, so
+/// more than a few means nodes that disagree about who leads (or a loop).
+const MAX_REDIRECTS: usize = 5;
+/// How long a `503 no_leader` is retried, from the first one: an election takes a few seconds.
+const NO_LEADER_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest single wait on `Retry-After`, so a new leader is found soon after it is elected.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
+/// The shortest, so a `Retry-After: 0` does not turn into a busy loop.
+const MIN_RETRY_WAIT: Duration = Duration::from_millis(100);
+/// The wait when a `503 no_leader` has no readable `Retry-After`.
+const DEFAULT_RETRY_WAIT: Duration = Duration::from_secs(1);
+/// What the CLI says when the cluster stayed without a leader for NO_LEADER_PATIENCE.
+const NO_LEADER: &str = "no leader: the cluster is electing one or has lost its majority";
 
 /// Command-line client for the delayd delay-message broker.
 #[derive(Debug, Parser)]
@@ -55,6 +71,10 @@ struct Cli {
     /// Print the API's JSON answer on stdout instead of a table.
     #[arg(long, global = true, help_heading = "Global options")]
     json: bool,
+
+    /// Say on stderr where requests went: redirects to the leader, waits for an election.
+    #[arg(short, long, global = true, help_heading = "Global options")]
+    verbose: bool,
 
     #[command(subcommand)]
     command: Command,
@@ -146,6 +166,18 @@ enum Command {
         /// Topic to resume.
         topic: String,
     },
+    /// Inspect the cluster this node belongs to.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+}
+
+/// Subcommands of `cluster`.
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Show the leader, the term and every node with its role (`*` marks the node that answered).
+    Status,
 }
 
 /// Arguments of `produce`.
@@ -252,10 +284,12 @@ struct Answer {
     value: Value,
 }
 
-/// Talks to one server.
+/// Talks to one server, or to the cluster behind it.
 struct Api {
     base: Url,
     token: Option<String>,
+    /// `-v`: redirects and no-leader waits are told on stderr.
+    verbose: bool,
     http: Client<HttpConnector, Full<Bytes>>,
     /// One request at a time: a single-threaded runtime is all the client needs.
     rt: tokio::runtime::Runtime,
@@ -272,8 +306,30 @@ enum NoAnswer {
 /// The cause shown when one of our own deadlines ran out.
 const OWN_TIMEOUT: &str = "no answer in time (operation timed out)";
 
+/// A request as built once, kept whole so that it can be sent again unchanged: to the leader a
+/// follower redirects to, and after a no-leader wait.
+struct Prepared {
+    method: Method,
+    url: Url,
+    /// Authorization included: the token is cluster-wide, so the leader needs it as much as the
+    /// node that redirected.
+    headers: HeaderMap,
+    payload: Bytes,
+    /// For each exchange: REQUEST_TIMEOUT plus any long poll.
+    timeout: Duration,
+}
+
+/// One raw answer, before it is judged.
+struct Raw {
+    /// The URL that gave it (after redirects).
+    url: Url,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
 impl Api {
-    fn new(base: Url, token: Option<String>) -> Result<Api, Failure> {
+    fn new(base: Url, token: Option<String>, verbose: bool) -> Result<Api, Failure> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -284,7 +340,7 @@ impl Api {
         // A request is one small write: Nagle's delay would only add latency.
         connector.set_nodelay(true);
         let http = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(Api { base, token, http, rt })
+        Ok(Api { base, token, verbose, http, rt })
     }
 
     /// The base URL plus `segments`, each percent-encoded (ids may hold `/`, `?`, `#`, Unicode).
@@ -302,72 +358,110 @@ impl Api {
         Ok(url)
     }
 
-    /// Sends the request and reads the whole answer within `timeout`; a non-2xx answer becomes
-    /// `Failure::Api` with the server's code and message.
-    fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Answer, Failure> {
-        let exchange = async {
-            let resp = self.http.request(req).await.map_err(|e| NoAnswer::Error(e.into()))?;
-            let status = resp.status();
-            let body = resp.into_body().collect().await.map_err(|e| NoAnswer::Error(e.into()))?;
-            Ok((status, body.to_bytes()))
-        };
-        let (status, bytes) = self
-            .rt
-            .block_on(async {
-                tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(NoAnswer::TimedOut))
-            })
-            .map_err(|e| self.unreachable(e))?;
-        // delayd answers in UTF-8 JSON; anything else is shown as best it can be.
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let parsed = serde_json::from_str::<Value>(&text);
-        if !status.is_success() {
-            let err = parsed.as_ref().ok().and_then(|v| v.get("error"));
-            let field = |k: &str| err.and_then(|e| e.get(k)).and_then(Value::as_str).map(str::to_string);
-            return Err(Failure::Api {
-                status,
-                code: field("code").unwrap_or_default(),
-                message: field("message").unwrap_or_else(|| snippet(&text)),
-            });
+    /// Tells `-v` users what happened to their request.
+    fn note(&self, what: &str) {
+        if self.verbose {
+            eprintln!("delayd-cli: {what}");
         }
-        // pause and resume may answer 200 with no body; treat that as an empty object.
-        let value = if text.trim().is_empty() {
-            json!({})
-        } else {
-            parsed.map_err(|e| {
-                Failure::Other(format!("unexpected answer, not JSON ({e}): {}", snippet(&text)))
-            })?
-        };
-        Ok(Answer { status, text, value })
     }
 
-    fn unreachable(&self, e: NoAnswer) -> Failure {
+    /// Sends the request, following redirects and waiting out an election, and reads the whole
+    /// answer; a non-2xx answer becomes `Failure::Api` with the server's code and message.
+    fn send(&self, req: &Prepared) -> Result<Answer, Failure> {
+        let mut no_leader_since: Option<Instant> = None;
+        loop {
+            let raw = self.follow(req)?;
+            if raw.status != StatusCode::SERVICE_UNAVAILABLE || error_code(&raw.body) != "no_leader" {
+                return judge(raw.status, &raw.body);
+            }
+            // A 503 no_leader means the request was not taken, so sending it again is safe. It
+            // goes to the node the user named, which learns of the new leader and redirects.
+            let since = *no_leader_since.get_or_insert_with(Instant::now);
+            let left = NO_LEADER_PATIENCE.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Err(Failure::Other(format!("{NO_LEADER} (still none after {NO_LEADER_PATIENCE:?})")));
+            }
+            let wait = retry_after(&raw.headers).clamp(MIN_RETRY_WAIT, MAX_RETRY_WAIT).min(left);
+            self.note(&format!("{} has no leader; asking again in {wait:?}", origin(&raw.url)));
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// Sends the request to its URL and then to each `307`/`308` `Location`, at most
+    /// MAX_REDIRECTS times, and returns the first answer that is not a redirect.
+    fn follow(&self, req: &Prepared) -> Result<Raw, Failure> {
+        let mut url = req.url.clone();
+        let mut redirected_by: Option<Url> = None;
+        let mut hops = 0;
+        loop {
+            let raw = self.exchange(req, url, redirected_by.as_ref())?;
+            let redirect =
+                matches!(raw.status, StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT);
+            let Some(location) = raw.headers.get(LOCATION).filter(|_| redirect) else {
+                return Ok(raw);
+            };
+            let next =
+                location.to_str().ok().and_then(|l| raw.url.join(l).ok()).ok_or_else(|| {
+                    Failure::Other(format!("{} redirected to an unreadable Location", raw.url))
+                })?;
+            if next.scheme() != "http" {
+                return Err(Failure::Other(format!(
+                    "{} redirected to {next}, which this client cannot follow (only http:// is supported)",
+                    origin(&raw.url)
+                )));
+            }
+            if hops == MAX_REDIRECTS {
+                return Err(Failure::Other(format!(
+                    "more than {MAX_REDIRECTS} redirects (the last from {} to {next}); do the nodes agree \
+                     on a leader?",
+                    origin(&raw.url)
+                )));
+            }
+            hops += 1;
+            self.note(&format!("{} from {}: following to {next}", raw.status.as_u16(), origin(&raw.url)));
+            url = next;
+            redirected_by = Some(raw.url);
+        }
+    }
+
+    /// One exchange with one URL within the request's timeout.
+    fn exchange(&self, req: &Prepared, url: Url, redirected_by: Option<&Url>) -> Result<Raw, Failure> {
+        let no_answer = |e: NoAnswer| self.unreachable(e, &url, redirected_by);
+        // Like a token that cannot be a header, a URL that hyper cannot send fails as unsendable.
+        let uri: Uri = url.as_str().parse().map_err(|e: hyper::http::uri::InvalidUri| no_answer(e.into()))?;
+        let mut request = Request::builder()
+            .method(req.method.clone())
+            .uri(uri)
+            .body(Full::new(req.payload.clone()))
+            .map_err(|e| Failure::Other(format!("cannot build the request: {e}")))?;
+        *request.headers_mut() = req.headers.clone();
+        let exchange = async {
+            let resp = self.http.request(request).await.map_err(|e| NoAnswer::Error(e.into()))?;
+            let (parts, body) = resp.into_parts();
+            let body = body.collect().await.map_err(|e| NoAnswer::Error(e.into()))?;
+            Ok((parts.status, parts.headers, body.to_bytes()))
+        };
+        let (status, headers, body) = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(req.timeout, exchange).await.unwrap_or(Err(NoAnswer::TimedOut))
+            })
+            .map_err(no_answer)?;
+        Ok(Raw { url, status, headers, body })
+    }
+
+    /// `url` failed to answer. The URL the user gave is named as given; a leader reached by
+    /// redirect is named with the node that sent the CLI there.
+    fn unreachable(&self, e: NoAnswer, url: &Url, redirected_by: Option<&Url>) -> Failure {
         let cause = match e {
             NoAnswer::TimedOut => OWN_TIMEOUT.to_string(),
-            NoAnswer::Error(e) => {
-                // The client's own sentence is generic ("client error (Connect)"); the root
-                // cause says why.
-                let mut root: &(dyn std::error::Error + 'static) = &*e;
-                let (mut timed_out, mut own_deadline) = (false, false);
-                loop {
-                    let io = root.downcast_ref::<std::io::Error>();
-                    timed_out |= io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
-                    // CONNECT_TIMEOUT running out is a tokio deadline inside an io::Error.
-                    own_deadline |= io
-                        .and_then(|io| io.get_ref())
-                        .is_some_and(|inner| inner.is::<tokio::time::error::Elapsed>());
-                    match root.source() {
-                        Some(s) => root = s,
-                        None => break,
-                    }
-                }
-                match (own_deadline, timed_out) {
-                    (true, _) => OWN_TIMEOUT.to_string(),
-                    (false, true) => format!("no answer in time ({root})"),
-                    (false, false) => root.to_string(),
-                }
-            }
+            NoAnswer::Error(e) => root_cause(&*e),
         };
-        Failure::Unreachable { url: self.base.as_str().trim_end_matches('/').to_string(), cause }
+        let url = match redirected_by {
+            None => self.base.as_str().trim_end_matches('/').to_string(),
+            Some(by) => format!("{} (redirected there by {})", origin(url), origin(by)),
+        };
+        Failure::Unreachable { url, cause }
     }
 
     /// One request: `segments` under the base URL, `query` pairs, an optional JSON body, and
@@ -384,33 +478,26 @@ impl Api {
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
-        let mut req = Request::builder().method(method).header(ACCEPT, HeaderValue::from_static("*/*"));
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         if let Some(t) = &self.token {
             // A token that cannot be a header value fails here, as an unsendable request.
             let mut value = HeaderValue::try_from(format!("Bearer {t}"))
-                .map_err(|e| self.unreachable(NoAnswer::Error(Box::new(e))))?;
+                .map_err(|e| self.unreachable(NoAnswer::Error(Box::new(e)), &url, None))?;
             value.set_sensitive(true);
-            req = req.header(AUTHORIZATION, value);
+            headers.insert(AUTHORIZATION, value);
         }
         let payload = match body {
             Some(b) => {
-                req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
                 let bytes = serde_json::to_vec(b)
                     .map_err(|e| Failure::Other(format!("cannot encode the request: {e}")))?;
                 Bytes::from(bytes)
             }
             None => Bytes::new(),
         };
-        // Like a token that cannot be a header, a URL that hyper cannot send fails as unsendable.
-        let uri: Uri = url
-            .as_str()
-            .parse()
-            .map_err(|e: hyper::http::uri::InvalidUri| self.unreachable(NoAnswer::Error(Box::new(e))))?;
-        let req = req
-            .uri(uri)
-            .body(Full::new(payload))
-            .map_err(|e| Failure::Other(format!("cannot build the request: {e}")))?;
-        self.send(req, REQUEST_TIMEOUT.saturating_add(long_poll))
+        let timeout = REQUEST_TIMEOUT.saturating_add(long_poll);
+        self.send(&Prepared { method, url, headers, payload, timeout })
     }
 
     fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Answer, Failure> {
@@ -420,6 +507,81 @@ impl Api {
     fn post(&self, segments: &[&str], body: &Value) -> Result<Answer, Failure> {
         self.call(Method::POST, segments, &[], Some(body), Duration::ZERO)
     }
+}
+
+impl From<hyper::http::uri::InvalidUri> for NoAnswer {
+    fn from(e: hyper::http::uri::InvalidUri) -> NoAnswer {
+        NoAnswer::Error(Box::new(e))
+    }
+}
+
+/// Why a transport error happened. The client's own sentence is generic ("client error
+/// (Connect)"); the root cause says why.
+fn root_cause(e: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    let mut root: &(dyn std::error::Error + 'static) = e;
+    let (mut timed_out, mut own_deadline) = (false, false);
+    loop {
+        let io = root.downcast_ref::<std::io::Error>();
+        timed_out |= io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+        // CONNECT_TIMEOUT running out is a tokio deadline inside an io::Error.
+        own_deadline |=
+            io.and_then(|io| io.get_ref()).is_some_and(|inner| inner.is::<tokio::time::error::Elapsed>());
+        match root.source() {
+            Some(s) => root = s,
+            None => break,
+        }
+    }
+    match (own_deadline, timed_out) {
+        (true, _) => OWN_TIMEOUT.to_string(),
+        (false, true) => format!("no answer in time ({root})"),
+        (false, false) => root.to_string(),
+    }
+}
+
+/// A final answer: 2xx becomes an `Answer`, anything else `Failure::Api`.
+fn judge(status: StatusCode, bytes: &[u8]) -> Result<Answer, Failure> {
+    // delayd answers in UTF-8 JSON; anything else is shown as best it can be.
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    let parsed = serde_json::from_str::<Value>(&text);
+    if !status.is_success() {
+        let err = parsed.as_ref().ok().and_then(|v| v.get("error"));
+        let field = |k: &str| err.and_then(|e| e.get(k)).and_then(Value::as_str).map(str::to_string);
+        return Err(Failure::Api {
+            status,
+            code: field("code").unwrap_or_default(),
+            message: field("message").unwrap_or_else(|| snippet(&text)),
+        });
+    }
+    // pause and resume may answer 200 with no body; treat that as an empty object.
+    let value = if text.trim().is_empty() {
+        json!({})
+    } else {
+        parsed
+            .map_err(|e| Failure::Other(format!("unexpected answer, not JSON ({e}): {}", snippet(&text))))?
+    };
+    Ok(Answer { status, text, value })
+}
+
+/// The API's `error.code` in an error body, or "" when there is none.
+fn error_code(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error")?.get("code")?.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// `Retry-After` in seconds; the HTTP-date form is not used by delayd and gets the default.
+fn retry_after(headers: &HeaderMap) -> Duration {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_RETRY_WAIT, Duration::from_secs)
+}
+
+/// `http://host:port`, how a node is named in messages (the path is the request's, not the node's).
+fn origin(url: &Url) -> String {
+    url.origin().ascii_serialization()
 }
 
 /// The first 200 characters of a body that is not the JSON we expected, for the error message.
@@ -435,7 +597,7 @@ fn snippet(text: &str) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = cli.json;
-    let result = Api::new(cli.url, cli.token).and_then(|api| run(&api, cli.command));
+    let result = Api::new(cli.url, cli.token, cli.verbose).and_then(|api| run(&api, cli.command));
     match result {
         Ok(output) => {
             let out = if json {
@@ -526,6 +688,9 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         }
         Command::Resume { topic } => {
             (api.post(&["v1", "topics", &topic, "resume"], &json!({}))?, |_| "resumed\n".into())
+        }
+        Command::Cluster { command: ClusterCommand::Status } => {
+            (api.get(&["v1", "cluster"], &[])?, show_cluster)
         }
     };
     Ok(Output { human: human(&answer), text: answer.text })
@@ -758,6 +923,53 @@ fn show_browse(a: &Answer) -> String {
     if let Some(c) = a.value.get("next_cursor").and_then(Value::as_str) {
         out.push_str(&format!("more: --cursor {c}\n"));
     }
+    out
+}
+
+/// Per-node fields `/v1/cluster` may carry (the leader's view of replication), with their column.
+const CLUSTER_EXTRAS: [(&str, &str); 3] =
+    [("match_index", "MATCH_INDEX"), ("lag_entries", "LAG_ENTRIES"), ("last_contact_ms", "LAST_CONTACT_MS")];
+
+fn show_cluster(a: &Answer) -> String {
+    let v = &a.value;
+    let me = &v["node_id"];
+    let leader = &v["leader_id"];
+    // raft numbers nodes from 1: a leader id of 0 is raft's "none".
+    let mut out = if leader.is_null() || leader.as_u64() == Some(0) {
+        "leader: none".to_string()
+    } else {
+        format!("leader: {} {}", text(leader), text(&v["leader_url"]))
+    };
+    out.push_str(&format!("  term: {}\n", text(&v["term"])));
+    let nodes = items(v, "nodes");
+    // An extra column only when some node has the field: a single node has no replication view.
+    let extras: Vec<(&str, &str)> = CLUSTER_EXTRAS
+        .into_iter()
+        .filter(|(k, _)| nodes.iter().any(|n| n.get(*k).is_some_and(|x| !x.is_null())))
+        .collect();
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            let id = &n["node_id"];
+            // Each node's role as the answering node knows it: its own, the leader's, or what the
+            // node object says; otherwise unknown rather than a guess (a learner is no follower).
+            let mut role = match n.get("role").filter(|r| !r.is_null()) {
+                Some(r) => text(r),
+                None if id == me => text(&v["role"]),
+                None if id == leader => "leader".into(),
+                None => "-".into(),
+            };
+            if id == me {
+                role.push('*');
+            }
+            let mut row = vec![text(id), role, text(&n["api_url"]), text(&n["cluster_addr"])];
+            row.extend(extras.iter().map(|(k, _)| text(&n[*k])));
+            row
+        })
+        .collect();
+    let mut headers = vec!["NODE", "ROLE", "API_URL", "CLUSTER_ADDR"];
+    headers.extend(extras.iter().map(|(_, h)| *h));
+    out.push_str(&table(&headers, &rows));
     out
 }
 

@@ -9,6 +9,7 @@
 //!
 //! With no `peers` none of this runs: a single node is exactly what it was.
 
+pub mod clock;
 pub mod net;
 pub mod node;
 pub mod recover;
