@@ -1266,9 +1266,14 @@ mod tests {
             vec![(1, "10.0.0.1:9278".into()), (2, "10.0.0.2:9278".into()), (3, "node-c:9278".into())]
         );
         assert_eq!(c.broker_config().receipt_secret.as_deref(), Some("a-secret-of-16-chars"));
-        let err = |drop_key: &str| with(&full.iter().copied().filter(|(k, _)| *k != drop_key).collect::<Vec<_>>());
+        let err =
+            |drop_key: &str| with(&full.iter().copied().filter(|(k, _)| *k != drop_key).collect::<Vec<_>>());
         assert!(err("node_id").unwrap().contains("node_id: must be set"), "{:?}", err("node_id"));
-        assert!(err("cluster_listen").unwrap().starts_with("config: cluster_listen"), "{:?}", err("cluster_listen"));
+        assert!(
+            err("cluster_listen").unwrap().starts_with("config: cluster_listen"),
+            "{:?}",
+            err("cluster_listen")
+        );
         assert!(err("cluster_secret").unwrap().contains("cluster_secret"));
         assert!(with(&[("node_id", "1")]).unwrap().contains("peers is not"));
         let mut other = full.clone();

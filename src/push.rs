@@ -83,6 +83,20 @@ pub async fn run(broker: Broker) {
     let mut seen = None;
     let mut next_sub = 0u64;
     loop {
+        // In a cluster only the leader delivers: a node that stops leading drops its workers (a
+        // delivery cut short comes back after its reservation), and starts them when it leads.
+        if !broker.leads() {
+            if !workers.is_empty() {
+                tracing::info!(
+                    workers = workers.len(),
+                    "not the cluster's leader: push deliveries stop here"
+                );
+                workers.drain().for_each(|(_, (_, task))| task.abort());
+                seen = None;
+            }
+            tokio::time::sleep(RECONCILE_EVERY).await;
+            continue;
+        }
         match broker.pushes().await {
             Ok((changes, subs)) if seen != Some(changes) => {
                 seen = Some(changes);

@@ -53,6 +53,8 @@ struct Shared {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     config: BrokerConfig,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The cluster this broker's node belongs to (unset on a single node).
+    cluster: std::sync::OnceLock<Arc<crate::cluster::ClusterState>>,
 }
 
 impl Shared {
@@ -188,6 +190,7 @@ impl Broker {
                 waiters: Mutex::new(HashMap::new()),
                 config,
                 thread: Mutex::new(None),
+                cluster: std::sync::OnceLock::new(),
             }
         });
         let core = shared.core.clone();
@@ -197,6 +200,17 @@ impl Broker {
             .map_err(|e| Error::io("spawn engine thread", e))?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         Ok(Broker { shared, metrics, push_metrics: Arc::default(), durability })
+    }
+
+    /// Ties this broker to its node's view of the cluster (once, when the node starts).
+    pub fn set_cluster(&self, state: Arc<crate::cluster::ClusterState>) {
+        let _ = self.shared.cluster.set(state);
+    }
+
+    /// True when this broker may act on its own (push deliveries): always on a single node, only
+    /// while its node leads in a cluster.
+    pub fn leads(&self) -> bool {
+        self.shared.cluster.get().is_none_or(|c| c.leading())
     }
 
     /// A function that makes the engine thread take a step (the raft thread calls it when

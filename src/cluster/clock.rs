@@ -400,6 +400,24 @@ impl ClockView {
         Err(SkewReport { direction, by_ms, max_skew_ms, peers })
     }
 
+    /// The clock a majority agrees has passed: the latest time that this node's clock
+    /// (`local_now_ms`) and, of a cluster of `voters` (this node included), a majority's clocks
+    /// surely read, peers taken at their floor. One outlier, fast or slow, moves it neither way;
+    /// never later than `local_now_ms`. With fresh estimates from fewer peers than a majority
+    /// needs it is [`ClockView::fire_clock`], the slowest of those known.
+    pub fn majority_clock(&self, local_now_ms: i64, now_mono_ms: u64, voters: usize) -> i64 {
+        let mut readings: Vec<i64> =
+            self.estimates(now_mono_ms).iter().map(|(_, o)| o.peer_now_floor(now_mono_ms)).collect();
+        readings.push(local_now_ms);
+        let majority = voters / 2 + 1;
+        if readings.len() < majority {
+            return self.fire_clock(local_now_ms, now_mono_ms);
+        }
+        // The majority-th largest reading: that many clocks read at least it.
+        readings.sort_unstable_by(|a, b| b.cmp(a));
+        readings[majority - 1].min(local_now_ms)
+    }
+
     /// The clock a leader fires by: `local_now_ms` (this node's wall clock, unix ms, read at
     /// monotonic time `now_mono_ms`) moved back by how far this node is ahead of the slowest peer
     /// with a fresh estimate, that peer's error bound added; never later than `local_now_ms`.
@@ -611,6 +629,27 @@ mod tests {
         // Four seconds on: the drift allowance (2 ms at 500 ppm) widens the correction.
         let v = three(-300, -40);
         assert_eq!(v.fire_clock(NOW + 4_000, 5_000), NOW + 4_000 - 300 - 10 - 1);
+    }
+
+    #[test]
+    fn the_majority_clock_ignores_one_outlier_either_way() {
+        // Three voters: us, a peer 300 ms behind, a peer 40 ms behind. Two of three clocks (ours
+        // and the 40 ms one, at its floor) have passed NOW - 40 - 8 - 1.
+        let v = three(-300, -40);
+        assert_eq!(v.majority_clock(NOW, 1_000, 3), NOW - 40 - 8 - 1);
+        // A peer 2 s behind is outvoted: it no longer makes firing 2 s late.
+        let v = three(-2_000, -40);
+        assert_eq!(v.majority_clock(NOW, 1_000, 3), NOW - 40 - 8 - 1);
+        // Peers ahead never move it past our own clock.
+        let v = three(500, 400);
+        assert_eq!(v.majority_clock(NOW, 1_000, 3), NOW);
+        // With no estimate (fewer readings than a majority) it falls back to the slowest known.
+        let v = ClockView::new([2, 3], FilterConfig::default());
+        assert_eq!(v.majority_clock(NOW, 1_000, 3), NOW);
+        // Five voters, two estimates: three readings make a majority, the slowest of them counts.
+        let mut v = three(-300, -40);
+        v.set_peers([2, 3, 4, 5]);
+        assert_eq!(v.majority_clock(NOW, 1_000, 5), NOW - 300 - 8 - 1);
     }
 
     #[test]

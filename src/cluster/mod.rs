@@ -69,6 +69,68 @@ impl ClusterConfig {
     }
 }
 
+/// The clocks a node stamps clock probes with: its wall clock (the step-safe clock it stamps
+/// due times with) and a monotonic one for round trips and ages.
+pub struct Stamps {
+    wall: std::sync::Arc<dyn crate::schedule::clock::Clock>,
+    epoch: std::time::Instant,
+}
+
+impl Stamps {
+    /// Stamps from `wall`, the monotonic clock counting from now.
+    pub fn new(wall: std::sync::Arc<dyn crate::schedule::clock::Clock>) -> Stamps {
+        Stamps { wall, epoch: std::time::Instant::now() }
+    }
+
+    /// The wall clock, unix ms.
+    pub fn wall_ms(&self) -> i64 {
+        i64::try_from(self.wall.now_ms()).unwrap_or(i64::MAX)
+    }
+
+    /// Monotonic ms since the node started.
+    pub fn mono_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+/// The clock a cluster node's engine runs on: the system clock held back by how far this node
+/// reads ahead of a majority of the cluster (measured over the links, see `clock`), so a leader
+/// whose clock runs fast neither fires early nor stamps due times late. Never goes backward.
+pub struct ClusterClock {
+    inner: std::sync::Arc<dyn crate::schedule::clock::Clock>,
+    /// Microseconds to hold the clock back by, set by the raft thread at each tick.
+    behind_us: std::sync::Arc<AtomicU64>,
+    last_us: AtomicU64,
+}
+
+impl crate::schedule::clock::Clock for ClusterClock {
+    fn now_us(&self) -> u64 {
+        let t = self.inner.now_us().saturating_sub(self.behind_us.load(Ordering::Relaxed));
+        let prev = self.last_us.fetch_max(t, Ordering::AcqRel);
+        prev.max(t)
+    }
+}
+
+/// The variable that shifts a cluster node's clock, for tests of clock skew between real
+/// processes (libfaketime also shifts the monotonic clock, which stalls the consensus ticks).
+pub const TEST_CLOCK_OFFSET: &str = "DELAYD_TEST_CLOCK_OFFSET_MS";
+
+fn test_clock_offset_ms() -> Option<i64> {
+    std::env::var(TEST_CLOCK_OFFSET).ok()?.trim().parse().ok()
+}
+
+/// The system clock shifted by a fixed offset (tests only, see [`TEST_CLOCK_OFFSET`]).
+struct ShiftedClock {
+    ms: i64,
+}
+
+impl crate::schedule::clock::Clock for ShiftedClock {
+    fn now_us(&self) -> u64 {
+        let now = crate::schedule::clock::SystemClock.now_us() as i64;
+        now.saturating_add(self.ms.saturating_mul(1000)).max(0) as u64
+    }
+}
+
 /// A node's role, as `/v1/cluster` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -208,7 +270,11 @@ impl ClusterState {
         self.sealed_index.store(index, Ordering::Release);
     }
 
-    #[allow(dead_code)] // the clock-skew check (next) sets it
+    /// False while this node's clock keeps it from leading.
+    pub fn may_lead(&self) -> bool {
+        self.refused.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
     pub(crate) fn set_refused(&self, why: Option<String>) {
         *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = why;
     }
@@ -298,21 +364,33 @@ pub fn open_broker(
     };
     let restart: Arc<dyn Fn() + Send + Sync> = Arc::new(move || restart_self(listen));
     let net_state = state.clone();
+    let system: Arc<dyn crate::schedule::clock::Clock> = match test_clock_offset_ms() {
+        Some(ms) => {
+            tracing::warn!(offset_ms = ms, "{TEST_CLOCK_OFFSET} is set: this node's clock is shifted (tests only)");
+            Arc::new(ShiftedClock { ms })
+        }
+        None => Arc::new(crate::schedule::clock::SystemClock),
+    };
+    let behind_us = Arc::new(AtomicU64::new(0));
+    let clock = Arc::new(ClusterClock {
+        inner: system.clone(),
+        behind_us: behind_us.clone(),
+        last_us: AtomicU64::new(0),
+    });
     let node = node::Node::start(
         cc,
         state.clone(),
         recovered,
-        |tx| net::Net::start(rt, cc, net_state, tx),
-        wake_engine,
-        restart,
+        |tx, stamps| net::Net::start(rt, cc, net_state, tx, stamps),
+        node::Hooks { wake_engine, restart, stamps: Arc::new(Stamps::new(system)), behind_us },
     )?;
     let replication =
         crate::broker::Replication { replicator: node.replicator(), sealed, condition: node.condition() };
     let mut bc = cfg.broker_config();
     bc.receipt_secret = Some(cc.secret.clone());
-    let broker =
-        crate::Broker::open_replicated(bc, Arc::new(crate::schedule::clock::SystemClock), Some(replication))?;
+    let broker = crate::Broker::open_replicated(bc, clock, Some(replication))?;
     let _ = waker.set(broker.waker());
+    broker.set_cluster(state.clone());
     // Entries Raft already holds (a restart) go into the store now.
     (broker.waker())();
     // The node lives as long as the process: its threads stop with it.

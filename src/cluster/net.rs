@@ -9,7 +9,10 @@
 //!   API URL), mac [32]` where `mac` is HMAC-SHA256 under the cluster secret of
 //!   `"delayd-cluster-v1" || challenge || from || to || url`;
 //! - then frames: `len u32` (of what follows), `kind u8`, payload. Kind 1 is a Raft message
-//!   (raft-rs's protobuf encoding).
+//!   (raft-rs's protobuf encoding); kind 2 a clock probe (`t0 i64` the sender's wall clock, unix
+//!   ms, `mono u64` its monotonic ms); kind 3 the answer to one, on the answering node's own link
+//!   (`t0`, `mono` echoed, `t1 i64` and `t2 i64` its wall clock when the probe arrived and when
+//!   the answer left).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,8 +26,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::clock::Sample;
 use super::node::Event;
-use super::{ClusterConfig, ClusterState};
+use super::{ClusterConfig, ClusterState, Stamps};
 use crate::error::{Error, Result};
 
 /// Largest frame accepted (a Raft message carries at most about 1 MiB of entries, plus one
@@ -34,12 +38,16 @@ const MAX_FRAME: usize = 80 << 20;
 const QUEUE: usize = 4096;
 /// Kind byte of a Raft message frame.
 const KIND_RAFT: u8 = 1;
+/// Kind byte of a clock probe.
+const KIND_PROBE: u8 = 2;
+/// Kind byte of a clock probe's answer.
+const KIND_PROBE_ANSWER: u8 = 3;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
 /// The sending half: a queue per peer, drained by its connection task.
 pub struct Net {
-    peers: HashMap<u64, mpsc::Sender<Vec<u8>>>,
+    peers: Arc<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
 }
 
 impl Net {
@@ -49,30 +57,31 @@ impl Net {
         cfg: &ClusterConfig,
         state: Arc<ClusterState>,
         inbound: flume::Sender<Event>,
+        stamps: Arc<Stamps>,
     ) -> Result<Net> {
         let std_listener = std::net::TcpListener::bind(&cfg.listen)
             .map_err(|e| Error::Config(format!("cluster_listen: cannot listen on {}: {e}", cfg.listen)))?;
         std_listener.set_nonblocking(true).map_err(|e| Error::io("cluster listener", e))?;
         let secret: Arc<[u8]> = cfg.secret.as_bytes().into();
         let me = cfg.node_id;
-        {
-            let (secret, state, inbound) = (secret.clone(), state.clone(), inbound.clone());
-            let _guard = rt.enter();
-            let listener =
-                TcpListener::from_std(std_listener).map_err(|e| Error::io("cluster listener", e))?;
-            rt.spawn(accept_loop(listener, me, secret, state, inbound));
-        }
         let mut peers = HashMap::new();
+        let mut queues = Vec::new();
         for (id, addr) in cfg.others() {
             let (tx, rx) = mpsc::channel(QUEUE);
             peers.insert(*id, tx);
-            let link = Link {
-                me,
-                to: *id,
-                addr: addr.clone(),
-                url: cfg.advertise_url.clone(),
-                secret: secret.clone(),
-            };
+            queues.push((*id, addr.clone(), rx));
+        }
+        let peers = Arc::new(peers);
+        {
+            let ctx =
+                Arc::new(Serve { me, secret: secret.clone(), state, inbound, stamps, peers: peers.clone() });
+            let _guard = rt.enter();
+            let listener =
+                TcpListener::from_std(std_listener).map_err(|e| Error::io("cluster listener", e))?;
+            rt.spawn(accept_loop(listener, ctx));
+        }
+        for (to, addr, rx) in queues {
+            let link = Link { me, to, addr, url: cfg.advertise_url.clone(), secret: secret.clone() };
             rt.spawn(link.run(rx));
         }
         info!(listen = %cfg.listen, peers = peers.len(), "cluster links started");
@@ -81,20 +90,44 @@ impl Net {
 
     /// Queues `m` for its destination; dropped when the link is backed up (Raft resends).
     pub fn send(&self, m: Message) {
-        let Some(tx) = self.peers.get(&m.to) else { return };
-        let body = match m.write_to_bytes() {
-            Ok(b) => b,
-            Err(e) => {
-                warn!(error = %e, "cannot encode a raft message");
-                return;
-            }
-        };
-        let mut frame = Vec::with_capacity(5 + body.len());
-        frame.extend_from_slice(&(body.len() as u32 + 1).to_le_bytes());
-        frame.push(KIND_RAFT);
-        frame.extend_from_slice(&body);
-        let _ = tx.try_send(frame);
+        let to = m.to;
+        match m.write_to_bytes() {
+            Ok(body) => self.queue(to, frame(KIND_RAFT, &body)),
+            Err(e) => warn!(error = %e, "cannot encode a raft message"),
+        }
     }
+
+    /// Sends a clock probe to `to`, stamped `t0` (wall) and `mono`.
+    pub fn probe(&self, to: u64, t0: i64, mono: u64) {
+        let mut p = Vec::with_capacity(16);
+        p.extend_from_slice(&t0.to_le_bytes());
+        p.extend_from_slice(&mono.to_le_bytes());
+        self.queue(to, frame(KIND_PROBE, &p));
+    }
+
+    fn queue(&self, to: u64, frame: Vec<u8>) {
+        if let Some(tx) = self.peers.get(&to) {
+            let _ = tx.try_send(frame);
+        }
+    }
+}
+
+fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(5 + body.len());
+    f.extend_from_slice(&(body.len() as u32 + 1).to_le_bytes());
+    f.push(kind);
+    f.extend_from_slice(body);
+    f
+}
+
+/// What the accepting side needs for every link it serves.
+struct Serve {
+    me: u64,
+    secret: Arc<[u8]>,
+    state: Arc<ClusterState>,
+    inbound: flume::Sender<Event>,
+    stamps: Arc<Stamps>,
+    peers: Arc<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
 }
 
 fn mac(secret: &[u8], challenge: &[u8; 16], from: u64, to: u64, url: &[u8]) -> [u8; 32] {
@@ -187,13 +220,7 @@ impl Link {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    me: u64,
-    secret: Arc<[u8]>,
-    state: Arc<ClusterState>,
-    inbound: flume::Sender<Event>,
-) {
+async fn accept_loop(listener: TcpListener, ctx: Arc<Serve>) {
     loop {
         let (stream, from_addr) = match listener.accept().await {
             Ok(s) => s,
@@ -203,9 +230,9 @@ async fn accept_loop(
                 continue;
             }
         };
-        let (secret, state, inbound) = (secret.clone(), state.clone(), inbound.clone());
+        let ctx = ctx.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve(stream, me, &secret, &state, &inbound).await {
+            if let Err(e) = serve(stream, &ctx).await {
                 debug!(from = %from_addr, error = %e, "cluster link closed");
             }
         });
@@ -213,13 +240,8 @@ async fn accept_loop(
 }
 
 /// Reads one peer's link: its hello, then its frames, until it closes.
-async fn serve(
-    mut s: TcpStream,
-    me: u64,
-    secret: &[u8],
-    state: &ClusterState,
-    inbound: &flume::Sender<Event>,
-) -> std::io::Result<()> {
+async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
+    let (me, secret, state, inbound) = (ctx.me, &*ctx.secret, &ctx.state, &ctx.inbound);
     let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
     s.set_nodelay(true)?;
     let c = challenge();
@@ -252,16 +274,41 @@ async fn serve(
         }
         let mut frame = vec![0u8; len];
         s.read_exact(&mut frame).await?;
-        if frame[0] == KIND_RAFT {
-            match Message::parse_from_bytes(&frame[1..]) {
-                Ok(m) if m.from == from && m.to == me => {
-                    if inbound.send_async(Event::Msg(m)).await.is_err() {
-                        return Ok(());
-                    }
-                }
+        let event = match frame[0] {
+            KIND_RAFT => match Message::parse_from_bytes(&frame[1..]) {
+                Ok(m) if m.from == from && m.to == me => Event::Msg(m),
                 _ => return Err(bad("bad raft message")),
+            },
+            KIND_PROBE if frame.len() == 17 => {
+                answer_probe(ctx, from, &frame[1..]);
+                continue;
             }
+            KIND_PROBE_ANSWER if frame.len() == 33 => {
+                let word =
+                    |i: usize| i64::from_le_bytes(frame[1 + i * 8..9 + i * 8].try_into().unwrap_or([0; 8]));
+                let (t3, now_mono) = (ctx.stamps.wall_ms(), ctx.stamps.mono_ms());
+                let rtt_ms = now_mono.saturating_sub(word(1) as u64);
+                let sample = Sample { t0: word(0), t1: word(2), t2: word(3), t3, rtt_ms };
+                Event::Clock { from, sample, at_mono_ms: now_mono }
+            }
+            _ => continue,
+        };
+        if inbound.send_async(event).await.is_err() {
+            return Ok(());
         }
+    }
+}
+
+/// Answers a clock probe on this node's own link to its sender, with this node's wall clock when
+/// it arrived and when the answer leaves.
+fn answer_probe(ctx: &Serve, to: u64, probe: &[u8]) {
+    let t1 = ctx.stamps.wall_ms();
+    let mut a = Vec::with_capacity(32);
+    a.extend_from_slice(probe);
+    a.extend_from_slice(&t1.to_le_bytes());
+    a.extend_from_slice(&ctx.stamps.wall_ms().to_le_bytes());
+    if let Some(tx) = ctx.peers.get(&to) {
+        let _ = tx.try_send(frame(KIND_PROBE_ANSWER, &a));
     }
 }
 

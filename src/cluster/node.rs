@@ -16,14 +16,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, Snapshot};
+use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 use tracing::{info, warn};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::clock::{ClockView, FilterConfig};
 use super::net::Net;
 use super::recover::Recovered;
-use super::{ClusterConfig, ClusterState, Role};
+use super::{ClusterConfig, ClusterState, Role, Stamps};
 use crate::error::{Error, Result};
 use crate::storage::format::EntryKind;
 use crate::storage::replica::{Diverged, ReplicaEntry, Replicator, Sealed};
@@ -40,6 +43,8 @@ const HEARTBEAT_TICKS: usize = 1;
 const WINDOW_BYTES: u64 = 64 << 20;
 /// See [`WINDOW_BYTES`].
 const WINDOW_ENTRIES: usize = 100_000;
+/// How often the other nodes' clocks are probed.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Longest a reply waits for a majority before it is answered 503.
 const MAJORITY_WAIT: Duration = Duration::from_secs(10);
 
@@ -49,6 +54,15 @@ pub enum Event {
     Msg(Message),
     /// Something changed (a proposal, the durable end of the log): look again.
     Wake,
+    /// A clock probe of node `from` came back.
+    Clock {
+        /// The node probed.
+        from: u64,
+        /// Its four stamps and the round trip.
+        sample: super::clock::Sample,
+        /// This node's monotonic ms when it came back.
+        at_mono_ms: u64,
+    },
 }
 
 /// Raft's view of the log: the entries of a bounded window in memory (to send to followers);
@@ -101,6 +115,13 @@ pub struct Shared {
     /// committed.
     marks: Mutex<VecDeque<(u64, u64)>>,
     events: flume::Sender<Event>,
+    /// Offsets of the other nodes' clocks.
+    clocks: Mutex<ClockView>,
+    stamps: Arc<Stamps>,
+    /// How far the engine's clock is held back (see `ClusterClock`).
+    behind_us: Arc<AtomicU64>,
+    max_skew_ms: u64,
+    voters: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -176,7 +197,8 @@ impl Replicator for StoreSide {
         lock(&self.shared.marks).push_back((sealed.index, sealed.end));
         self.shared.state.set_sealed(sealed.index);
         let state = &self.shared.state;
-        if state.role() == Role::Leader && sealed.term == state.term() && !state.leading() {
+        if state.role() == Role::Leader && sealed.term == state.term() && !state.leading() && state.may_lead()
+        {
             info!(
                 term = sealed.term,
                 index = sealed.index,
@@ -322,6 +344,18 @@ pub struct Node {
     restart: Arc<dyn Fn() + Send + Sync>,
 }
 
+/// What a node is given by the process around it.
+pub struct Hooks {
+    /// Makes the engine take a step (to append entries that arrived).
+    pub wake_engine: Box<dyn Fn() + Send>,
+    /// Restarts the process (after a divergence was recorded).
+    pub restart: Arc<dyn Fn() + Send + Sync>,
+    /// The clocks probes are stamped with.
+    pub stamps: Arc<Stamps>,
+    /// Where the engine's clock correction goes (see `ClusterClock`).
+    pub behind_us: Arc<AtomicU64>,
+}
+
 /// What the driver thread owns.
 struct Driver {
     shared: Arc<Shared>,
@@ -332,6 +366,9 @@ struct Driver {
     /// Readies whose entries wait to be durable: (number, last entry index, messages to send
     /// then).
     unpersisted: VecDeque<(u64, u64, Vec<Message>)>,
+    /// The other nodes.
+    peers: Vec<u64>,
+    next_probe: Instant,
     /// Entries in the window, with their sizes.
     window: VecDeque<(u64, u64)>,
     window_bytes: u64,
@@ -345,10 +382,10 @@ impl Node {
         cfg: &ClusterConfig,
         state: Arc<ClusterState>,
         recovered: Recovered,
-        net_start: impl FnOnce(flume::Sender<Event>) -> Result<Net>,
-        wake_engine: Box<dyn Fn() + Send>,
-        restart: Arc<dyn Fn() + Send + Sync>,
+        net_start: impl FnOnce(flume::Sender<Event>, Arc<Stamps>) -> Result<Net>,
+        hooks: Hooks,
     ) -> Result<Node> {
+        let Hooks { wake_engine, restart, stamps, behind_us } = hooks;
         let voters: Vec<u64> = cfg.peers.iter().map(|(id, _)| *id).collect();
         let conf = ConfState::from((voters, vec![]));
         let store = MemStorage::new_with_conf_state(conf.clone());
@@ -399,13 +436,18 @@ impl Node {
             changed: Condvar::new(),
             marks: Mutex::new(recovered.marks.into_iter().collect()),
             events: tx.clone(),
+            clocks: Mutex::new(ClockView::new(cfg.others().map(|(id, _)| *id), FilterConfig::default())),
+            stamps: stamps.clone(),
+            behind_us,
+            max_skew_ms: cfg.max_clock_skew_ms,
+            voters: cfg.peers.len(),
         });
         {
             let mut p = lock(&shared.progress);
             p.local_durable = recovered.last.end;
         }
         shared.state.set_sealed(recovered.last.index);
-        let net = net_start(tx)?;
+        let net = net_start(tx, stamps)?;
         let mut driver = Driver {
             shared: shared.clone(),
             rx,
@@ -413,6 +455,8 @@ impl Node {
             dir: cfg.data_dir.clone(),
             saved: (hs.term, hs.vote),
             unpersisted: VecDeque::new(),
+            peers: cfg.others().map(|(id, _)| *id).collect(),
+            next_probe: Instant::now(),
             window,
             window_bytes,
             wake_engine,
@@ -473,20 +517,94 @@ impl Driver {
             let shared = self.shared.clone();
             let mut raw = lock(&shared.raw);
             if Instant::now() >= next_tick {
-                raw.tick();
+                self.tick(&mut raw);
                 next_tick = Instant::now() + TICK;
             }
             for ev in events {
-                if let Event::Msg(m) = ev {
-                    let from = m.from;
-                    self.shared.state.update_node(from, |n| n.last_contact_ms = Some(now_ms()));
-                    let _ = raw.step(m);
+                match ev {
+                    Event::Msg(m) => {
+                        let from = m.from;
+                        self.shared.state.update_node(from, |n| n.last_contact_ms = Some(now_ms()));
+                        let _ = raw.step(m);
+                    }
+                    Event::Clock { from, sample, at_mono_ms } => {
+                        if let Err(e) = lock(&self.shared.clocks).record(from, sample, at_mono_ms) {
+                            tracing::debug!(peer = from, error = %e, "clock probe not used");
+                        }
+                    }
+                    Event::Wake => {}
                 }
             }
             self.ready(&mut raw);
             self.persisted(&mut raw);
             self.publish(&raw);
         }
+    }
+
+    /// One tick of the consensus clock, and the clock checks: probes out every second, whether
+    /// this node's clock lets it lead, and how far the engine's clock is held back. A node
+    /// refused for its clock does not stand for election (its requests for votes are not sent) and,
+    /// leading, hands the lead to another node.
+    fn tick(&mut self, raw: &mut RawNode<LogStore>) {
+        let stamps = &self.shared.stamps;
+        if Instant::now() >= self.next_probe {
+            for peer in &self.peers {
+                self.net.probe(*peer, stamps.wall_ms(), stamps.mono_ms());
+            }
+            self.next_probe = Instant::now() + PROBE_EVERY;
+        }
+        let (mono, local) = (stamps.mono_ms(), stamps.wall_ms());
+        let (verdict, majority) = {
+            let view = lock(&self.shared.clocks);
+            (
+                view.may_lead(self.shared.max_skew_ms, mono),
+                view.majority_clock(local, mono, self.shared.voters),
+            )
+        };
+        self.shared.behind_us.store((local - majority).max(0) as u64 * 1000, Ordering::Relaxed);
+        let state = &self.shared.state;
+        match verdict {
+            Ok(()) => {
+                if !state.may_lead() {
+                    info!("clock within max_clock_skew of the cluster again: this node may lead");
+                    state.set_refused(None);
+                }
+                raw.tick();
+            }
+            Err(report) => {
+                if state.may_lead() {
+                    warn!(report = %report, "this node's clock is off from the cluster's by more than max_clock_skew: it will not lead");
+                }
+                state.set_refused(Some(report.to_string()));
+                // It keeps ticking (so it grants votes once its leader is gone); its own
+                // requests for votes are not sent (see `send`).
+                raw.tick();
+                if raw.raft.state == StateRole::Leader {
+                    state.set_leading(false);
+                    // Hand the lead to the node that holds most of the log.
+                    let best = raw
+                        .raft
+                        .prs()
+                        .iter()
+                        .filter(|(id, _)| **id != raw.raft.id)
+                        .max_by_key(|(_, p)| p.matched)
+                        .map(|(id, _)| *id);
+                    if let Some(to) = best {
+                        raw.transfer_leader(to);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends `m`, unless it asks for a vote while this node's clock keeps it from leading.
+    fn send(&self, m: Message) {
+        let asks_vote =
+            matches!(m.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
+        if asks_vote && !self.shared.state.may_lead() {
+            return;
+        }
+        self.net.send(m);
     }
 
     /// Handles one `Ready`: messages out, term and vote saved, entries handed to the engine.
@@ -496,7 +614,7 @@ impl Driver {
         }
         let mut rd = raw.ready();
         for m in rd.take_messages() {
-            self.net.send(m);
+            self.send(m);
         }
         if !rd.snapshot().is_empty() {
             warn!("a snapshot arrived; installing one is not built yet, so this node cannot catch up");
@@ -557,7 +675,7 @@ impl Driver {
             let number = *number;
             if let Some((_, _, msgs)) = self.unpersisted.pop_front() {
                 for m in msgs {
-                    self.net.send(m);
+                    self.send(m);
                 }
             }
             raw.on_persist_ready(number);
