@@ -366,7 +366,10 @@ pub fn open_broker(
     let net_state = state.clone();
     let system: Arc<dyn crate::schedule::clock::Clock> = match test_clock_offset_ms() {
         Some(ms) => {
-            tracing::warn!(offset_ms = ms, "{TEST_CLOCK_OFFSET} is set: this node's clock is shifted (tests only)");
+            tracing::warn!(
+                offset_ms = ms,
+                "{TEST_CLOCK_OFFSET} is set: this node's clock is shifted (tests only)"
+            );
             Arc::new(ShiftedClock { ms })
         }
         None => Arc::new(crate::schedule::clock::SystemClock),

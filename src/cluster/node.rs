@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
+use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, Snapshot};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 use tracing::{info, warn};
@@ -43,6 +43,8 @@ const HEARTBEAT_TICKS: usize = 1;
 const WINDOW_BYTES: u64 = 64 << 20;
 /// See [`WINDOW_BYTES`].
 const WINDOW_ENTRIES: usize = 100_000;
+/// Election priority of a node whose clock lets it lead (one whose clock does not has 0).
+const MAY_LEAD_PRIORITY: i64 = 1;
 /// How often the other nodes' clocks are probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Longest a reply waits for a majority before it is answered 503.
@@ -410,7 +412,10 @@ impl Node {
             let first = recovered.base.map_or(0, |(i, _)| i);
             let last = entries.last().map_or(first, |e| e.index);
             hs.commit = hs.commit.clamp(first, last);
-            hs.term = hs.term.max(recovered.last.term);
+            // A fresh cluster starts at term 1, not 0: raft-rs refuses to send a vote refusal
+            // stamped with term 0 (it panics), which a node refusing a lower-priority candidate
+            // before any election would otherwise do.
+            hs.term = hs.term.max(recovered.last.term).max(1);
             core.set_hardstate(hs.clone());
         }
         let raft_cfg = raft::Config {
@@ -422,6 +427,7 @@ impl Node {
             max_inflight_msgs: 256,
             check_quorum: true,
             pre_vote: true,
+            priority: MAY_LEAD_PRIORITY,
             ..Default::default()
         };
         raft_cfg.validate().map_err(|e| Error::Config(format!("raft: {e}")))?;
@@ -463,7 +469,16 @@ impl Node {
         };
         let thread = std::thread::Builder::new()
             .name("delayd-raft".into())
-            .spawn(move || driver.run())
+            .spawn(move || {
+                // raft-rs stops on a broken invariant by panicking: a node without its consensus
+                // thread must not go on answering as if it were part of the cluster.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.run())).is_err() {
+                    tracing::error!(
+                        "the consensus thread stopped on an internal error; exiting so the node restarts"
+                    );
+                    std::process::exit(70);
+                }
+            })
             .map_err(|e| Error::io("spawn raft thread", e))?;
         Ok(Node { shared, thread: Some(thread), dir: cfg.data_dir.clone(), restart })
     }
@@ -543,8 +558,9 @@ impl Driver {
 
     /// One tick of the consensus clock, and the clock checks: probes out every second, whether
     /// this node's clock lets it lead, and how far the engine's clock is held back. A node
-    /// refused for its clock does not stand for election (its requests for votes are not sent) and,
-    /// leading, hands the lead to another node.
+    /// refused for its clock gets no vote from a node with as long a log; leading (possible only
+    /// when its log is the longest), it accepts no writes, fires nothing and hands the lead to
+    /// the node with the most of the log.
     fn tick(&mut self, raw: &mut RawNode<LogStore>) {
         let stamps = &self.shared.stamps;
         if Instant::now() >= self.next_probe {
@@ -569,6 +585,7 @@ impl Driver {
                     info!("clock within max_clock_skew of the cluster again: this node may lead");
                     state.set_refused(None);
                 }
+                raw.set_priority(MAY_LEAD_PRIORITY);
                 raw.tick();
             }
             Err(report) => {
@@ -576,8 +593,10 @@ impl Driver {
                     warn!(report = %report, "this node's clock is off from the cluster's by more than max_clock_skew: it will not lead");
                 }
                 state.set_refused(Some(report.to_string()));
-                // It keeps ticking (so it grants votes once its leader is gone); its own
-                // requests for votes are not sent (see `send`).
+                // A voter with a log as long as this node's refuses it its vote (raft-rs's
+                // election priority); it can win only with a longer log than every other
+                // voter's, when no other node could, and then it hands the lead over below.
+                raw.set_priority(0);
                 raw.tick();
                 if raw.raft.state == StateRole::Leader {
                     state.set_leading(false);
@@ -597,16 +616,6 @@ impl Driver {
         }
     }
 
-    /// Sends `m`, unless it asks for a vote while this node's clock keeps it from leading.
-    fn send(&self, m: Message) {
-        let asks_vote =
-            matches!(m.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
-        if asks_vote && !self.shared.state.may_lead() {
-            return;
-        }
-        self.net.send(m);
-    }
-
     /// Handles one `Ready`: messages out, term and vote saved, entries handed to the engine.
     fn ready(&mut self, raw: &mut RawNode<LogStore>) {
         if !raw.has_ready() {
@@ -614,7 +623,7 @@ impl Driver {
         }
         let mut rd = raw.ready();
         for m in rd.take_messages() {
-            self.send(m);
+            self.net.send(m);
         }
         if !rd.snapshot().is_empty() {
             warn!("a snapshot arrived; installing one is not built yet, so this node cannot catch up");
@@ -675,7 +684,7 @@ impl Driver {
             let number = *number;
             if let Some((_, _, msgs)) = self.unpersisted.pop_front() {
                 for m in msgs {
-                    self.send(m);
+                    self.net.send(m);
                 }
             }
             raw.on_persist_ready(number);
