@@ -1062,6 +1062,12 @@ mod tests {
             ("max_push_subscriptions", "5"),
             ("max_connections_per_ip", "7"),
             ("max_body_memory", "64MiB"),
+            ("node_id", "3"),
+            ("peers", "1=a:1 3=b:2"),
+            ("cluster_listen", "127.0.0.1:2"),
+            ("cluster_secret", "0123456789abcdef"),
+            ("advertise_url", "http://b:9277"),
+            ("max_clock_skew", "1s"),
         ] {
             changed.set(key, value).unwrap();
         }
@@ -1070,6 +1076,11 @@ mod tests {
                 auth_token: Some("other".into()),
                 push_allowed_hosts: Some(vec!["other".into()]),
                 max_connections_per_ip: Some(99),
+                node_id: Some(9),
+                peers: Some(vec!["9=other:1".into()]),
+                cluster_listen: Some("127.0.0.1:9".into()),
+                cluster_secret: Some("another-secret-16".into()),
+                advertise_url: Some("http://other".into()),
                 ..Config::default()
             };
             // The keys that may be unset show nothing then.
@@ -1078,7 +1089,13 @@ mod tests {
                     (Some(v), _) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
                     (None, "auth_token") => c.auth_token = None,
                     (None, "max_connections_per_ip") => c.max_connections_per_ip = None,
-                    (None, _) => c.push_allowed_hosts = None,
+                    (None, "push_allowed_hosts") => c.push_allowed_hosts = None,
+                    (None, "node_id") => c.node_id = None,
+                    (None, "peers") => c.peers = None,
+                    (None, "cluster_listen") => c.cluster_listen = None,
+                    (None, "cluster_secret") => c.cluster_secret = None,
+                    (None, "advertise_url") => c.advertise_url = None,
+                    (None, other) => panic!("{other} shows nothing but is not known to be optional"),
                 }
             }
             assert_eq!(c, original);

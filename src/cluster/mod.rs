@@ -177,6 +177,8 @@ pub struct NodeInfo {
     pub match_index: u64,
     /// Unix ms of the last message received from it.
     pub last_contact_ms: Option<u64>,
+    /// Log bytes it lacks (on a leader; `None` when its entries are older than those tracked).
+    pub lag_bytes: Option<u64>,
 }
 
 /// The cluster's state as this node sees it, shared with the HTTP layer and the engine.
@@ -195,6 +197,12 @@ pub struct ClusterState {
     /// Why this node may not lead now (its clock is ahead), if so.
     refused: Mutex<Option<String>>,
     nodes: Mutex<BTreeMap<u64, NodeInfo>>,
+    /// Elections this node stood in.
+    pub elections: AtomicU64,
+    /// Changes of leader this node saw (to another node or to none).
+    pub leader_changes: AtomicU64,
+    /// How long replies waited for a majority after the local sync.
+    pub quorum_wait_us: crate::metrics::Histogram,
 }
 
 impl ClusterState {
@@ -219,6 +227,14 @@ impl ClusterState {
             sealed_index: AtomicU64::new(0),
             refused: Mutex::new(None),
             nodes: Mutex::new(nodes),
+            elections: AtomicU64::new(0),
+            leader_changes: AtomicU64::new(0),
+            quorum_wait_us: crate::metrics::Histogram::new(
+                "delayd_cluster_quorum_wait_seconds",
+                "Time a batch of replies waited, after the local sync, for a majority of nodes to have it durable.",
+                &crate::metrics::FLUSH_BUCKETS_US,
+                crate::metrics::US_PER_SECOND,
+            ),
         }
     }
 
@@ -244,7 +260,39 @@ impl ClusterState {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).get(&id)?.api_url.clone()
     }
 
+    /// (id, lag in entries, lag in bytes) of every other node, as the leader knows them.
+    pub fn lags(&self) -> Vec<(u64, Option<u64>, Option<u64>)> {
+        let last = self.last_index.load(Ordering::Acquire);
+        let leader = self.role() == Role::Leader;
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(id, _)| **id != self.node_id)
+            .map(|(id, n)| {
+                let entries = leader.then(|| last.saturating_sub(n.match_index));
+                (*id, entries, n.lag_bytes.filter(|_| leader))
+            })
+            .collect()
+    }
+
+    /// Term, commit index, last index and applied index.
+    pub fn indexes(&self) -> (u64, u64, u64, u64) {
+        (
+            self.term(),
+            self.commit_index.load(Ordering::Acquire),
+            self.last_index.load(Ordering::Acquire),
+            self.sealed_index.load(Ordering::Acquire),
+        )
+    }
+
     pub(crate) fn set_soft(&self, role: Role, term: u64, leader_id: u64) {
+        if role == Role::Candidate && self.role() != Role::Candidate {
+            self.elections.fetch_add(1, Ordering::Relaxed);
+        }
+        if leader_id != self.leader_id.load(Ordering::Acquire) {
+            self.leader_changes.fetch_add(1, Ordering::Relaxed);
+        }
         self.role.store(role as u8, Ordering::Release);
         self.term.store(term, Ordering::Release);
         self.leader_id.store(leader_id, Ordering::Release);
@@ -300,6 +348,7 @@ impl ClusterState {
                     "match_index": (self.role() == Role::Leader).then_some(n.match_index),
                     "lag_entries": (self.role() == Role::Leader)
                         .then(|| self.last_index.load(Ordering::Acquire).saturating_sub(n.match_index)),
+                    "lag_bytes": n.lag_bytes.filter(|_| self.role() == Role::Leader),
                     "last_contact_ms": n.last_contact_ms,
                 })
             })

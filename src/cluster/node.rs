@@ -281,6 +281,7 @@ impl Condition for MajorityDurable {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
+        shared.state.quorum_wait_us.observe(started.elapsed().as_micros() as u64);
         Ok(())
     }
 }
@@ -715,9 +716,14 @@ impl Driver {
         let commit = r.raft_log.committed;
         state.set_indexes(commit, r.raft_log.last_index());
         if role == Role::Leader {
+            let log_end = lock(&self.shared.marks).back().map_or(0, |(_, end)| *end);
             for (id, pr) in r.prs().iter() {
                 let matched = pr.matched;
-                state.update_node(*id, |n| n.match_index = matched);
+                let lag_bytes = self.shared.end_of(matched).map(|end| log_end.saturating_sub(end));
+                state.update_node(*id, |n| {
+                    n.match_index = matched;
+                    n.lag_bytes = lag_bytes;
+                });
             }
         }
         if let Some(end) = self.shared.end_of(commit) {
@@ -733,7 +739,16 @@ impl Driver {
     /// Forgets marks both durable and committed, and compacts the window past its bounds.
     fn trim(&mut self, raw: &RawNode<LogStore>, commit: u64) {
         let durable = lock(&self.shared.progress).local_durable;
-        let keep_from = commit.min(self.shared.index_at(durable));
+        // A leader keeps the marks of entries its followers still lack, to tell their lag in bytes
+        // (bounded: a follower further behind than the window needs a snapshot anyway).
+        let slowest = if raw.raft.state == StateRole::Leader {
+            raw.raft.prs().iter().map(|(_, p)| p.matched).min().unwrap_or(commit)
+        } else {
+            commit
+        };
+        let keep_from = commit
+            .min(self.shared.index_at(durable))
+            .min(slowest.max(commit.saturating_sub(WINDOW_ENTRIES as u64)));
         {
             let mut marks = lock(&self.shared.marks);
             while marks.len() > 1 && marks.front().is_some_and(|(i, _)| *i < keep_from) {

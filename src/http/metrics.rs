@@ -130,12 +130,68 @@ pub(crate) async fn handler(State(st): State<AppState>) -> Result<Response, ApiE
         // Push families come last, from their own registry (they have their own owner).
         let reg = Registry::new();
         st.broker().push_metrics().register(&reg)?;
+        if let Some(c) = st.cluster() {
+            cluster_metrics(&reg, c)?;
+        }
         Ok(text + &encode(&reg)?)
     });
     let text = text.map_err(|e| {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("cannot encode metrics: {e}"))
     })?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response())
+}
+
+/// A cluster node's families: its role and indexes, elections and leader changes seen, each
+/// follower's lag (on the leader), and how long replies waited for a majority.
+fn cluster_metrics(reg: &Registry, c: &crate::cluster::ClusterState) -> prometheus::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (term, commit, last, applied) = c.indexes();
+    let leading = c.role() == crate::cluster::Role::Leader;
+    gauge(
+        reg,
+        "delayd_cluster_is_leader",
+        "1 on the node that leads the cluster, else 0.",
+        f64::from(u8::from(leading)),
+    )?;
+    gauge(reg, "delayd_cluster_term", "The current consensus term.", term as f64)?;
+    gauge(
+        reg,
+        "delayd_cluster_commit_index",
+        "Highest entry known to be durable on a majority.",
+        commit as f64,
+    )?;
+    gauge(reg, "delayd_cluster_last_index", "Highest entry in this node's consensus log.", last as f64)?;
+    gauge(reg, "delayd_cluster_applied_index", "Highest entry in this node's store.", applied as f64)?;
+    counter(
+        reg,
+        "delayd_cluster_elections_total",
+        "Elections this node stood in.",
+        c.elections.load(Relaxed),
+    )?;
+    counter(
+        reg,
+        "delayd_cluster_leader_changes_total",
+        "Changes of leader this node saw.",
+        c.leader_changes.load(Relaxed),
+    )?;
+    let lags = c.lags();
+    let entries = lags.iter().filter_map(|(id, e, _)| e.map(|e| (id.to_string(), e as f64)));
+    gauge_by(
+        reg,
+        "delayd_cluster_replication_lag_entries",
+        "Entries each follower lacks (on the leader).",
+        "node",
+        entries,
+    )?;
+    let bytes = lags.iter().filter_map(|(id, _, b)| b.map(|b| (id.to_string(), b as f64)));
+    gauge_by(
+        reg,
+        "delayd_cluster_replication_lag_bytes",
+        "Log bytes each follower lacks (on the leader).",
+        "node",
+        bytes,
+    )?;
+    histogram_with_max(reg, &c.quorum_wait_us)
 }
 
 /// The whole exposition: the broker's families, HTTP requests, the process and build info.

@@ -1,0 +1,130 @@
+//! The cluster as a client meets it, on three real processes: `/v1/cluster` on every node, a
+//! follower's 307 to the leader with the same path and query, `503 no_leader` without a
+//! majority, the cluster's metrics, and reservations and receipts across a leader's death.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{short_client, Cluster};
+use common::now_ms;
+use serde_json::{json, Value};
+
+fn follower_of(c: &Cluster, leader: usize) -> usize {
+    (1..=c.size()).find(|i| *i != leader && c.is_running(*i)).expect("a running follower")
+}
+
+#[test]
+fn every_node_answers_cluster_and_a_follower_redirects_with_path_and_query() {
+    let c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let leader_url = c.url(leader);
+    for i in 1..=3 {
+        let v: Value = short_client(Duration::from_secs(5))
+            .get(format!("{}/v1/cluster", c.url(i)))
+            .send()
+            .and_then(|r| r.json())
+            .expect("cluster view");
+        assert_eq!(v["node_id"], json!(i));
+        assert_eq!(v["leader_id"], json!(leader), "{v}");
+        assert_eq!(v["leader_url"], json!(leader_url), "{v}");
+        assert_eq!(v["role"], json!(if i == leader { "leader" } else { "follower" }), "{v}");
+        assert_eq!(v["nodes"].as_array().map(Vec::len), Some(3), "{v}");
+        for key in ["term", "commit_index", "last_index", "applied_index"] {
+            assert!(v[key].as_u64().is_some(), "{key} in {v}");
+        }
+    }
+    let f = follower_of(&c, leader);
+    let http = short_client(Duration::from_secs(5));
+    let r = http
+        .post(format!("{}/v1/topics/t1/pop?max=2&wait_ms=0", c.url(f)))
+        .send()
+        .expect("pop on a follower");
+    assert_eq!(r.status().as_u16(), 307);
+    let location = r.headers()["location"].to_str().expect("location").to_string();
+    assert_eq!(location, format!("{leader_url}/v1/topics/t1/pop?max=2&wait_ms=0"));
+    // Reads by id go to the leader too (a follower's answer could be stale).
+    let r = http.get(format!("{}/v1/messages/nope", c.url(f))).send().expect("get on a follower");
+    assert_eq!(r.status().as_u16(), 307);
+    // The leader's metrics say it leads, and how far each follower is behind.
+    let text = http.get(format!("{leader_url}/metrics")).send().and_then(|r| r.text()).expect("metrics");
+    assert!(text.contains("delayd_cluster_is_leader 1"), "{text}");
+    assert!(text.contains("delayd_cluster_replication_lag_entries{node="), "{text}");
+    assert!(text.contains("delayd_cluster_quorum_wait_seconds_bucket"), "{text}");
+    // A follower serves its own metrics instead of redirecting.
+    let r = http.get(format!("{}/metrics", c.url(f))).send().expect("follower metrics");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.text().expect("text").contains("delayd_cluster_is_leader 0"));
+}
+
+#[test]
+fn without_a_majority_writes_get_503_no_leader_with_retry_after() {
+    let mut c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let survivor = follower_of(&c, leader);
+    for i in (1..=3).filter(|i| *i != survivor) {
+        c.kill9(i);
+    }
+    let http = short_client(Duration::from_secs(15));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = http
+            .post(format!("{}/v1/topics/t/messages", c.url(survivor)))
+            .json(&json!({"body": "x"}))
+            .send()
+            .expect("produce");
+        let status = r.status().as_u16();
+        let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap_or_default().to_string());
+        let body: Value = r.json().unwrap_or(Value::Null);
+        if status == 503 && body["error"]["code"] == json!("no_leader") {
+            assert_eq!(retry.as_deref(), Some("1"));
+            break;
+        }
+        // Until it notices the leader is gone it still redirects there.
+        assert!(status == 307 || status == 503, "{status} {body}");
+        assert!(Instant::now() < deadline, "never answered no_leader: {status} {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v: Value =
+        http.get(format!("{}/v1/cluster", c.url(survivor))).send().and_then(|r| r.json()).expect("view");
+    assert_eq!(v["leader_id"], Value::Null, "{v}");
+}
+
+#[test]
+fn a_reservation_and_its_receipt_survive_the_leaders_death() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    for k in 0..2 {
+        let r = client.produce("ttr", &json!({"body": format!("m{k}")})).expect("produce");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    // Reserve both for 4 s on the first leader.
+    let r = client.pop("ttr", 2, 2_000, Some(4_000)).expect("pop");
+    let popped_at = now_ms();
+    let msgs = r.messages();
+    assert_eq!(msgs.len(), 2, "{:?}", r.body);
+    let first_leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(first_leader);
+    c.wait_leader(Duration::from_secs(15));
+    // The receipt the old leader handed out acks on the new one.
+    let acked = client.ack(msgs[0]["receipt"].as_str().expect("receipt")).expect("ack");
+    assert!(acked.ok(), "ack after failover: {} {:?}", acked.status, acked.body);
+    // The other comes back after its time-to-run, not before, and the acked one never does.
+    let mut back = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while back.is_empty() && Instant::now() < until {
+        let r = client.pop("ttr", 2, 1_000, None).expect("pop");
+        let at = now_ms();
+        for m in r.messages() {
+            back.push((m["id"].as_str().unwrap_or_default().to_string(), at));
+        }
+    }
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].0, msgs[1]["id"].as_str().expect("id"));
+    assert!(
+        back[0].1 >= popped_at + 4_000,
+        "came back {} ms before its TTR ran out",
+        popped_at + 4_000 - back[0].1
+    );
+}
