@@ -244,11 +244,12 @@ impl Core {
             return Duration::ZERO;
         }
         let mut wait = self.writer.next_work(self.engine.dirty());
-        // A cluster node that does not lead fires no timers and reclaims nothing: the leader's
-        // records do that here (the raft thread wakes the engine when entries arrive).
-        if !self.durability.is_poisoned() && self.engine.may_act() {
+        if !self.durability.is_poisoned() {
             match retry_wait(&mut self.timers_retry_at) {
                 Some(backoff) => wait = wait.min(backoff),
+                // A cluster node that does not lead fires no timers: the leader's records do that
+                // here (the raft thread wakes the engine when entries arrive).
+                None if !self.engine.may_act() => {}
                 None => {
                     if let Some(due) = self.engine.next_due() {
                         let now_us = self.clock.now_us();
@@ -424,9 +425,11 @@ impl Core {
         for done in self.writer.checkpoints_done() {
             self.checkpoint_done(done);
         }
-        if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() || !self.engine.may_act() {
+        if self.durability.is_poisoned() || self.reclaim_retry_at.is_some() {
             return;
         }
+        // A cluster node that does not lead still expires and deletes (reclaim appends nothing
+        // there: see `Store::may_act`); the leader's Carries arrive replicated.
         match self.engine.maintain_until(until) {
             Ok(()) => self.reclaim_log.clear(),
             Err(_) if self.durability.is_poisoned() => {}

@@ -214,6 +214,10 @@ impl Replicator for StoreSide {
         self.shared.state.leading()
     }
 
+    fn committed_end(&self) -> u64 {
+        lock(&self.shared.progress).committed_end
+    }
+
     fn diverged(&mut self, d: Diverged) {
         warn!(
             keep_index = d.keep,

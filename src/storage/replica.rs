@@ -60,6 +60,9 @@ pub trait Replicator: Send {
     /// True when this node may append records of its own (it leads, and holds every entry
     /// before its term's first): timers, expiries and reclaim run only then.
     fn leading(&self) -> bool;
+    /// Log offset up to which this log's entries are committed: reclaim deletes nothing whose
+    /// fate depends on a later entry (a new leader may drop entries past it).
+    fn committed_end(&self) -> u64;
     /// This log disagrees with the consensus log: the cluster cuts it back to `d.keep` and
     /// rebuilds the node (nothing more is acknowledged here until then).
     fn diverged(&mut self, d: Diverged);

@@ -74,7 +74,7 @@ impl Store {
         match self.reclaim.phase {
             _ if self.reclaim.head != base => self.head_worth_scanning(policy, base, end),
             Phase::Scan { .. } | Phase::Carry { .. } => true,
-            Phase::Free { need, .. } => self.durable_serial >= need,
+            Phase::Free { need, decided, .. } => self.durable_serial >= need && self.committed_end() >= decided,
             Phase::Start => self.head_worth_scanning(policy, base, end),
             Phase::Rest { until_ms, changes } => {
                 (now_ms >= until_ms || self.segs.get(base).changes != changes)
@@ -302,9 +302,16 @@ impl Store {
             Phase::Scan { seg, pos, live, pinned } => {
                 self.scan(now_ms, policy, until, base, seg, pos, live, pinned)?
             }
+            // A cluster node that does not lead appends nothing: the leader carries the head's
+            // live messages, and their Carries, replicated here, change the head's counts.
+            Phase::Carry { .. } if !self.may_act() => {
+                Phase::Rest { until_ms: now_ms + 1_000, changes: self.segs.get(base).changes }
+            }
             Phase::Carry { pos } => self.carry(now_ms, policy, plan, until, base, end, pos)?,
-            Phase::Free { need, .. } if self.durable_serial < need => return Ok(()),
-            Phase::Free { need, upto } => {
+            Phase::Free { need, decided, .. } if self.durable_serial < need || self.committed_end() < decided => {
+                return Ok(())
+            }
+            Phase::Free { need, upto, decided } => {
                 let freed = self.log.drop_head(upto)?;
                 if freed > 0 {
                     self.reclaim.stats.segments_deleted += 1;
@@ -315,7 +322,7 @@ impl Store {
                 match self.log.sealed_head() {
                     Some((next, next_end)) if freed > 0 && next_end <= upto => {
                         self.reclaim.head = next;
-                        Phase::Free { need, upto }
+                        Phase::Free { need, upto, decided }
                     }
                     _ => Phase::Start,
                 }
@@ -381,11 +388,11 @@ impl Store {
             if !run_full && self.log.sealed_at(end).is_some() && self.segs.get(end).bytes == 0 {
                 return Ok(Phase::Scan { seg: end, pos: end, live: 0, pinned: 0 });
             }
-            return Ok(Phase::Free { need: self.snapshots + 1, upto: end });
+            return Ok(Phase::Free { need: self.snapshots + 1, upto: end, decided: self.log.end() });
         }
         if seg > base {
             // The segments before this one are empty; this one is the head's business next round.
-            return Ok(Phase::Free { need: self.snapshots + 1, upto: seg });
+            return Ok(Phase::Free { need: self.snapshots + 1, upto: seg, decided: self.log.end() });
         }
         let head_len = end - base;
         Ok(if pinned == 0 && policy.should_carry(head_len, live, self.log.disk_bytes(), self.live_bytes) {

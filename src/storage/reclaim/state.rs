@@ -21,7 +21,9 @@ pub(super) enum Phase {
     /// Nothing live is left before `upto`: delete those segments, one per step, once the
     /// checkpoint with serial `need` (the first taken after the decision) is durable. It covers the
     /// Carries written for them and the expiry of their final messages from the index.
-    Free { need: u64, upto: u64 },
+    /// In a cluster, also once the log is committed up to `decided` (its end when the decision
+    /// was made): an entry after it that a new leader drops could make a message live again.
+    Free { need: u64, upto: u64, decided: u64 },
     /// A scan found the head pinned (a timer about to fire, a reservation made meanwhile) or not
     /// worth carrying although its counts said it was (the log changed while it ran): scan again
     /// at `until_ms` or once the head's `changes` count moved, whichever comes first, and only if

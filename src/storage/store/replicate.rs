@@ -21,6 +21,12 @@ impl Store {
         self.replica.as_ref().is_none_or(|r| r.leading())
     }
 
+    /// Log offset up to which this log's entries are committed (durable on a majority, never
+    /// undone); the whole log on a single node.
+    pub fn committed_end(&self) -> u64 {
+        self.replica.as_ref().map_or(u64::MAX, |r| r.committed_end())
+    }
+
     /// True in a cluster.
     pub fn replicated(&self) -> bool {
         self.replica.is_some()
