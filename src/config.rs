@@ -556,10 +556,20 @@ impl Config {
                 format!("does not name this node's id {id}; list every node, this one included"),
             );
         }
-        if self.cluster_listen.is_none() {
+        let Some(listen) = &self.cluster_listen else {
             return bad(
                 "cluster_listen",
                 "must be set when peers is (the address other nodes reach this one at)".into(),
+            );
+        };
+        // The other nodes reach this one at its peers entry; a different port there is a typo
+        // that would leave the node unreachable. (The host may differ: 0.0.0.0 against its IP.)
+        let own = peers.iter().find(|(p, _)| *p == id as u64).map(|(_, a)| a.as_str()).unwrap_or_default();
+        let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.to_string());
+        if port(own) != port(listen) {
+            return bad(
+                "cluster_listen",
+                format!("{listen} listens on another port than this node's entry in peers ({id}={own})"),
             );
         }
         if self.cluster_secret.is_none() {
@@ -1301,6 +1311,9 @@ mod tests {
             p[1] = ("peers", bad);
             assert!(with(&p).unwrap().contains("peers:"), "{bad}: {:?}", with(&p));
         }
+        let mut other_port = full.clone();
+        other_port[2] = ("cluster_listen", "0.0.0.0:9279");
+        assert!(with(&other_port).unwrap().contains("another port than this node's entry in peers"));
         let mut c = Config::default();
         assert!(c.set("cluster_secret", "short").is_ok());
         assert!(c.validate().unwrap_err().to_string().contains("at least 16"));

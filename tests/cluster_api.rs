@@ -182,3 +182,67 @@ fn reclaim_deletes_old_segments_on_every_node() {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+#[test]
+fn a_cluster_nodes_data_directory_is_refused_as_a_single_node() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    c.terminate(1);
+    let data = c.node(1).data_dir();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (status, log) = common::run_binary(
+        &["--listen", "127.0.0.1:0", "--data-dir", data.to_str().expect("utf-8 path")],
+        &[],
+        tmp.path(),
+    );
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("belongs to a cluster node"), "{log}");
+}
+
+#[test]
+fn a_node_with_another_segment_size_stops_instead_of_misplacing_records() {
+    // Node 3's segments are twice as large: once the others roll a segment, the leader's records
+    // would land at other offsets there (records refer to each other by offset).
+    let per_node = |i: usize| {
+        if i == 3 {
+            vec![("DELAYD_SEGMENT_BYTES".to_string(), "2MiB".to_string())]
+        } else {
+            Vec::new()
+        }
+    };
+    let c = Cluster::start_with(3, &[], per_node);
+    let mut leader = c.wait_leader(Duration::from_secs(15));
+    if leader == 3 {
+        // Let node 3 lose the lead: the others agree with each other.
+        let mut c = c;
+        c.kill9(3);
+        leader = c.wait_leader(Duration::from_secs(15));
+        c.restart(3);
+        return check_segment_refusal(c, leader);
+    }
+    check_segment_refusal(c, leader);
+}
+
+fn check_segment_refusal(c: Cluster, leader: usize) {
+    let client = c.client();
+    let body = "y".repeat(32 << 10);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut k = 0;
+    while alive(c.pid(3)) {
+        assert!(Instant::now() < deadline, "node 3 kept running:\n{}", c.describe());
+        let msgs: Vec<Value> = (0..3).map(|j| json!({"body": body, "id": format!("s{k}-{j}")})).collect();
+        let r = client.request("POST", "/v1/topics/seg/messages/batch", Some(&json!({"messages": msgs})), 0);
+        assert!(r.is_ok_and(|r| r.status == 201), "leader {leader} refused a write");
+        k += 1;
+    }
+    let log = c.node(3).log();
+    assert!(log.contains("every node must have the same segment_bytes"), "{log}");
+}
+
+/// Whether process `pid` still runs (an exited child stays a zombie until waited for).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}

@@ -79,6 +79,12 @@ async fn run(cfg: Config) -> Result<()> {
     let dir = cfg.data_dir.display();
     let cluster_cfg = delayd::cluster::ClusterConfig::from_config(&cfg, local).map_err(|e| e.to_string())?;
     let (broker, cluster) = match &cluster_cfg {
+        None if cfg.data_dir.join("cluster").join("raft_state").exists() => {
+            return Err(format!(
+                "{dir} belongs to a cluster node (it holds cluster/raft_state): start it with its cluster \
+                 settings (node_id, peers, ...); as a single node it would write records the cluster would cut"
+            ));
+        }
         None => (
             Broker::open(cfg.broker_config())
                 .map_err(|e| format!("cannot open data directory {dir}: {e}"))?,

@@ -183,12 +183,14 @@ impl Replicator for StoreSide {
         Ok(entries.into_iter().map(replica_entry).collect())
     }
 
-    fn propose(&mut self, records: Vec<u8>) -> Option<(u64, u64)> {
+    fn propose(&mut self, records: Vec<u8>, data_start: u64) -> Option<(u64, u64)> {
         let mut raw = lock(&self.shared.raw);
         if raw.raft.state != StateRole::Leader || !self.shared.state.leading() {
             return None;
         }
-        raw.propose(Vec::new(), records).ok()?;
+        // The context carries where the records start in the leader's log: a follower checks it
+        // places them at the same offsets (records refer to each other by offset).
+        raw.propose(data_start.to_le_bytes().to_vec(), records).ok()?;
         let at = (raw.raft.term, raw.raft.raft_log.last_index());
         drop(raw);
         self.shared.wake();
@@ -218,6 +220,11 @@ impl Replicator for StoreSide {
         lock(&self.shared.progress).committed_end
     }
 
+    fn refuse(&mut self, why: &str) {
+        tracing::error!("{why}; stopping this node");
+        std::process::exit(2);
+    }
+
     fn diverged(&mut self, d: Diverged) {
         warn!(
             keep_index = d.keep,
@@ -239,9 +246,11 @@ fn replica_entry(e: Entry) -> ReplicaEntry {
     let conf = e.get_entry_type() != EntryType::EntryNormal;
     let (term, index) = (e.term, e.index);
     let data = e.data.to_vec();
+    let origin_start = <[u8; 8]>::try_from(&e.context[..]).ok().map(u64::from_le_bytes);
     ReplicaEntry {
         term,
         index,
+        origin_start,
         kind: if conf { EntryKind::ConfChange } else { EntryKind::Normal },
         records: if conf { Vec::new() } else { data.clone() },
         payload: if conf { data } else { Vec::new() },
@@ -328,14 +337,21 @@ fn save_hard_state(dir: &Path, hs: &HardState) -> Result<()> {
     write_durably(&path, &b).map_err(|e| Error::io_at("write", &path, e))
 }
 
-/// Replaces `path` with `bytes` atomically and durably: a temporary file synced, renamed over it,
-/// and the directory synced.
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Replaces `path` with `bytes` atomically and durably: a private temporary file synced,
+/// renamed over it, and the directory synced (created 0700, itself synced into its parent, the
+/// first time).
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    if !dir.is_dir() {
+        crate::storage::io::create_private_dir(dir).map_err(std::io::Error::other)?;
+        if let Some(parent) = dir.parent() {
+            std::fs::File::open(parent)?.sync_all()?;
+        }
+    }
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_data()?;
     std::fs::rename(&tmp, path)?;
@@ -513,6 +529,9 @@ impl Drop for Node {
 
 fn entry_of(e: &ReplicaEntry) -> Entry {
     let mut out = Entry { term: e.term, index: e.index, ..Default::default() };
+    if let Some(start) = e.origin_start {
+        out.context = start.to_le_bytes().to_vec().into();
+    }
     if e.kind == EntryKind::ConfChange {
         out.set_entry_type(EntryType::EntryConfChangeV2);
         out.data = e.payload.clone().into();

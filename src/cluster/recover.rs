@@ -37,9 +37,8 @@ fn cut_marker(dir: &Path) -> std::path::PathBuf {
 /// Asks the next start to cut the log after entry `keep`.
 pub fn request_cut(dir: &Path, keep: u64) -> Result<()> {
     let path = cut_marker(dir);
-    std::fs::create_dir_all(dir.join("cluster")).map_err(|e| Error::io_at("create", &path, e))?;
-    std::fs::write(&path, keep.to_string()).map_err(|e| Error::io_at("write", &path, e))?;
-    std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io_at("sync", &path, e))
+    super::node::write_durably(&path, keep.to_string().as_bytes())
+        .map_err(|e| Error::io_at("write", &path, e))
 }
 
 /// Cuts the log in `dir` as the module says and returns what it holds.
@@ -87,7 +86,14 @@ pub fn prepare(dir: &Path, segment_bytes: u64, mode: RecoveryMode) -> Result<Rec
             }
         }
     }
-    remove(&marker)?;
+    if marker.exists() {
+        // Durably gone: a marker back after a power cut would cut entries acknowledged since.
+        remove(&marker)?;
+        let cluster_dir = dir.join("cluster");
+        std::fs::File::open(&cluster_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io_at("sync", &cluster_dir, e))?;
+    }
     Ok(found)
 }
 
@@ -138,6 +144,7 @@ fn scan_from(log: &CommitLog, from: u64, keep: Option<u64>) -> Result<Recovered>
             out.entries.push(ReplicaEntry {
                 term: m.term,
                 index: m.index,
+                origin_start: Some(m.data_start),
                 kind: m.kind,
                 records: std::mem::take(&mut records),
                 payload: m.payload.to_vec(),

@@ -29,6 +29,9 @@ pub struct ReplicaEntry {
     pub term: u64,
     /// Its index.
     pub index: u64,
+    /// Where its records start in the leader's log, when the leader said: this log must place
+    /// them at the same offset.
+    pub origin_start: Option<u64>,
     /// Normal or membership change.
     pub kind: EntryKind,
     /// Its records, framed, back to back (empty for an empty or membership entry).
@@ -54,7 +57,7 @@ pub trait Replicator: Send {
     fn missing(&mut self, sealed: Sealed) -> Result<Vec<ReplicaEntry>, Diverged>;
     /// Proposes `records` (framed, back to back) as the next entry: its (term, index), or `None`
     /// when this node is not the leader (the records were appended for nothing).
-    fn propose(&mut self, records: Vec<u8>) -> Option<(u64, u64)>;
+    fn propose(&mut self, records: Vec<u8>, data_start: u64) -> Option<(u64, u64)>;
     /// Entry `sealed.index` is now in this log, its mark ending at `sealed.end`.
     fn sealed(&mut self, sealed: Sealed);
     /// True when this node may append records of its own (it leads, and holds every entry
@@ -66,4 +69,7 @@ pub trait Replicator: Send {
     /// This log disagrees with the consensus log: the cluster cuts it back to `d.keep` and
     /// rebuilds the node (nothing more is acknowledged here until then).
     fn diverged(&mut self, d: Diverged);
+    /// This node cannot follow the leader at all (its log would not match byte for byte): the
+    /// cluster stops the node with `why`.
+    fn refuse(&mut self, why: &str);
 }

@@ -57,7 +57,7 @@ impl Store {
         if unsealed {
             let data_start = self.sealed.end;
             let records = self.records_between(data_start, self.log.end())?;
-            let Some((term, index)) = rep.propose(records) else {
+            let Some((term, index)) = rep.propose(records, data_start) else {
                 let why = "leadership was lost before this step's records were proposed";
                 return Err(diverged(rep, Diverged { keep: self.sealed.index, why }));
             };
@@ -70,6 +70,15 @@ impl Store {
     /// its mark.
     fn append_entry(&mut self, rep: &mut dyn Replicator, e: &ReplicaEntry) -> Result<()> {
         let data_start = self.log.end();
+        if let Some(origin) = e.origin_start.filter(|o| *o != data_start) {
+            let why = format!(
+                "entry {} starts at log offset {origin} on the leader but would start at {data_start} here: \
+                 every node must have the same segment_bytes (records refer to each other by offset)",
+                e.index
+            );
+            rep.refuse(&why);
+            return Err(Error::Config(why));
+        }
         let mut at = 0;
         while at < e.records.len() {
             let bytes = &e.records[at..];
