@@ -615,3 +615,50 @@ fn a_leader_that_loses_its_majority_keeps_its_last_figures_greyed_and_its_action
     }
     b.assert_no_errors();
 }
+
+/// The leader of a cluster whose `/v1/cluster` needs the token (the harness asks without one).
+fn leader_with_token(c: &Cluster) -> usize {
+    let http = common::cluster::short_client(Duration::from_millis(500));
+    let deadline = Instant::now() + NEVER_HANG;
+    loop {
+        let views: Vec<Option<Value>> = (1..=c.size())
+            .map(|i| {
+                let r = http.get(format!("{}/v1/cluster", c.url(i))).bearer_auth(TOKEN).send().ok()?;
+                r.status().is_success().then(|| r.json::<Value>().ok()).flatten()
+            })
+            .collect();
+        if let Some(l) = common::cluster::agreed_leader(&views, c.size()) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "no leader within {NEVER_HANG:?}: {views:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn with_a_token_a_follower_asks_for_it_and_says_the_leader_will_ask_again() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let c = Cluster::start(3, &[("DELAYD_AUTH_TOKEN", TOKEN)]);
+    let leader = leader_with_token(&c);
+    let follower = (1..=3).find(|&i| i != leader).expect("a follower");
+
+    let b = Browser::open("cluster-token", &driver, &chrome);
+    b.goto(&format!("{}/ui", c.url(follower)));
+    b.watch_errors();
+    // Without the token even the cluster's view is closed: the prompt, and nothing else.
+    b.wait_for("the token prompt", "return !document.getElementById('auth').hidden");
+    assert_eq!(b.js(BANNER), Value::Null, "no banner before the token");
+    assert_eq!(b.js("return document.getElementById('cluster').hidden"), json!(true));
+
+    b.type_into("#token", TOKEN);
+    b.click("#auth-form button[type=submit]");
+    let banner = b.wait_for("the follower banner", BANNER);
+    assert!(banner.as_str().is_some_and(|t| t.contains(&format!("the leader is node {leader}"))), "{banner}");
+    assert_eq!(b.js("return document.getElementById('auth').hidden"), json!(true));
+    // Each dashboard keeps the token for its own origin: the banner says the leader's will ask.
+    assert_eq!(b.js("return document.getElementById('leader-banner-token').hidden"), json!(false));
+    b.wait_for("the cluster panel", &cluster_rows(3));
+    b.assert_no_errors();
+}
