@@ -2,6 +2,9 @@
 //! talking to chromedriver), against the real binary with live data. Screenshots of what the
 //! browser showed are saved under `target/ui-screenshots/` for a person to look at.
 //!
+//! The cluster tests start three real nodes and open the dashboard of the leader and of a
+//! follower, which must point to the leader rather than fail on the API's redirects.
+//!
 //! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`); without
 //! them the tests are skipped, except under CI (`CI` set), which installs them.
 
@@ -13,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::cluster::Cluster;
 use common::{Server, NEVER_HANG};
 use fantoccini::elements::Element;
 use fantoccini::error::CmdError;
@@ -373,6 +377,13 @@ fn the_dashboard_shows_live_levels_topics_and_messages_and_cancels_one() {
     );
     assert_eq!(events, json!(["produced"]), "history of o-2");
 
+    // A single node is a cluster of one: no cluster panel, no banner, every action live.
+    let single = b.js(
+        "return [document.getElementById('cluster').hidden, document.getElementById('leader-banner').hidden,
+                 Array.from(document.querySelectorAll('fieldset.live')).some((f) => f.disabled)]",
+    );
+    assert_eq!(single, json!([true, true, false]), "[cluster hidden, banner hidden, any fieldset disabled]");
+
     b.screenshot("dashboard-desktop.png", 1280, None);
 
     // Cancel it through the page; the API agrees.
@@ -440,5 +451,214 @@ fn with_a_token_the_page_asks_for_it_and_keeps_it_out_of_urls() {
     for u in &urls {
         assert!(!u.contains(TOKEN), "the token is in a URL: {u}");
     }
+    b.assert_no_errors();
+}
+
+/// The cluster panel's rows as [node id, role] texts, once it lists `n` nodes.
+fn cluster_rows(n: usize) -> String {
+    format!(
+        "const rows = document.querySelectorAll('#cluster-nodes tbody tr');
+         if (document.getElementById('cluster').hidden || rows.length !== {n}) return null;
+         return Array.from(rows).map((r) => [r.dataset.node, r.querySelector('[data-role]').textContent])"
+    )
+}
+
+/// Whether every panel served by the leader is disabled (`[levels, topics, browse, lookup]`).
+const LIVE_DISABLED: &str =
+    "return Array.from(document.querySelectorAll('fieldset.live')).map((f) => f.disabled)";
+
+/// The banner's text while shown, else null.
+const BANNER: &str = "const b = document.getElementById('leader-banner');
+    return b.hidden ? null : b.innerText";
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn in_a_cluster_the_leader_lists_its_nodes_and_a_follower_points_to_the_leader() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(NEVER_HANG);
+    let follower = (1..=3).find(|&i| i != leader).expect("a follower");
+    let r = c
+        .client()
+        .produce("orders", &json!({"id": "o-1", "body": "x", "delay_ms": 600_000}))
+        .expect("produce");
+    assert!(r.ok(), "{r:?}");
+
+    let b = Browser::open("cluster", &driver, &chrome);
+    b.goto(&format!("{}/ui", c.url(leader)));
+    b.watch_errors();
+    let rows = b.wait_for("three nodes in the cluster panel", &cluster_rows(3));
+    let want: Vec<Value> =
+        (1..=3).map(|i| json!([i.to_string(), if i == leader { "leader" } else { "follower" }])).collect();
+    assert_eq!(rows, json!(want), "the leader's cluster panel");
+    // The leader knows how far each node has come: a number in every match index and lag cell.
+    let lags = b.js("return Array.from(document.querySelectorAll('#cluster-nodes tbody tr'))
+        .map((r) => [r.cells[4].textContent, r.cells[5].textContent])");
+    for cell in lags.as_array().expect("rows").iter().flat_map(|r| r.as_array().expect("cells")) {
+        assert!(
+            cell.as_str().is_some_and(|t| t.parse::<u64>().is_ok()),
+            "match index / lag on the leader: {lags}"
+        );
+    }
+    b.wait_for("the leader's levels", A_BUSY_LEVEL);
+    assert_eq!(b.js(BANNER), Value::Null, "no banner on the leader");
+    assert_eq!(b.js(LIVE_DISABLED), json!([false, false, false, false]));
+    b.screenshot("cluster-leader.png", 1280, None);
+
+    // A follower's page: the banner names the leader and links to its dashboard, and the panels
+    // say where their data is instead of showing the API's redirect as an error.
+    b.goto(&format!("{}/ui", c.url(follower)));
+    b.watch_errors();
+    let banner = b.wait_for("the follower banner", BANNER);
+    let says =
+        format!("This node ({follower}) is a follower; the leader is node {leader} at {}", c.url(leader));
+    assert!(banner.as_str().is_some_and(|t| t.starts_with(&says)), "banner: {banner}");
+    let href = b.js("return document.getElementById('leader-link').href");
+    assert_eq!(href, json!(format!("{}/ui", c.url(leader))), "the banner's link");
+    assert_eq!(b.wait_for("the follower's cluster panel", &cluster_rows(3)), json!(want));
+    assert_eq!(b.js(LIVE_DISABLED), json!([true, true, true, true]), "panels served by the leader");
+    let notes =
+        b.js("return Array.from(document.querySelectorAll('.by-leader')).filter((n) => !n.hidden).length");
+    assert_eq!(notes, json!(4), "a 'served by the leader' note in each panel");
+    assert_eq!(b.js("return document.getElementById('status').textContent"), json!(""), "no error shown");
+    let asked = b.js("return performance.getEntriesByType('resource').map((e) => e.name)");
+    let asked: Vec<&str> = asked.as_array().expect("urls").iter().filter_map(Value::as_str).collect();
+    assert!(asked.iter().any(|u| u.ends_with("/v1/cluster")), "{asked:?}");
+    assert!(
+        !asked.iter().any(|u| u.contains("/v1/stats")),
+        "a follower's page asked for what it cannot get: {asked:?}"
+    );
+    b.screenshot("cluster-follower.png", 1280, None);
+    // On a phone the node table becomes cards and the page does not scroll sideways.
+    b.screenshot("cluster-follower-phone.png", 390, Some(844));
+    let (page_w, view_w) = (
+        b.js("return document.documentElement.scrollWidth"),
+        b.js("return document.documentElement.clientWidth"),
+    );
+    assert!(page_w.as_u64() <= view_w.as_u64(), "page is {page_w} px wide in a {view_w} px viewport");
+    b.rt.block_on(b.c().set_window_size(1280, 1000)).expect("resize");
+
+    // The link leads to the leader's dashboard, which has data and no banner.
+    b.assert_no_errors();
+    b.click("#leader-link");
+    b.wait_for(
+        "the leader's page after the link",
+        &format!("return location.origin === {:?}", c.url(leader)),
+    );
+    b.watch_errors();
+    b.wait_for("the leader's cluster panel after the link", &cluster_rows(3));
+    b.wait_for("the leader's levels after the link", A_BUSY_LEVEL);
+    assert_eq!(b.js(BANNER), Value::Null);
+    b.assert_no_errors();
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn a_leader_that_loses_its_majority_keeps_its_last_figures_greyed_and_its_actions_off() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(NEVER_HANG);
+    let r = c
+        .client()
+        .produce("orders", &json!({"id": "o-1", "body": "x", "delay_ms": 600_000}))
+        .expect("produce");
+    assert!(r.ok(), "{r:?}");
+
+    let b = Browser::open("cluster-lost", &driver, &chrome);
+    b.goto(&format!("{}/ui", c.url(leader)));
+    b.watch_errors();
+    let busy = b.wait_for("the leader's levels", A_BUSY_LEVEL);
+    b.wait_for(
+        "orders in the topics table",
+        "return document.querySelector('#topics tr[data-topic=\"orders\"]')",
+    );
+
+    // Cut off from both others, it steps down (check-quorum) and knows no leader; its page says
+    // so, keeps what it showed greyed, and no action can be clicked.
+    c.isolate(leader);
+    let banner = b.wait_for("the no-leader banner", BANNER);
+    assert!(
+        banner.as_str().is_some_and(|t| t.starts_with(&format!("This node ({leader}) is a"))
+            && t.contains("no leader at the moment (election in progress or majority lost)")),
+        "banner: {banner}"
+    );
+    b.wait_for(
+        "the panels greyed",
+        "return Array.from(document.querySelectorAll('fieldset.live')).every((f) => f.disabled)",
+    );
+    assert_eq!(b.wait_for("the last levels, still shown", A_BUSY_LEVEL)[0], busy[0]);
+    let pause = b.js("const p = document.querySelector('#topics tr[data-topic=\"orders\"] button[aria-label=\"Pause orders\"]');
+        return p ? [p.disabled, p.matches(':disabled')] : null");
+    assert_eq!(pause, json!([false, true]), "the pause button is disabled by its panel, not taken away");
+    let note = b.js("return document.getElementById('topics-by-leader').textContent");
+    assert!(note.as_str().is_some_and(|t| t.contains("Greyed")), "{note}");
+    assert_eq!(b.js("return document.getElementById('status').textContent"), json!(""), "no error shown");
+    b.screenshot("cluster-no-leader.png", 1280, None);
+
+    // Healed, the cluster has a leader again, and this page follows: either this node leads
+    // again (no banner, live panels) or the banner names the one that does.
+    c.heal();
+    let now = c.wait_leader(NEVER_HANG);
+    if now == leader {
+        b.wait_for(
+            "live panels again",
+            "return Array.from(document.querySelectorAll('fieldset.live')).every((f) => !f.disabled)",
+        );
+        b.wait_for("no banner", "return document.getElementById('leader-banner').hidden");
+    } else {
+        let says = format!("the leader is node {now} at {}", c.url(now));
+        b.wait_for("the banner naming the new leader", &format!(
+            "const b = document.getElementById('leader-banner'); return !b.hidden && b.innerText.includes({says:?})"
+        ));
+    }
+    b.assert_no_errors();
+}
+
+/// The leader of a cluster whose `/v1/cluster` needs the token (the harness asks without one).
+fn leader_with_token(c: &Cluster) -> usize {
+    let http = common::cluster::short_client(Duration::from_millis(500));
+    let deadline = Instant::now() + NEVER_HANG;
+    loop {
+        let views: Vec<Option<Value>> = (1..=c.size())
+            .map(|i| {
+                let r = http.get(format!("{}/v1/cluster", c.url(i))).bearer_auth(TOKEN).send().ok()?;
+                r.status().is_success().then(|| r.json::<Value>().ok()).flatten()
+            })
+            .collect();
+        if let Some(l) = common::cluster::agreed_leader(&views, c.size()) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "no leader within {NEVER_HANG:?}: {views:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn with_a_token_a_follower_asks_for_it_and_says_the_leader_will_ask_again() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let c = Cluster::start(3, &[("DELAYD_AUTH_TOKEN", TOKEN)]);
+    let leader = leader_with_token(&c);
+    let follower = (1..=3).find(|&i| i != leader).expect("a follower");
+
+    let b = Browser::open("cluster-token", &driver, &chrome);
+    b.goto(&format!("{}/ui", c.url(follower)));
+    b.watch_errors();
+    // Without the token even the cluster's view is closed: the prompt, and nothing else.
+    b.wait_for("the token prompt", "return !document.getElementById('auth').hidden");
+    assert_eq!(b.js(BANNER), Value::Null, "no banner before the token");
+    assert_eq!(b.js("return document.getElementById('cluster').hidden"), json!(true));
+
+    b.type_into("#token", TOKEN);
+    b.click("#auth-form button[type=submit]");
+    let banner = b.wait_for("the follower banner", BANNER);
+    assert!(banner.as_str().is_some_and(|t| t.contains(&format!("the leader is node {leader}"))), "{banner}");
+    assert_eq!(b.js("return document.getElementById('auth').hidden"), json!(true));
+    // Each dashboard keeps the token for its own origin: the banner says the leader's will ask.
+    assert_eq!(b.js("return document.getElementById('leader-banner-token').hidden"), json!(false));
+    b.wait_for("the cluster panel", &cluster_rows(3));
     b.assert_no_errors();
 }

@@ -4,6 +4,11 @@
 // name or a message body cannot inject script. The token lives in sessionStorage and travels only
 // in the Authorization header. Paths are relative to /ui, so the page also works behind a proxy
 // that serves delayd under a prefix.
+//
+// In a cluster only the leader answers the API (other nodes answer 307 to it, or 503 no_leader).
+// The page never follows those redirects: the leader is another origin, which the policy forbids
+// and which would not get the token. It asks its own node's /v1/cluster first and, on a node
+// that does not lead, shows where the leader is and greys the rest.
 'use strict';
 
 (function () {
@@ -42,7 +47,7 @@
     const headers = { Accept: 'application/json' };
     const t = token();
     if (t) headers.Authorization = 'Bearer ' + t;
-    const init = { method, headers, cache: 'no-store', credentials: 'omit' };
+    const init = { method, headers, cache: 'no-store', credentials: 'omit', redirect: 'manual' };
     if (body !== undefined) {
       headers['Content-Type'] = 'application/json';
       init.body = JSON.stringify(body);
@@ -52,6 +57,9 @@
       resp = await fetch(path, init);
     } catch (e) {
       throw new ApiError(0, 'network', 'delayd did not answer (' + e.message + ')');
+    }
+    if (resp.type === 'opaqueredirect') {
+      throw new ApiError(307, 'not_leader', 'This node does not lead: the leader answers that (see the banner).');
     }
     let data = null;
     try {
@@ -69,6 +77,11 @@
   // or 405 where the path exists for another method.
   function unavailable(e) {
     return e instanceof ApiError && (e.status === 405 || e.code === 'no_such_endpoint');
+  }
+
+  // Leadership moved between two calls: the node sent this one on, or has no leader to send it to.
+  function notLeading(e) {
+    return e instanceof ApiError && (e.code === 'not_leader' || e.code === 'no_leader');
   }
 
   function h(tag, props, ...kids) {
@@ -401,28 +414,191 @@
     refresh();
   }
 
+  // ---- cluster ----
+
+  let bannerKey = null; // what the banner shows, so an unchanged one is not announced again
+
+  // A node's dashboard from its API URL (which came from a peer), as a link target only when it
+  // is plain http(s): never a script URL.
+  function dashboardOf(apiUrl) {
+    if (typeof apiUrl !== 'string' || !apiUrl) return null;
+    let u;
+    try {
+      u = new URL(apiUrl);
+    } catch (_) {
+      return null;
+    }
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') return null;
+    return u.origin + u.pathname.replace(/\/+$/, '') + '/ui';
+  }
+
+  function dashboardLink(apiUrl, text, props) {
+    const href = dashboardOf(apiUrl);
+    return href ? h('a', Object.assign({ href }, props), text) : text;
+  }
+
+  function known(v) {
+    return v === null || v === undefined ? '—' : v;
+  }
+
+  // "3 s ago", from a node's clock: a little ahead of the browser's still reads "just now".
+  function ago(ms, never) {
+    if (ms === null || ms === undefined) return never;
+    const d = Date.now() - ms;
+    const iso = new Date(ms).toISOString();
+    return h('time', { datetime: iso, title: iso }, d < 1000 ? 'just now' : fmtSpan(d) + ' ago');
+  }
+
+  // This node's /v1/cluster, or null from a delayd that has none (a single node, as before).
+  async function refreshCluster() {
+    let c = null;
+    try {
+      c = await api('GET', 'v1/cluster');
+    } catch (e) {
+      if (!unavailable(e)) throw e;
+    }
+    renderCluster(c);
+    renderBanner(c);
+    return c;
+  }
+
+  function renderCluster(c) {
+    const nodes = (c && c.nodes) || [];
+    // A cluster of one is a single node: its dashboard stays as it was.
+    $('cluster').hidden = nodes.length < 2;
+    if (nodes.length < 2) return;
+    const leader = c.leader_id;
+    const facts = [
+      ['This node', c.node_id + ' (' + c.role + ')'],
+      ['Term', c.term],
+      ['Leader', leader ? ['node ' + leader + ' · ', c.leader_url
+        ? dashboardLink(c.leader_url, c.leader_url, { id: 'cluster-leader-link' }) : 'address not known yet']
+        : 'none at the moment'],
+      ['Commit index', c.commit_index],
+      ['Last index', c.last_index],
+      ['Applied index', c.applied_index],
+    ];
+    $('cluster-facts').replaceChildren(...facts.map(([k, v]) =>
+      h('div', null, h('dt', null, k), h('dd', { 'data-fact': k }, ...[].concat(v)))));
+    const refused = $('cluster-refused');
+    refused.hidden = c.may_lead !== false;
+    refused.textContent = c.may_lead === false
+      ? 'This node may not lead: ' + (c.not_leading_because || 'no reason given') + '.' : '';
+    $('cluster-nodes').tBodies[0].replaceChildren(...nodes.map((n) => nodeRow(c, n)));
+    $('cluster-hint').textContent = c.leading
+      ? 'Match index and lag as this leader knows them; last contact: the last message from that node.'
+      : 'Match index and lag are known to the leader only: see them on its dashboard.';
+  }
+
+  function nodeRow(c, n) {
+    const self = n.node_id === c.node_id;
+    // Roles as far as this node knows them: the leader is its leader_id, its own role it knows.
+    const role = n.node_id === c.leader_id ? h('span', { class: 'badge leader' }, 'leader')
+      : self ? c.role : c.leader_id ? 'follower' : '—';
+    return h('tr', { 'data-node': n.node_id, class: self ? 'self' : null },
+      h('th', { scope: 'row' }, String(n.node_id), self ? h('span', { class: 'hint' }, ' (this node)') : null),
+      h('td', { 'data-label': 'API' }, n.api_url ? dashboardLink(n.api_url, n.api_url) : '—'),
+      h('td', { 'data-label': 'Cluster address' }, n.cluster_addr ? h('code', null, n.cluster_addr) : '—'),
+      h('td', { 'data-label': 'Role', 'data-role': true }, role),
+      h('td', { class: 'num', 'data-label': 'Match index' }, known(n.match_index)),
+      h('td', { class: 'num', 'data-label': 'Lag (entries)' }, known(n.lag_entries)),
+      // A follower hears from the leader only, so silence from another follower means nothing.
+      h('td', { 'data-label': 'Last contact' }, self ? '—' : ago(n.last_contact_ms, c.leading ? 'never' : '—')));
+  }
+
+  // On a node that does not lead: who leads, and a link to its dashboard.
+  function renderBanner(c) {
+    const leading = !c || c.leading !== false;
+    const key = leading ? '' : JSON.stringify([c.node_id, c.role, c.leader_id, c.leader_url, !!token()]);
+    if (key === bannerKey) return;
+    bannerKey = key;
+    $('leader-banner').hidden = leading;
+    if (leading) return;
+    const me = 'This node (' + c.node_id + ')';
+    const href = dashboardOf(c.leader_url);
+    let parts;
+    if (c.leader_id === c.node_id) {
+      parts = [me + ' has just been elected leader and is catching up; its figures show in a moment.'];
+    } else if (c.leader_id) {
+      parts = [me + ' is a ' + c.role + '; the leader is node ' + c.leader_id];
+      if (c.leader_url) parts.push(' at ', h('code', null, c.leader_url));
+      else parts.push(' (its address is not known yet)');
+      if (href) parts.push(' — ', h('a', { href, id: 'leader-link' }, 'open its dashboard'));
+      parts.push('.');
+    } else {
+      parts = [me + ' is a ' + c.role + '; no leader at the moment (election in progress or majority lost). ' +
+        'This page names the new leader once there is one.'];
+    }
+    $('leader-banner-text').replaceChildren(...parts);
+    $('leader-banner-token').hidden = !(href && c.leader_id !== c.node_id && token());
+  }
+
+  // Everything but the cluster panel is the leader's to answer: on another node the panels keep
+  // what they showed last, greyed, and every action is disabled (by their fieldsets).
+  function setLeading(on) {
+    document.body.classList.toggle('not-leading', !on);
+    for (const f of document.querySelectorAll('fieldset.live')) f.disabled = !on;
+    for (const n of document.querySelectorAll('.by-leader')) n.hidden = on;
+    // Nothing shown before: an empty greyed table would say nothing, the note says it all.
+    $('levels-live').hidden = !on && !lastStats;
+    $('topics-live').hidden = !on && !lastStats;
+    const greyed = 'Served by the leader. Greyed: what this node showed when it last led.';
+    $('levels-by-leader').textContent = lastStats ? greyed : 'Served by the leader.';
+    $('topics-by-leader').textContent = lastStats ? greyed : 'Served by the leader.';
+  }
+
+  // Asks the cluster again after a call found this node no longer leading; true when it does not.
+  async function followerNow() {
+    try {
+      const c = await refreshCluster();
+      const leading = !c || c.leading !== false;
+      setLeading(leading);
+      return !leading;
+    } catch (_) {
+      return false;
+    }
+  }
+
   // ---- refresh ----
 
   async function refresh() {
     clearTimeout(timer);
     timer = null;
     try {
-      const stats = await api('GET', 'v1/stats');
-      if (needToken) {
-        needToken = false;
-        $('auth').hidden = true;
+      const c = await refreshCluster();
+      if (c) tokenAccepted();
+      const leading = !c || c.leading !== false;
+      setLeading(leading);
+      if (!leading) {
+        // Nothing went wrong: the banner says where the data is.
+        if (refreshFailed) say('', false);
+        refreshFailed = false;
+        return;
       }
+      const stats = await api('GET', 'v1/stats');
+      tokenAccepted();
       if (refreshFailed) say('', false);
       refreshFailed = false;
       renderLevels(stats);
       await refreshTopics(stats);
       if (lookedUp) await showMessage(lookedUp, true);
     } catch (e) {
+      if (notLeading(e) && (await followerNow())) {
+        say('', false);
+        refreshFailed = false;
+        return;
+      }
       refreshFailed = !(e instanceof ApiError && e.status === 401);
       report(e);
     } finally {
       schedule();
     }
+  }
+
+  function tokenAccepted() {
+    if (!needToken) return;
+    needToken = false;
+    $('auth').hidden = true;
   }
 
   function schedule() {
