@@ -246,3 +246,22 @@ fn alive(pid: u32) -> bool {
         .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
         .unwrap_or(false)
 }
+
+#[test]
+fn a_long_poll_on_a_leader_that_loses_its_majority_ends_at_once() {
+    let c = Cluster::start(3, &[("DELAYD_MAX_WAIT", "30s")]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let url = format!("{}/v1/topics/nothing/pop?max=1&wait_ms=30000", c.url(leader));
+    let waiting = std::thread::spawn(move || {
+        let started = Instant::now();
+        let r = short_client(Duration::from_secs(40)).post(url).send().expect("long poll");
+        (r.status().as_u16(), started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.isolate(leader);
+    let (status, took) = waiting.join().expect("poll thread");
+    // The leader steps down once it misses its majority's heartbeats (an election timeout),
+    // and the poll ends then, not after its 30 s.
+    assert_eq!(status, 503, "answered {status} after {took:?}");
+    assert!(took < Duration::from_secs(10), "the poll waited {took:?}");
+}

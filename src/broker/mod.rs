@@ -207,6 +207,13 @@ impl Broker {
         let _ = self.shared.cluster.set(state);
     }
 
+    /// Wakes every waiting pop so that it asks again (and, on a node that just stopped leading,
+    /// ends with 503 instead of waiting out its time for messages that will not come here).
+    pub fn wake_all_pops(&self) {
+        let w = self.shared.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        w.values().for_each(|n| n.notify_waiters());
+    }
+
     /// True when this broker may act on its own (push deliveries): always on a single node, only
     /// while its node leads in a cluster.
     pub fn leads(&self) -> bool {

@@ -182,7 +182,6 @@ pub struct NodeInfo {
 }
 
 /// The cluster's state as this node sees it, shared with the HTTP layer and the engine.
-#[derive(Debug)]
 pub struct ClusterState {
     /// This node's id.
     pub node_id: u64,
@@ -203,6 +202,14 @@ pub struct ClusterState {
     pub leader_changes: AtomicU64,
     /// How long replies waited for a majority after the local sync.
     pub quorum_wait_us: crate::metrics::Histogram,
+    /// Called when this node stops leading (wakes the pops waiting here).
+    on_lose_lead: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ClusterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterState").field("node_id", &self.node_id).field("role", &self.role()).finish()
+    }
 }
 
 impl ClusterState {
@@ -229,6 +236,7 @@ impl ClusterState {
             nodes: Mutex::new(nodes),
             elections: AtomicU64::new(0),
             leader_changes: AtomicU64::new(0),
+            on_lose_lead: std::sync::OnceLock::new(),
             quorum_wait_us: crate::metrics::Histogram::new(
                 "delayd_cluster_quorum_wait_seconds",
                 "Time a batch of replies waited, after the local sync, for a majority of nodes to have it durable.",
@@ -297,12 +305,22 @@ impl ClusterState {
         self.term.store(term, Ordering::Release);
         self.leader_id.store(leader_id, Ordering::Release);
         if role != Role::Leader {
-            self.leading.store(false, Ordering::Release);
+            self.set_leading(false);
         }
     }
 
     pub(crate) fn set_leading(&self, on: bool) {
-        self.leading.store(on, Ordering::Release);
+        if !self.leading.swap(on, Ordering::AcqRel) || on {
+            return;
+        }
+        if let Some(f) = self.on_lose_lead.get() {
+            f();
+        }
+    }
+
+    /// Sets what runs when this node stops leading (once).
+    pub fn on_lose_lead(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_lose_lead.set(f);
     }
 
     pub(crate) fn term(&self) -> u64 {
@@ -443,6 +461,8 @@ pub fn open_broker(
     let broker = crate::Broker::open_replicated(bc, clock, Some(replication))?;
     let _ = waker.set(broker.waker());
     broker.set_cluster(state.clone());
+    let pops = broker.clone();
+    state.on_lose_lead(Box::new(move || pops.wake_all_pops()));
     // Entries Raft already holds (a restart) go into the store now.
     (broker.waker())();
     // The node lives as long as the process: its threads stop with it.
