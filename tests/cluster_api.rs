@@ -265,3 +265,30 @@ fn a_long_poll_on_a_leader_that_loses_its_majority_ends_at_once() {
     assert_eq!(status, 503, "answered {status} after {took:?}");
     assert!(took < Duration::from_secs(10), "the poll waited {took:?}");
 }
+
+#[test]
+fn compat_requests_to_a_follower_are_answered_as_the_leader_answers() {
+    let c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let f = follower_of(&c, leader);
+    let other = (1..=3).find(|i| *i != leader && *i != f).expect("third node");
+    let http = short_client(Duration::from_secs(10));
+    let call = |node: usize, path: &str, body: &str| -> (u16, Value) {
+        let r = http
+            .post(format!("{}{path}", c.url(node)))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .expect("compat call");
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    };
+    // An ouqiang client does not follow redirects: the follower answers for the leader.
+    let (status, v) = call(f, "/push", r#"{"topic":"order","id":"c-1","delay":0,"ttr":30,"body":"hi"}"#);
+    assert_eq!((status, v.clone()), (200, json!({"code": 0, "message": "ok", "data": null})), "{v}");
+    let (status, v) = call(other, "/get", r#"{"id":"c-1"}"#);
+    assert_eq!(status, 200);
+    assert_eq!(v["data"]["body"], json!("hi"), "{v}");
+    let (status, v) = call(f, "/pop", r#"{"topic":"order"}"#);
+    assert_eq!(status, 200);
+    assert_eq!(v["data"]["id"], json!("c-1"), "{v}");
+}

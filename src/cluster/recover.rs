@@ -112,16 +112,23 @@ fn scan(log: &CommitLog, keep: Option<u64>) -> Result<Recovered> {
     if end == start {
         return Ok(Recovered::default());
     }
+    // From the newest segment back: far enough to hold a mark (and the one to keep), and then
+    // on to fill the entries a leader keeps for followers that fell behind, as before the
+    // restart (up to the window's bytes).
     let mut from = log.segment_base(end - 1).unwrap_or(start);
     loop {
         let found = scan_from(log, from, keep)?;
-        let enough = found.base.is_some_and(|(i, _)| keep.is_none_or(|k| i <= k));
-        if enough || from <= start {
+        let has_base = found.base.is_some_and(|(i, _)| keep.is_none_or(|k| i <= k));
+        if has_base && end - from >= WINDOW_BYTES || from <= start {
             return Ok(found);
         }
         from = log.segment_base(from - 1).unwrap_or(start);
     }
 }
+
+/// Log bytes read back at a start to refill the entries kept for followers (as the node's
+/// window holds at most this much of entries' records).
+const WINDOW_BYTES: u64 = 64 << 20;
 
 fn scan_from(log: &CommitLog, from: u64, keep: Option<u64>) -> Result<Recovered> {
     let mut out = Recovered::default();
