@@ -292,3 +292,44 @@ fn compat_requests_to_a_follower_are_answered_as_the_leader_answers() {
     assert_eq!(status, 200);
     assert_eq!(v["data"]["id"], json!("c-1"), "{v}");
 }
+
+#[test]
+fn a_follower_down_during_writes_catches_up_and_then_serves_them_as_leader() {
+    let mut c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let behind = follower_of(&c, leader);
+    c.kill9(behind);
+    let client = c.client();
+    let mut ids = Vec::new();
+    for k in 0..200 {
+        let r = client.produce("catchup", &json!({"body": format!("m{k}"), "id": format!("m{k}")})).expect("produce");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        ids.push(format!("m{k}"));
+    }
+    c.restart(behind);
+    // It catches up from the leader's log.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let views = c.views();
+        let led = views[leader - 1].as_ref().and_then(|v| v["last_index"].as_u64()).unwrap_or(0);
+        let got = views[behind - 1].as_ref().and_then(|v| v["applied_index"].as_u64()).unwrap_or(0);
+        if got >= led && led > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {behind} stuck at {got} of {led}:\n{}", c.describe());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Now the other two die one after the other: the caught-up node and one more must hold all.
+    c.kill9(leader);
+    let next = c.wait_leader(Duration::from_secs(15));
+    assert!(next != leader);
+    let mut seen = std::collections::HashSet::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while seen.len() < ids.len() && Instant::now() < until {
+        for m in client.pop("catchup", 100, 500, None).expect("pop").messages() {
+            seen.insert(m["id"].as_str().unwrap_or_default().to_string());
+            client.ack(m["receipt"].as_str().unwrap_or_default()).expect("ack");
+        }
+    }
+    assert_eq!(seen.len(), ids.len(), "missing after failover:\n{}", c.describe());
+}
