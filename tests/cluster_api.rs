@@ -302,7 +302,9 @@ fn a_follower_down_during_writes_catches_up_and_then_serves_them_as_leader() {
     let client = c.client();
     let mut ids = Vec::new();
     for k in 0..200 {
-        let r = client.produce("catchup", &json!({"body": format!("m{k}"), "id": format!("m{k}")})).expect("produce");
+        let r = client
+            .produce("catchup", &json!({"body": format!("m{k}"), "id": format!("m{k}")}))
+            .expect("produce");
         assert_eq!(r.status, 201, "{:?}", r.body);
         ids.push(format!("m{k}"));
     }
@@ -332,4 +334,45 @@ fn a_follower_down_during_writes_catches_up_and_then_serves_them_as_leader() {
         }
     }
     assert_eq!(seen.len(), ids.len(), "missing after failover:\n{}", c.describe());
+}
+
+#[test]
+fn a_follower_behind_the_leaders_window_catches_up_from_a_snapshot() {
+    // A window of 40 entries: a node that misses more is sent a snapshot (the leader's segment
+    // files up to a committed entry, copied over the cluster link).
+    let mut c = Cluster::start(3, &[("DELAYD_TEST_RAFT_WINDOW_ENTRIES", "40")]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let behind = follower_of(&c, leader);
+    c.kill9(behind);
+    let client = c.client();
+    let body = "z".repeat(8 << 10);
+    for k in 0..300 {
+        let r = client.produce("snap", &json!({"body": body, "id": format!("s{k}")})).expect("produce");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    c.restart(behind);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let views = c.views();
+        let led = views[leader - 1].as_ref().and_then(|v| v["last_index"].as_u64()).unwrap_or(0);
+        let got = views[behind - 1].as_ref().and_then(|v| v["applied_index"].as_u64()).unwrap_or(0);
+        if got >= led && led > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {behind} stuck at {got} of {led}:\n{}", c.describe());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(c.node(behind).log().contains("snapshot installed"), "no snapshot:\n{}", c.describe());
+    // The node that caught up by snapshot and one other hold every message.
+    c.kill9(leader);
+    c.wait_leader(Duration::from_secs(15));
+    let mut seen = std::collections::HashSet::new();
+    let until = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 300 && Instant::now() < until {
+        for m in client.pop("snap", 100, 500, None).expect("pop").messages() {
+            seen.insert(m["id"].as_str().unwrap_or_default().to_string());
+            client.ack(m["receipt"].as_str().unwrap_or_default()).expect("ack");
+        }
+    }
+    assert_eq!(seen.len(), 300, "missing after failover:\n{}", c.describe());
 }

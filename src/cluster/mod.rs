@@ -416,7 +416,7 @@ pub fn open_broker(
     listen: std::net::SocketAddr,
 ) -> Result<(crate::Broker, std::sync::Arc<ClusterState>)> {
     use std::sync::{Arc, OnceLock};
-    let recovered = recover::prepare(&cfg.data_dir, cfg.segment_bytes, cfg.recovery)?;
+    let recovered = recover::prepare(&cfg.data_dir, cfg.segment_bytes, cfg.recovery, cc)?;
     let sealed = recovered.last;
     let state = Arc::new(ClusterState::new(cc));
     type Waker = Box<dyn Fn() + Send + Sync>;

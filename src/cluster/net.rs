@@ -12,7 +12,10 @@
 //!   (raft-rs's protobuf encoding); kind 2 a clock probe (`t0 i64` the sender's wall clock, unix
 //!   ms, `mono u64` its monotonic ms); kind 3 the answer to one, on the answering node's own link
 //!   (`t0`, `mono` echoed, `t1 i64` and `t2 i64` its wall clock when the probe arrived and when
-//!   the answer left).
+//!   the answer left); kind 4 asks the accepting node for a commit-log segment's bytes (`base
+//!   u64, len u64`: a snapshot being installed, see `recover`), which it answers on the same
+//!   connection with `n u64` and `n` bytes (`n` = u64::MAX: no such segment); kind 5 (`index u64`)
+//!   says a snapshot's segments were all received.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +45,12 @@ const KIND_RAFT: u8 = 1;
 const KIND_PROBE: u8 = 2;
 /// Kind byte of a clock probe's answer.
 const KIND_PROBE_ANSWER: u8 = 3;
+/// Kind byte of a request for a segment's bytes.
+const KIND_FETCH: u8 = 4;
+/// Kind byte of "all of a snapshot's segments arrived".
+const KIND_FETCHED: u8 = 5;
+/// Bytes sent or received at a time while a segment is copied.
+const CHUNK: usize = 1 << 20;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
@@ -59,6 +68,7 @@ impl Net {
         inbound: flume::Sender<Event>,
         stamps: Arc<Stamps>,
     ) -> Result<Net> {
+        let data_dir = cfg.data_dir.clone();
         let std_listener = std::net::TcpListener::bind(&cfg.listen)
             .map_err(|e| Error::Config(format!("cluster_listen: cannot listen on {}: {e}", cfg.listen)))?;
         std_listener.set_nonblocking(true).map_err(|e| Error::io("cluster listener", e))?;
@@ -73,8 +83,15 @@ impl Net {
         }
         let peers = Arc::new(peers);
         {
-            let ctx =
-                Arc::new(Serve { me, secret: secret.clone(), state, inbound, stamps, peers: peers.clone() });
+            let ctx = Arc::new(Serve {
+                me,
+                secret: secret.clone(),
+                state,
+                inbound,
+                stamps,
+                peers: peers.clone(),
+                data_dir,
+            });
             let _guard = rt.enter();
             let listener =
                 TcpListener::from_std(std_listener).map_err(|e| Error::io("cluster listener", e))?;
@@ -128,6 +145,8 @@ struct Serve {
     inbound: flume::Sender<Event>,
     stamps: Arc<Stamps>,
     peers: Arc<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
+    /// The data directory, whose segments a node installing a snapshot fetches.
+    data_dir: std::path::PathBuf,
 }
 
 fn mac(secret: &[u8], challenge: &[u8; 16], from: u64, to: u64, url: &[u8]) -> [u8; 32] {
@@ -208,16 +227,103 @@ impl Link {
         tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut c))
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no challenge"))??;
-        let url = self.url.as_bytes();
-        let mut hello = Vec::with_capacity(8 + 8 + 2 + url.len() + 32);
-        hello.extend_from_slice(&self.me.to_le_bytes());
-        hello.extend_from_slice(&self.to.to_le_bytes());
-        hello.extend_from_slice(&(url.len() as u16).to_le_bytes());
-        hello.extend_from_slice(url);
-        hello.extend_from_slice(&mac(&self.secret, &c, self.me, self.to, url));
-        s.write_all(&hello).await?;
+        s.write_all(&hello(&self.secret, &c, self.me, self.to, &self.url)).await?;
         Ok(s)
     }
+}
+
+/// The connecting side's hello, proving the secret against the accepting side's challenge.
+fn hello(secret: &[u8], challenge: &[u8; 16], from: u64, to: u64, url: &str) -> Vec<u8> {
+    let url = url.as_bytes();
+    let mut h = Vec::with_capacity(8 + 8 + 2 + url.len() + 32);
+    h.extend_from_slice(&from.to_le_bytes());
+    h.extend_from_slice(&to.to_le_bytes());
+    h.extend_from_slice(&(url.len() as u16).to_le_bytes());
+    h.extend_from_slice(url);
+    h.extend_from_slice(&mac(secret, challenge, from, to, url));
+    h
+}
+
+/// A blocking connection to another node's cluster address for copying its segments (a
+/// snapshot being installed before the store opens): `fetch` one segment at a time, then
+/// `done`.
+pub struct Fetcher {
+    s: std::net::TcpStream,
+}
+
+impl Fetcher {
+    /// Connects to node `to` at `addr` as node `me`, proving `secret`.
+    pub fn connect(addr: &str, secret: &str, me: u64, to: u64, url: &str) -> std::io::Result<Fetcher> {
+        use std::io::{Read, Write};
+        use std::net::ToSocketAddrs;
+        let target = addr.to_socket_addrs()?.next().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr} resolves to nothing"))
+        })?;
+        let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_write_timeout(Some(Duration::from_secs(30)))?;
+        let mut c = [0u8; 16];
+        s.read_exact(&mut c)?;
+        s.write_all(&hello(secret.as_bytes(), &c, me, to, url))?;
+        Ok(Fetcher { s })
+    }
+
+    /// Copies up to `len` bytes of the segment starting at `base` into `out`; the bytes copied,
+    /// or `None` when the other node no longer has that segment.
+    pub fn fetch(
+        &mut self,
+        base: u64,
+        len: u64,
+        out: &mut impl std::io::Write,
+    ) -> std::io::Result<Option<u64>> {
+        use std::io::{Read, Write};
+        let mut req = Vec::with_capacity(16);
+        req.extend_from_slice(&base.to_le_bytes());
+        req.extend_from_slice(&len.to_le_bytes());
+        self.s.write_all(&frame(KIND_FETCH, &req))?;
+        let mut n = [0u8; 8];
+        self.s.read_exact(&mut n)?;
+        let n = u64::from_le_bytes(n);
+        if n == u64::MAX {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; CHUNK];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(CHUNK as u64) as usize;
+            self.s.read_exact(&mut buf[..k])?;
+            out.write_all(&buf[..k])?;
+            left -= k as u64;
+        }
+        Ok(Some(n))
+    }
+
+    /// Tells the other node every segment of the snapshot at `index` arrived.
+    pub fn done(mut self, index: u64) -> std::io::Result<()> {
+        use std::io::Write;
+        self.s.write_all(&frame(KIND_FETCHED, &index.to_le_bytes()))
+    }
+}
+
+/// Sends `len` bytes (fewer if the file is shorter) of the segment at `base`, or u64::MAX when
+/// there is none (reclaim deleted it: the follower asks for a newer snapshot).
+async fn send_segment(s: &mut TcpStream, dir: &std::path::Path, base: u64, len: u64) -> std::io::Result<()> {
+    let path = dir.join("commitlog").join(crate::storage::commitlog::segment_name(base));
+    let mut f = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(_) => return s.write_all(&u64::MAX.to_le_bytes()).await,
+    };
+    let n = f.metadata().await?.len().min(len);
+    s.write_all(&n.to_le_bytes()).await?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(CHUNK as u64) as usize;
+        f.read_exact(&mut buf[..k]).await?;
+        s.write_all(&buf[..k]).await?;
+        left -= k as u64;
+    }
+    Ok(())
 }
 
 async fn accept_loop(listener: TcpListener, ctx: Arc<Serve>) {
@@ -279,6 +385,13 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
                 Ok(m) if m.from == from && m.to == me => Event::Msg(m),
                 _ => return Err(bad("bad raft message")),
             },
+            KIND_FETCH if frame.len() == 17 => {
+                let word =
+                    |i: usize| u64::from_le_bytes(frame[1 + i * 8..9 + i * 8].try_into().unwrap_or([0; 8]));
+                send_segment(&mut s, &ctx.data_dir, word(0), word(1)).await?;
+                continue;
+            }
+            KIND_FETCHED if frame.len() == 9 => Event::SnapshotFetched { from },
             KIND_PROBE if frame.len() == 17 => {
                 answer_probe(ctx, from, &frame[1..]);
                 continue;

@@ -43,6 +43,12 @@ const HEARTBEAT_TICKS: usize = 1;
 const WINDOW_BYTES: u64 = 64 << 20;
 /// See [`WINDOW_BYTES`].
 const WINDOW_ENTRIES: usize = 100_000;
+/// Shrinks the window (in entries) so tests reach a snapshot without writing 64 MiB.
+pub const TEST_WINDOW_ENTRIES: &str = "DELAYD_TEST_RAFT_WINDOW_ENTRIES";
+
+fn window_entries() -> usize {
+    std::env::var(TEST_WINDOW_ENTRIES).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(WINDOW_ENTRIES)
+}
 /// Election priority of a node whose clock lets it lead (one whose clock does not has 0).
 const MAY_LEAD_PRIORITY: i64 = 1;
 /// How often the other nodes' clocks are probed.
@@ -56,6 +62,11 @@ pub enum Event {
     Msg(Message),
     /// Something changed (a proposal, the durable end of the log): look again.
     Wake,
+    /// Node `from` copied every segment of the snapshot it was sent.
+    SnapshotFetched {
+        /// The node.
+        from: u64,
+    },
     /// A clock probe of node `from` came back.
     Clock {
         /// The node probed.
@@ -68,8 +79,65 @@ pub enum Event {
 }
 
 /// Raft's view of the log: the entries of a bounded window in memory (to send to followers);
-/// the commit log is the durable copy.
-pub struct LogStore(MemStorage);
+/// the commit log is the durable copy. A follower behind the window gets a snapshot: the
+/// newest committed entry's place in the log, and the list of segment files up to it, which it
+/// then copies from this node's data directory (see `recover`).
+pub struct LogStore(MemStorage, Arc<Snapshots>);
+
+/// The newest committed entry with its mark in this log: where a snapshot can stand.
+#[derive(Debug, Clone, Copy)]
+struct SnapPoint {
+    index: u64,
+    term: u64,
+    /// Log offset one past its mark.
+    end: u64,
+}
+
+/// What a leader knows of the snapshots it can send and has sent.
+struct Snapshots {
+    dir: PathBuf,
+    point: Mutex<Option<SnapPoint>>,
+    /// Followers a snapshot was sent to, and when: unanswered for long, it is given up.
+    sent: Mutex<std::collections::HashMap<u64, Instant>>,
+}
+
+/// Gives up on a snapshot a follower did not report fetched within this (it is sent again).
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Snapshots {
+    /// The snapshot standing at the current point: its metadata, and as data the log's end at
+    /// that entry and every segment file (base, size) below it.
+    fn make(&self, conf: ConfState, to: u64) -> raft::Result<Snapshot> {
+        let unavailable = || raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable);
+        let point = (*lock(&self.point)).ok_or_else(unavailable)?;
+        let log_dir = self.dir.join("commitlog");
+        let bases = crate::storage::commitlog::list_numbered(&log_dir).map_err(|_| unavailable())?;
+        let mut data = Vec::with_capacity(12 + bases.len() * 16);
+        data.extend_from_slice(&point.end.to_le_bytes());
+        let mut files = Vec::new();
+        for base in bases.into_iter().filter(|b| *b < point.end) {
+            let path = log_dir.join(crate::storage::commitlog::segment_name(base));
+            let size = std::fs::metadata(&path).map_err(|_| unavailable())?.len();
+            files.push((base, size));
+        }
+        data.extend_from_slice(&(files.len() as u32).to_le_bytes());
+        for (base, size) in files {
+            data.extend_from_slice(&base.to_le_bytes());
+            data.extend_from_slice(&size.to_le_bytes());
+        }
+        let mut snap = Snapshot { data: data.into(), ..Default::default() };
+        snap.mut_metadata().index = point.index;
+        snap.mut_metadata().term = point.term;
+        snap.mut_metadata().set_conf_state(conf);
+        lock(&self.sent).insert(to, Instant::now());
+        info!(
+            node = to,
+            index = point.index,
+            "node is behind the entries kept in memory: sending it a snapshot"
+        );
+        Ok(snap)
+    }
+}
 
 impl Storage for LogStore {
     fn initial_state(&self) -> raft::Result<RaftState> {
@@ -94,9 +162,8 @@ impl Storage for LogStore {
         self.0.last_index()
     }
     fn snapshot(&self, _request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        // A follower behind the window needs the live set streamed: not built yet.
-        warn!(node = to, "node is behind the entries kept in memory; catching it up needs a snapshot, which this version cannot send");
-        Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable))
+        let conf = self.0.initial_state()?.conf_state;
+        self.1.make(conf, to)
     }
 }
 
@@ -327,7 +394,7 @@ pub fn load_hard_state(dir: &Path) -> Result<HardState> {
 }
 
 /// Writes term, vote and commit durably before any message that depends on them goes out.
-fn save_hard_state(dir: &Path, hs: &HardState) -> Result<()> {
+pub(crate) fn save_hard_state(dir: &Path, hs: &HardState) -> Result<()> {
     let path = hard_state_path(dir);
     let mut b = Vec::with_capacity(28);
     for v in [hs.term, hs.vote, hs.commit] {
@@ -396,6 +463,9 @@ struct Driver {
     window: VecDeque<(u64, u64)>,
     window_bytes: u64,
     wake_engine: Box<dyn Fn() + Send>,
+    snapshots: Arc<Snapshots>,
+    restart: Arc<dyn Fn() + Send + Sync>,
+    window_entries: usize,
 }
 
 impl Node {
@@ -453,7 +523,12 @@ impl Node {
         };
         raft_cfg.validate().map_err(|e| Error::Config(format!("raft: {e}")))?;
         let logger = super::net::raft_logger();
-        let raw = RawNode::new(&raft_cfg, LogStore(store), &logger)
+        let snapshots = Arc::new(Snapshots {
+            dir: cfg.data_dir.clone(),
+            point: Mutex::new(None),
+            sent: Mutex::new(std::collections::HashMap::new()),
+        });
+        let raw = RawNode::new(&raft_cfg, LogStore(store, snapshots.clone()), &logger)
             .map_err(|e| Error::Config(format!("raft: {e}")))?;
         let (tx, rx) = flume::bounded(65_536);
         let shared = Arc::new(Shared {
@@ -487,6 +562,9 @@ impl Node {
             window,
             window_bytes,
             wake_engine,
+            snapshots,
+            restart: restart.clone(),
+            window_entries: window_entries(),
         };
         let thread = std::thread::Builder::new()
             .name("delayd-raft".into())
@@ -571,6 +649,11 @@ impl Driver {
                             tracing::debug!(peer = from, error = %e, "clock probe not used");
                         }
                     }
+                    Event::SnapshotFetched { from } => {
+                        info!(node = from, "node fetched its snapshot");
+                        lock(&self.snapshots.sent).remove(&from);
+                        raw.report_snapshot(from, raft::SnapshotStatus::Finish);
+                    }
                     Event::Wake => {}
                 }
             }
@@ -592,6 +675,19 @@ impl Driver {
                 self.net.probe(*peer, stamps.wall_ms(), stamps.mono_ms());
             }
             self.next_probe = Instant::now() + PROBE_EVERY;
+        }
+        let stale: Vec<u64> = {
+            let mut sent = lock(&self.snapshots.sent);
+            let stale: Vec<u64> =
+                sent.iter().filter(|(_, at)| at.elapsed() > SNAPSHOT_TIMEOUT).map(|(id, _)| *id).collect();
+            for id in &stale {
+                sent.remove(id);
+            }
+            stale
+        };
+        for id in stale {
+            warn!(node = id, "no word of the snapshot sent to a node; it is sent again when needed");
+            raw.report_snapshot(id, raft::SnapshotStatus::Failure);
         }
         let (mono, local) = (stamps.mono_ms(), stamps.wall_ms());
         let (verdict, majority) = {
@@ -650,7 +746,15 @@ impl Driver {
             self.net.send(m);
         }
         if !rd.snapshot().is_empty() {
-            warn!("a snapshot arrived; installing one is not built yet, so this node cannot catch up");
+            // Copied before the store opens: recorded durably, then the node starts again.
+            let snap = rd.snapshot();
+            let (index, term) = (snap.get_metadata().index, snap.get_metadata().term);
+            info!(index, term, leader = raw.raft.leader_id, "a snapshot arrived: restarting to install it");
+            match super::recover::request_snapshot(&self.dir, raw.raft.leader_id, index, term, &snap.data) {
+                Ok(()) => (self.restart)(),
+                Err(e) => tracing::error!(error = %e, "cannot record the snapshot to install"),
+            }
+            return;
         }
         if let Some(hs) = rd.hs() {
             if (hs.term, hs.vote) != self.saved {
@@ -750,6 +854,11 @@ impl Driver {
             }
         }
         if let Some(end) = self.shared.end_of(commit) {
+            if let Ok(term) = r.raft_log.term(commit) {
+                if lock(&self.shared.marks).iter().any(|(i, _)| *i == commit) {
+                    *lock(&self.snapshots.point) = Some(SnapPoint { index: commit, term, end });
+                }
+            }
             let mut p = lock(&self.shared.progress);
             if end > p.committed_end {
                 p.committed_end = end;
@@ -771,7 +880,7 @@ impl Driver {
         };
         let keep_from = commit
             .min(self.shared.index_at(durable))
-            .min(slowest.max(commit.saturating_sub(WINDOW_ENTRIES as u64)));
+            .min(slowest.max(commit.saturating_sub(self.window_entries as u64)));
         {
             let mut marks = lock(&self.shared.marks);
             while marks.len() > 1 && marks.front().is_some_and(|(i, _)| *i < keep_from) {
@@ -779,7 +888,7 @@ impl Driver {
             }
         }
         let mut compact_to = None;
-        while self.window.len() > WINDOW_ENTRIES || self.window_bytes > WINDOW_BYTES {
+        while self.window.len() > self.window_entries || self.window_bytes > WINDOW_BYTES {
             match self.window.front() {
                 Some((i, b)) if *i < commit => {
                     compact_to = Some(*i + 1);

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use tracing::warn;
 
+use super::ClusterConfig;
 use crate::error::{Error, Result};
 use crate::storage::commitlog::RecoveryMode;
 use crate::storage::commitlog::{cut_files, CommitLog};
@@ -41,8 +42,132 @@ pub fn request_cut(dir: &Path, keep: u64) -> Result<()> {
         .map_err(|e| Error::io_at("write", &path, e))
 }
 
-/// Cuts the log in `dir` as the module says and returns what it holds.
-pub fn prepare(dir: &Path, segment_bytes: u64, mode: RecoveryMode) -> Result<Recovered> {
+/// The file naming a snapshot to install at the next start (written before the node restarts).
+fn snapshot_marker(dir: &Path) -> std::path::PathBuf {
+    dir.join("cluster").join("snapshot")
+}
+
+/// Asks the next start to install the snapshot at entry `index` of `term` from node `leader`;
+/// `data` is the snapshot's description (the log's end at that entry, and its segment files).
+pub fn request_snapshot(dir: &Path, leader: u64, index: u64, term: u64, data: &[u8]) -> Result<()> {
+    let path = snapshot_marker(dir);
+    let mut b = Vec::with_capacity(24 + data.len());
+    for v in [leader, index, term] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(data);
+    super::node::write_durably(&path, &b).map_err(|e| Error::io_at("write", &path, e))
+}
+
+/// A snapshot to install: where to copy it from and what it holds.
+struct SnapshotPlan {
+    leader: u64,
+    index: u64,
+    term: u64,
+    end: u64,
+    files: Vec<(u64, u64)>,
+}
+
+fn read_snapshot_plan(b: &[u8]) -> Option<SnapshotPlan> {
+    let word = |i: usize| b.get(i..i + 8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+    let (leader, index, term, end) = (word(0)?, word(8)?, word(16)?, word(24)?);
+    let n = u32::from_le_bytes(b.get(32..36)?.try_into().ok()?) as usize;
+    let files = (0..n).map(|k| Some((word(36 + k * 16)?, word(44 + k * 16)?))).collect::<Option<Vec<_>>>()?;
+    Some(SnapshotPlan { leader, index, term, end, files })
+}
+
+/// Replaces this node's log with the leader's segment files up to the snapshot's entry, copied
+/// over the cluster link; the derived files go (the store rebuilds them). The copy is made
+/// beside the log and swapped in whole, so a failure leaves the old log as it was.
+fn install_snapshot(dir: &Path, cc: &ClusterConfig, plan: &SnapshotPlan) -> Result<()> {
+    let addr =
+        cc.peers.iter().find(|(id, _)| *id == plan.leader).map(|(_, a)| a.clone()).ok_or_else(|| {
+            Error::Config(format!("the snapshot's leader {} is not among peers", plan.leader))
+        })?;
+    let fail = |what: &str, e: std::io::Error| {
+        Error::Unavailable(format!("snapshot from node {}: {what}: {e}", plan.leader))
+    };
+    let staging = dir.join("commitlog.snapshot");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|e| Error::io_at("remove", &staging, e))?;
+    }
+    crate::storage::io::create_private_dir(&staging)?;
+    let mut fetcher =
+        super::net::Fetcher::connect(&addr, &cc.secret, cc.node_id, plan.leader, &cc.advertise_url)
+            .map_err(|e| fail("connect", e))?;
+    let mut copied = 0u64;
+    for (base, size) in &plan.files {
+        let path = staging.join(crate::storage::commitlog::segment_name(*base));
+        let mut f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path)
+        }
+        .map_err(|e| Error::io_at("create", &path, e))?;
+        let want = (*size).min(plan.end.saturating_sub(*base));
+        match fetcher.fetch(*base, want, &mut f).map_err(|e| fail("copy", e))? {
+            Some(n) if n == want => copied += n,
+            _ => return Err(Error::Unavailable(format!(
+                "snapshot from node {}: segment {base} is gone there (reclaimed); a newer one will be sent",
+                plan.leader
+            ))),
+        }
+        // Segment files keep their size: the next one's name is this one's base plus it.
+        f.set_len(*size).map_err(|e| Error::io_at("extend", &path, e))?;
+        f.sync_all().map_err(|e| Error::io_at("sync", &path, e))?;
+    }
+    sync_dir(&staging)?;
+    let log_dir = dir.join("commitlog");
+    for name in ["checkpoint", "clean_shutdown"] {
+        remove(&dir.join(name))?;
+    }
+    for path in [log_dir.clone(), dir.join("cq"), dir.join("index")] {
+        if path.exists() {
+            std::fs::remove_dir_all(&path).map_err(|e| Error::io_at("remove", &path, e))?;
+        }
+    }
+    std::fs::rename(&staging, &log_dir).map_err(|e| Error::io_at("rename", &staging, e))?;
+    sync_dir(dir)?;
+    // The snapshot's entry is committed: the node starts knowing so.
+    let mut hs = super::node::load_hard_state(dir).unwrap_or_default();
+    hs.term = hs.term.max(plan.term);
+    hs.commit = hs.commit.max(plan.index);
+    super::node::save_hard_state(dir, &hs)?;
+    let _ = fetcher.done(plan.index);
+    tracing::info!(index = plan.index, bytes = copied, segments = plan.files.len(), "snapshot installed");
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io_at("sync", dir, e))
+}
+
+/// Installs a snapshot asked for by the last run, if any. A failed copy is logged and dropped:
+/// the node starts on its old log and the leader sends another snapshot.
+fn install_requested(dir: &Path, cc: &ClusterConfig) -> Result<()> {
+    let marker = snapshot_marker(dir);
+    let bytes = match std::fs::read(&marker) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io_at("read", &marker, e)),
+    };
+    match read_snapshot_plan(&bytes) {
+        Some(plan) => {
+            if let Err(e) = install_snapshot(dir, cc, &plan) {
+                warn!(error = %e, "snapshot not installed; starting on the log as it was");
+                let staging = dir.join("commitlog.snapshot");
+                let _ = std::fs::remove_dir_all(&staging);
+            }
+        }
+        None => warn!(file = %marker.display(), "snapshot request damaged; ignored"),
+    }
+    remove(&marker)?;
+    sync_dir(&dir.join("cluster"))
+}
+
+/// Cuts the log in `dir` as the module says and returns what it holds (after installing a
+/// snapshot the last run received, if any).
+pub fn prepare(dir: &Path, segment_bytes: u64, mode: RecoveryMode, cc: &ClusterConfig) -> Result<Recovered> {
+    install_requested(dir, cc)?;
     let marker = cut_marker(dir);
     let keep = match std::fs::read_to_string(&marker) {
         Ok(s) => Some(s.trim().parse::<u64>().map_err(|_| Error::Corrupt {
