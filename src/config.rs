@@ -294,6 +294,8 @@ config_keys! {
         |v| rule(v.as_ref().is_none_or(|u| u.starts_with("http://") || u.starts_with("https://")), || {
             format!("{:?} is not a URL like http://10.0.0.1:9277", v.as_deref().unwrap_or_default())
         });
+    cluster_join: bool [Choice<bool>] = false, "true|false",
+        "Start as a new member of a running cluster: wait to be added (delayd-cli cluster add) instead of forming one with peers";
     /// In milliseconds.
     max_clock_skew: u64 [Duration] = 250, "DURATION",
         "A node whose clock runs ahead of the others by more than this does not lead";
@@ -1003,6 +1005,7 @@ mod tests {
             ("cluster_listen", "127.0.0.1:9002"),
             ("cluster_secret", "0123456789abcdef"),
             ("advertise_url", "http://127.0.0.1:1"),
+            ("cluster_join", "true"),
             ("max_clock_skew", "100ms"),
         ];
         assert_eq!(values.len(), KEYS.len());
@@ -1053,6 +1056,7 @@ mod tests {
             cluster_listen: Some("127.0.0.1:9002".into()),
             cluster_secret: Some("0123456789abcdef".into()),
             advertise_url: Some("http://127.0.0.1:1".into()),
+            cluster_join: true,
             max_clock_skew: 100,
         };
         assert_eq!(c, expected);

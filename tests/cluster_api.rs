@@ -376,3 +376,72 @@ fn a_follower_behind_the_leaders_window_catches_up_from_a_snapshot() {
     }
     assert_eq!(seen.len(), 300, "missing after failover:\n{}", c.describe());
 }
+
+#[test]
+fn a_node_is_added_under_load_and_the_old_leader_removed() {
+    let joins = |i: usize| {
+        if i == 4 {
+            vec![("DELAYD_CLUSTER_JOIN".to_string(), "true".to_string())]
+        } else {
+            Vec::new()
+        }
+    };
+    let mut c = Cluster::start_with(3, &[], joins);
+    let old_leader = c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    let produce = |c: &Cluster, from: usize, to: usize| {
+        for k in from..to {
+            let r = client
+                .produce("members", &json!({"body": format!("m{k}"), "id": format!("m{k}")}))
+                .unwrap_or_else(|e| panic!("produce m{k}: {e}\n{}", c.describe()));
+            assert_eq!(r.status, 201, "{:?}", r.body);
+        }
+    };
+    produce(&c, 0, 100);
+    let four = c.add_node();
+    let add = client
+        .request(
+            "POST",
+            "/v1/cluster/nodes",
+            Some(&json!({"node_id": four, "cluster_addr": c.cluster_addr(four).to_string()})),
+            0,
+        )
+        .expect("add");
+    assert_eq!(add.status, 200, "{:?}", add.body);
+    produce(&c, 100, 150);
+    // The new node catches up (by snapshot: the first members are in none of the log's entries)
+    // and is made a voter.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = c.node(old_leader).log();
+        if log.contains("learner caught up: making it a voter") && log.contains("change=Promote { id: 4 }") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {four} never became a voter:\n{}", c.describe());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Removing the leader hands its lead over first; the client retries on the new leader.
+    let pid = c.pid(old_leader);
+    let removed =
+        client.request("DELETE", &format!("/v1/cluster/nodes/{old_leader}"), None, 0).expect("remove");
+    assert_eq!(removed.status, 200, "{:?}", removed.body);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "the removed node keeps running:\n{}", c.describe());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.kill9(old_leader);
+    produce(&c, 150, 200);
+    let mut seen = std::collections::HashSet::new();
+    let until = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 200 && Instant::now() < until {
+        for m in client.pop("members", 100, 500, None).expect("pop").messages() {
+            seen.insert(m["id"].as_str().unwrap_or_default().to_string());
+            client.ack(m["receipt"].as_str().unwrap_or_default()).expect("ack");
+        }
+    }
+    assert_eq!(seen.len(), 200, "missing:\n{}", c.describe());
+    let v = c.views();
+    let members = v.iter().flatten().next().map(|v| v["nodes"].as_array().map_or(0, Vec::len));
+    assert_eq!(members, Some(3), "{v:?}");
+}

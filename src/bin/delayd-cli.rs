@@ -166,7 +166,7 @@ enum Command {
         /// Topic to resume.
         topic: String,
     },
-    /// Inspect the cluster this node belongs to.
+    /// Inspect or change the cluster this node belongs to.
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
@@ -178,6 +178,19 @@ enum Command {
 enum ClusterCommand {
     /// Show the leader, the term and every node with its role (`*` marks the node that answered).
     Status,
+    /// Add a node (started with cluster_join = true): it joins as a learner and becomes a voter
+    /// once it has caught up.
+    Add {
+        /// The new node's id.
+        node_id: u64,
+        /// Its cluster address, HOST:PORT of its cluster_listen.
+        cluster_addr: String,
+    },
+    /// Remove a node; it stops. Removing the leader hands its lead over first.
+    Remove {
+        /// The node to remove.
+        node_id: u64,
+    },
 }
 
 /// Arguments of `produce`.
@@ -691,6 +704,18 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         }
         Command::Cluster { command: ClusterCommand::Status } => {
             (api.get(&["v1", "cluster"], &[])?, show_cluster)
+        }
+        Command::Cluster { command: ClusterCommand::Add { node_id, cluster_addr } } => {
+            let body = json!({ "node_id": node_id, "cluster_addr": cluster_addr });
+            (api.post(&["v1", "cluster", "nodes"], &body)?, |a| {
+                format!("node {}: {}\n", text(&a.value["node_id"]), text(&a.value["status"]))
+            })
+        }
+        Command::Cluster { command: ClusterCommand::Remove { node_id } } => {
+            let id = node_id.to_string();
+            (api.call(Method::DELETE, &["v1", "cluster", "nodes", &id], &[], None, Duration::ZERO)?, |a| {
+                format!("node {}: {}\n", text(&a.value["node_id"]), text(&a.value["status"]))
+            })
         }
     };
     Ok(Output { human: human(&answer), text: answer.text })

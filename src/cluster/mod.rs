@@ -10,6 +10,7 @@
 //! With no `peers` none of this runs: a single node is exactly what it was.
 
 pub mod clock;
+pub mod members;
 pub mod net;
 pub mod node;
 pub mod recover;
@@ -39,6 +40,8 @@ pub struct ClusterConfig {
     pub advertise_url: String,
     /// A node further ahead of the others than this does not lead.
     pub max_clock_skew_ms: u64,
+    /// A new member of a running cluster: it waits to be added instead of forming a cluster.
+    pub join: bool,
     /// The node's data directory (its Raft state lives in `cluster/` there).
     pub data_dir: PathBuf,
 }
@@ -59,6 +62,7 @@ impl ClusterConfig {
             secret: cfg.cluster_secret.clone().ok_or_else(|| missing("cluster_secret"))?,
             advertise_url: cfg.advertise_url.clone().unwrap_or_else(|| format!("http://{bound}")),
             max_clock_skew_ms: cfg.max_clock_skew,
+            join: cfg.cluster_join,
             data_dir: cfg.data_dir.clone(),
         }))
     }
@@ -204,6 +208,13 @@ pub struct ClusterState {
     pub quorum_wait_us: crate::metrics::Histogram,
     /// Called when this node stops leading (wakes the pops waiting here).
     on_lose_lead: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Membership changes asked for, not yet proposed (the leader's engine proposes them).
+    pub(crate) requests: Mutex<Vec<members::Request>>,
+    /// Who waits for the membership change at each entry index to take effect.
+    pub(crate) change_waiters:
+        Mutex<BTreeMap<u64, tokio::sync::oneshot::Sender<std::result::Result<(), String>>>>,
+    /// Makes the engine take a step (to propose what `requests` holds).
+    wake_engine: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for ClusterState {
@@ -237,6 +248,9 @@ impl ClusterState {
             elections: AtomicU64::new(0),
             leader_changes: AtomicU64::new(0),
             on_lose_lead: std::sync::OnceLock::new(),
+            requests: Mutex::new(Vec::new()),
+            change_waiters: Mutex::new(BTreeMap::new()),
+            wake_engine: std::sync::OnceLock::new(),
             quorum_wait_us: crate::metrics::Histogram::new(
                 "delayd_cluster_quorum_wait_seconds",
                 "Time a batch of replies waited, after the local sync, for a majority of nodes to have it durable.",
@@ -316,6 +330,40 @@ impl ClusterState {
         if let Some(f) = self.on_lose_lead.get() {
             f();
         }
+    }
+
+    /// Asks the cluster for a membership change and waits (up to 10 s) until it took effect on
+    /// this node; the message says why not.
+    pub async fn change(&self, change: members::Change) -> std::result::Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(members::Request { change, reply: Some(tx) });
+        if let Some(wake) = self.wake_engine.get() {
+            wake();
+        }
+        match tokio::time::timeout(std::time::Duration::from_secs(10), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err("the change was dropped (this node stopped leading); retry".into()),
+            Err(_) => {
+                Err("the change did not take effect within 10 s; see /v1/cluster before retrying".into())
+            }
+        }
+    }
+
+    /// A member added: shown in `/v1/cluster` from now on.
+    pub(crate) fn add_node(&self, id: u64, addr: &str) {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_insert_with(|| NodeInfo { cluster_addr: addr.to_string(), ..Default::default() });
+    }
+
+    /// A member removed.
+    pub(crate) fn remove_node(&self, id: u64) {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
     /// Sets what runs when this node stops leading (once).
@@ -416,6 +464,23 @@ pub fn open_broker(
     listen: std::net::SocketAddr,
 ) -> Result<(crate::Broker, std::sync::Arc<ClusterState>)> {
     use std::sync::{Arc, OnceLock};
+    // The members last applied here replace `peers` (which names the cluster as it was formed).
+    let members = match members::Members::load(&cfg.data_dir)? {
+        Some(m) => m,
+        // A joining node knows where the others are, but not yet that it is a member.
+        None if cc.join => {
+            members::Members { addrs: cc.peers.iter().cloned().collect(), ..Default::default() }
+        }
+        None => members::Members::from_peers(&cc.peers),
+    };
+    let mut effective = cc.clone();
+    effective.peers = members.peers();
+    if !effective.peers.iter().any(|(id, _)| *id == cc.node_id) {
+        if let Some(own) = cc.peers.iter().find(|(id, _)| *id == cc.node_id) {
+            effective.peers.push(own.clone());
+        }
+    }
+    let cc = &effective;
     let recovered = recover::prepare(&cfg.data_dir, cfg.segment_bytes, cfg.recovery, cc)?;
     let sealed = recovered.last;
     let state = Arc::new(ClusterState::new(cc));
@@ -452,7 +517,7 @@ pub fn open_broker(
         state.clone(),
         recovered,
         |tx, stamps| net::Net::start(rt, cc, net_state, tx, stamps),
-        node::Hooks { wake_engine, restart, stamps: Arc::new(Stamps::new(system)), behind_us },
+        node::Hooks { wake_engine, restart, stamps: Arc::new(Stamps::new(system)), behind_us, members },
     )?;
     let replication =
         crate::broker::Replication { replicator: node.replicator(), sealed, condition: node.condition() };
@@ -460,6 +525,7 @@ pub fn open_broker(
     bc.receipt_secret = Some(cc.secret.clone());
     let broker = crate::Broker::open_replicated(bc, clock, Some(replication))?;
     let _ = waker.set(broker.waker());
+    let _ = state.wake_engine.set(broker.waker());
     broker.set_cluster(state.clone());
     let pops = broker.clone();
     state.on_lose_lead(Box::new(move || pops.wake_all_pops()));

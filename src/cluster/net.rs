@@ -15,7 +15,8 @@
 //!   the answer left); kind 4 asks the accepting node for a commit-log segment's bytes (`base
 //!   u64, len u64`: a snapshot being installed, see `recover`), which it answers on the same
 //!   connection with `n u64` and `n` bytes (`n` = u64::MAX: no such segment); kind 5 (`index u64`)
-//!   says a snapshot's segments were all received.
+//!   says a snapshot's segments were all received; kind 6 (empty) tells a node the leader has
+//!   removed it from the cluster.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,14 +50,24 @@ const KIND_PROBE_ANSWER: u8 = 3;
 const KIND_FETCH: u8 = 4;
 /// Kind byte of "all of a snapshot's segments arrived".
 const KIND_FETCHED: u8 = 5;
+/// Kind byte of "you are no longer a member" (sent by the leader to a node it removed).
+const KIND_REMOVED: u8 = 6;
 /// Bytes sent or received at a time while a segment is copied.
 const CHUNK: usize = 1 << 20;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
-/// The sending half: a queue per peer, drained by its connection task.
+/// The queues of the links to the other nodes, by node id.
+type Peers = Arc<std::sync::RwLock<HashMap<u64, mpsc::Sender<Vec<u8>>>>>;
+
+/// The sending half: a queue per peer, drained by its connection task. Peers come and go with
+/// membership changes.
 pub struct Net {
-    peers: Arc<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
+    peers: Peers,
+    rt: tokio::runtime::Handle,
+    me: u64,
+    url: String,
+    secret: Arc<[u8]>,
 }
 
 impl Net {
@@ -74,14 +85,7 @@ impl Net {
         std_listener.set_nonblocking(true).map_err(|e| Error::io("cluster listener", e))?;
         let secret: Arc<[u8]> = cfg.secret.as_bytes().into();
         let me = cfg.node_id;
-        let mut peers = HashMap::new();
-        let mut queues = Vec::new();
-        for (id, addr) in cfg.others() {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            peers.insert(*id, tx);
-            queues.push((*id, addr.clone(), rx));
-        }
-        let peers = Arc::new(peers);
+        let peers: Peers = Arc::default();
         {
             let ctx = Arc::new(Serve {
                 me,
@@ -97,12 +101,48 @@ impl Net {
                 TcpListener::from_std(std_listener).map_err(|e| Error::io("cluster listener", e))?;
             rt.spawn(accept_loop(listener, ctx));
         }
-        for (to, addr, rx) in queues {
-            let link = Link { me, to, addr, url: cfg.advertise_url.clone(), secret: secret.clone() };
-            rt.spawn(link.run(rx));
+        let net = Net { peers, rt: rt.clone(), me, url: cfg.advertise_url.clone(), secret };
+        for (id, addr) in cfg.others() {
+            net.add_peer(*id, addr);
         }
-        info!(listen = %cfg.listen, peers = peers.len(), "cluster links started");
-        Ok(Net { peers })
+        info!(listen = %cfg.listen, peers = cfg.others().count(), "cluster links started");
+        Ok(net)
+    }
+
+    /// Starts the link to node `id` at `addr` (a member added), unless there is one.
+    pub fn add_peer(&self, id: u64, addr: &str) {
+        if id == self.me {
+            return;
+        }
+        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        if peers.contains_key(&id) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        peers.insert(id, tx);
+        let link = Link {
+            me: self.me,
+            to: id,
+            addr: addr.to_string(),
+            url: self.url.clone(),
+            secret: self.secret.clone(),
+        };
+        self.rt.spawn(link.run(rx));
+    }
+
+    /// Stops the link to node `id` (a member removed): its task ends with its queue.
+    pub fn remove_peer(&self, id: u64) {
+        self.peers.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
+    /// Tells node `id` it was removed (it stops), then stops its link a moment later.
+    pub fn farewell(&self, id: u64) {
+        self.queue(id, frame(KIND_REMOVED, &[]));
+        let peers = self.peers.clone();
+        self.rt.spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            peers.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        });
     }
 
     /// Queues `m` for its destination; dropped when the link is backed up (Raft resends).
@@ -123,7 +163,7 @@ impl Net {
     }
 
     fn queue(&self, to: u64, frame: Vec<u8>) {
-        if let Some(tx) = self.peers.get(&to) {
+        if let Some(tx) = self.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
             let _ = tx.try_send(frame);
         }
     }
@@ -144,7 +184,7 @@ struct Serve {
     state: Arc<ClusterState>,
     inbound: flume::Sender<Event>,
     stamps: Arc<Stamps>,
-    peers: Arc<HashMap<u64, mpsc::Sender<Vec<u8>>>>,
+    peers: Peers,
     /// The data directory, whose segments a node installing a snapshot fetches.
     data_dir: std::path::PathBuf,
 }
@@ -392,6 +432,7 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
                 continue;
             }
             KIND_FETCHED if frame.len() == 9 => Event::SnapshotFetched { from },
+            KIND_REMOVED => Event::Removed { by: from },
             KIND_PROBE if frame.len() == 17 => {
                 answer_probe(ctx, from, &frame[1..]);
                 continue;
@@ -420,7 +461,7 @@ fn answer_probe(ctx: &Serve, to: u64, probe: &[u8]) {
     a.extend_from_slice(probe);
     a.extend_from_slice(&t1.to_le_bytes());
     a.extend_from_slice(&ctx.stamps.wall_ms().to_le_bytes());
-    if let Some(tx) = ctx.peers.get(&to) {
+    if let Some(tx) = ctx.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
         let _ = tx.try_send(frame(KIND_PROBE_ANSWER, &a));
     }
 }

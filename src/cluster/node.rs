@@ -51,6 +51,8 @@ fn window_entries() -> usize {
 }
 /// Election priority of a node whose clock lets it lead (one whose clock does not has 0).
 const MAY_LEAD_PRIORITY: i64 = 1;
+/// A learner this close to the leader's last entry is promoted to voter.
+const CAUGHT_UP_ENTRIES: u64 = 16;
 /// How often the other nodes' clocks are probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Longest a reply waits for a majority before it is answered 503.
@@ -66,6 +68,11 @@ pub enum Event {
     SnapshotFetched {
         /// The node.
         from: u64,
+    },
+    /// Node `by` says it removed this node from the cluster.
+    Removed {
+        /// The node that says so (believed only if it leads).
+        by: u64,
     },
     /// A clock probe of node `from` came back.
     Clock {
@@ -190,7 +197,7 @@ pub struct Shared {
     /// How far the engine's clock is held back (see `ClusterClock`).
     behind_us: Arc<AtomicU64>,
     max_skew_ms: u64,
-    voters: usize,
+    voters: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -285,6 +292,71 @@ impl Replicator for StoreSide {
 
     fn committed_end(&self) -> u64 {
         lock(&self.shared.progress).committed_end
+    }
+
+    fn membership(&mut self) -> Vec<ReplicaEntry> {
+        let requests: Vec<super::members::Request> = std::mem::take(&mut *lock(&self.shared.state.requests));
+        if requests.is_empty() {
+            return Vec::new();
+        }
+        let mut raw = lock(&self.shared.raw);
+        let mut out = Vec::new();
+        for mut req in requests {
+            let mut reply = req.reply.take();
+            let mut refuse = |why: String| {
+                if let Some(r) = reply.take() {
+                    let _ = r.send(Err(why));
+                }
+            };
+            if raw.raft.state != StateRole::Leader || !self.shared.state.leading() {
+                refuse("this node is not the leader".into());
+                continue;
+            }
+            if req.change == (super::members::Change::Remove { id: raw.raft.id }) {
+                // The leader leaves last: it hands the lead over and the next leader removes it.
+                let best = raw
+                    .raft
+                    .prs()
+                    .iter()
+                    .filter(|(id, _)| **id != raw.raft.id)
+                    .max_by_key(|(_, p)| p.matched)
+                    .map(|(id, _)| *id);
+                if let Some(to) = best {
+                    raw.transfer_leader(to);
+                }
+                refuse(
+                    "this node leads: the lead is being handed over first; retry on the new leader".into(),
+                );
+                continue;
+            }
+            if raw.propose_conf_change(Vec::new(), req.change.encode()).is_err() {
+                refuse("raft refused the change".into());
+                continue;
+            }
+            let index = raw.raft.raft_log.last_index();
+            let Some(e) = raw
+                .raft
+                .raft_log
+                .entries(index, None, GetEntriesContext::empty(false))
+                .ok()
+                .and_then(|v| v.into_iter().next())
+            else {
+                refuse("the change was not appended".into());
+                continue;
+            };
+            if e.get_entry_type() == EntryType::EntryConfChangeV2 {
+                if let Some(r) = reply.take() {
+                    lock(&self.shared.state.change_waiters).insert(index, r);
+                }
+            } else {
+                // raft-rs turns a change proposed while another is pending into an empty entry.
+                refuse("another membership change is still in progress; retry when it is done".into());
+            }
+            out.push(replica_entry(e));
+        }
+        drop(raw);
+        self.shared.wake();
+        out
     }
 
     fn refuse(&mut self, why: &str) {
@@ -444,6 +516,8 @@ pub struct Hooks {
     pub stamps: Arc<Stamps>,
     /// Where the engine's clock correction goes (see `ClusterClock`).
     pub behind_us: Arc<AtomicU64>,
+    /// The members at the start.
+    pub members: super::members::Members,
 }
 
 /// What the driver thread owns.
@@ -466,6 +540,10 @@ struct Driver {
     snapshots: Arc<Snapshots>,
     restart: Arc<dyn Fn() + Send + Sync>,
     window_entries: usize,
+    /// The members as last applied here.
+    members: super::members::Members,
+    /// Learners whose promotion was asked for.
+    promoting: std::collections::HashSet<u64>,
 }
 
 impl Node {
@@ -478,9 +556,8 @@ impl Node {
         net_start: impl FnOnce(flume::Sender<Event>, Arc<Stamps>) -> Result<Net>,
         hooks: Hooks,
     ) -> Result<Node> {
-        let Hooks { wake_engine, restart, stamps, behind_us } = hooks;
-        let voters: Vec<u64> = cfg.peers.iter().map(|(id, _)| *id).collect();
-        let conf = ConfState::from((voters, vec![]));
+        let Hooks { wake_engine, restart, stamps, behind_us, members } = hooks;
+        let conf = members.conf_state();
         let store = MemStorage::new_with_conf_state(conf.clone());
         let mut hs = load_hard_state(&cfg.data_dir)?;
         let mut window = VecDeque::new();
@@ -542,7 +619,7 @@ impl Node {
             stamps: stamps.clone(),
             behind_us,
             max_skew_ms: cfg.max_clock_skew_ms,
-            voters: cfg.peers.len(),
+            voters: std::sync::atomic::AtomicUsize::new(members.voters.len().max(1)),
         });
         {
             let mut p = lock(&shared.progress);
@@ -565,6 +642,8 @@ impl Node {
             snapshots,
             restart: restart.clone(),
             window_entries: window_entries(),
+            members,
+            promoting: std::collections::HashSet::new(),
         };
         let thread = std::thread::Builder::new()
             .name("delayd-raft".into())
@@ -654,6 +733,12 @@ impl Driver {
                         lock(&self.snapshots.sent).remove(&from);
                         raw.report_snapshot(from, raft::SnapshotStatus::Finish);
                     }
+                    Event::Removed { by } => {
+                        if by == raw.raft.leader_id && !self.members.voters.is_empty() {
+                            warn!(leader = by, "the leader removed this node from the cluster: stopping");
+                            std::process::exit(0);
+                        }
+                    }
                     Event::Wake => {}
                 }
             }
@@ -689,12 +774,14 @@ impl Driver {
             warn!(node = id, "no word of the snapshot sent to a node; it is sent again when needed");
             raw.report_snapshot(id, raft::SnapshotStatus::Failure);
         }
+        self.promote_caught_up(raw);
+        let stamps = &self.shared.stamps;
         let (mono, local) = (stamps.mono_ms(), stamps.wall_ms());
         let (verdict, majority) = {
             let view = lock(&self.shared.clocks);
             (
                 view.may_lead(self.shared.max_skew_ms, mono),
-                view.majority_clock(local, mono, self.shared.voters),
+                view.majority_clock(local, mono, self.shared.voters.load(Ordering::Relaxed)),
             )
         };
         self.shared.behind_us.store((local - majority).max(0) as u64 * 1000, Ordering::Relaxed);
@@ -749,6 +836,16 @@ impl Driver {
             // Copied before the store opens: recorded durably, then the node starts again.
             let snap = rd.snapshot();
             let (index, term) = (snap.get_metadata().index, snap.get_metadata().term);
+            // The members at the snapshot's entry are not in the log this node will have: kept
+            // beside it (a new node learns it is a member this way).
+            let cs = snap.get_metadata().get_conf_state();
+            let mut members = self.members.clone();
+            members.voters = cs.get_voters().to_vec();
+            members.learners = cs.get_learners().to_vec();
+            if let Err(e) = members.save(&self.dir) {
+                tracing::error!(error = %e, "cannot save the snapshot's members");
+                return;
+            }
             info!(index, term, leader = raw.raft.leader_id, "a snapshot arrived: restarting to install it");
             match super::recover::request_snapshot(&self.dir, raw.raft.leader_id, index, term, &snap.data) {
                 Ok(()) => (self.restart)(),
@@ -777,11 +874,97 @@ impl Driver {
             (self.wake_engine)();
         }
         let committed = rd.take_committed_entries();
+        for e in committed.iter().filter(|e| e.get_entry_type() == EntryType::EntryConfChangeV2) {
+            self.apply_change(raw, e);
+        }
         let persisted = rd.take_persisted_messages();
         self.unpersisted.push_back((rd.number(), last.unwrap_or(0), persisted));
         raw.advance_append_async(rd);
         if let Some(last_committed) = committed.last().map(|e| e.index) {
             raw.advance_apply_to(last_committed);
+        }
+    }
+
+    /// Applies a committed membership change: Raft's configuration, the members file, the links,
+    /// the clocks probed and `/v1/cluster`; answers whoever asked for it. A node removed stops.
+    fn apply_change(&mut self, raw: &mut RawNode<LogStore>, e: &Entry) {
+        let waiter = lock(&self.shared.state.change_waiters).remove(&e.index);
+        let Some((cc, change)) = super::members::Change::decode(&e.data) else {
+            warn!(index = e.index, "a membership entry does not decode; skipped");
+            return;
+        };
+        let cs = match raw.apply_conf_change(&cc) {
+            Ok(cs) => cs,
+            Err(err) => {
+                warn!(index = e.index, error = %err, "membership change refused by raft");
+                if let Some(w) = waiter {
+                    let _ = w.send(Err(format!("refused: {err}")));
+                }
+                return;
+            }
+        };
+        raw.mut_store().0.wl().set_conf_state(cs.clone());
+        self.members.apply(&cs, &change);
+        if let Err(err) = self.members.save(&self.dir) {
+            tracing::error!(error = %err, "cannot save the members; they are read from peers at the next start");
+        }
+        let state = &self.shared.state;
+        match &change {
+            super::members::Change::Add { id, addr } => {
+                self.net.add_peer(*id, addr);
+                state.add_node(*id, addr);
+            }
+            super::members::Change::Remove { id } => {
+                if raw.raft.state == StateRole::Leader {
+                    self.net.farewell(*id);
+                } else {
+                    self.net.remove_peer(*id);
+                }
+                state.remove_node(*id);
+                self.promoting.remove(id);
+            }
+            super::members::Change::Promote { id } => {
+                self.promoting.remove(id);
+            }
+        }
+        let me = raw.raft.id;
+        lock(&self.shared.clocks)
+            .set_peers(cs.get_voters().iter().chain(cs.get_learners()).copied().filter(|id| *id != me));
+        self.shared.voters.store(cs.get_voters().len().max(1), Ordering::Relaxed);
+        info!(index = e.index, ?change, voters = ?cs.get_voters(), learners = ?cs.get_learners(), "membership changed");
+        if let Some(w) = waiter {
+            let _ = w.send(Ok(()));
+        }
+        if change == (super::members::Change::Remove { id: me }) {
+            warn!("this node was removed from the cluster: stopping");
+            std::process::exit(0);
+        }
+    }
+
+    /// On the leader: learners that have caught up are made voters (one change at a time).
+    fn promote_caught_up(&mut self, raw: &RawNode<LogStore>) {
+        if raw.raft.state != StateRole::Leader || !self.shared.state.leading() {
+            return;
+        }
+        let last = raw.raft.raft_log.last_index();
+        let ready: Vec<u64> = raw
+            .raft
+            .prs()
+            .conf()
+            .learners()
+            .iter()
+            .filter(|id| raw.raft.prs().get(**id).is_some_and(|p| p.matched + CAUGHT_UP_ENTRIES >= last))
+            .copied()
+            .filter(|id| !self.promoting.contains(id))
+            .collect();
+        if let Some(id) = ready.first() {
+            info!(node = id, "learner caught up: making it a voter");
+            self.promoting.insert(*id);
+            lock(&self.shared.state.requests).push(super::members::Request {
+                change: super::members::Change::Promote { id: *id },
+                reply: None,
+            });
+            (self.wake_engine)();
         }
     }
 
@@ -898,7 +1081,15 @@ impl Driver {
                 _ => break,
             }
         }
-        if let Some(to) = compact_to {
+        // The first members are not an entry of the log: a node that needs entry 1 (a new one)
+        // must get a snapshot, which carries them.
+        let stored = raw.store().0.last_index().unwrap_or(0);
+        // (Only once entry 2 is there: raft-rs's in-memory storage must keep one entry.)
+        if commit >= 2 && stored >= 2 && raw.store().0.first_index().is_ok_and(|f| f <= 1) {
+            compact_to = Some(compact_to.map_or(2, |to| to.max(2)));
+        }
+        // Never past what the storage holds (raft-rs panics there).
+        if let Some(to) = compact_to.map(|to| to.min(stored + 1)) {
             let _ = raw.store().0.wl().compact(to);
         }
     }

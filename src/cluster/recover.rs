@@ -106,10 +106,12 @@ fn install_snapshot(dir: &Path, cc: &ClusterConfig, plan: &SnapshotPlan) -> Resu
         let want = (*size).min(plan.end.saturating_sub(*base));
         match fetcher.fetch(*base, want, &mut f).map_err(|e| fail("copy", e))? {
             Some(n) if n == want => copied += n,
-            _ => return Err(Error::Unavailable(format!(
+            _ => {
+                return Err(Error::Unavailable(format!(
                 "snapshot from node {}: segment {base} is gone there (reclaimed); a newer one will be sent",
                 plan.leader
-            ))),
+            )))
+            }
         }
         // Segment files keep their size: the next one's name is this one's base plus it.
         f.set_len(*size).map_err(|e| Error::io_at("extend", &path, e))?;

@@ -146,3 +146,114 @@ pub(crate) async fn to_leader(State(state): State<AppState>, req: Request, next:
         }
     }
 }
+
+/// A node to add to the cluster.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+pub(crate) struct AddNode {
+    /// The new node's id (1 or more, not a member's).
+    node_id: u64,
+    /// Where the other nodes reach it: HOST:PORT of its `cluster_listen`.
+    cluster_addr: String,
+}
+
+/// The members after a change.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ChangeAnswer {
+    /// The node changed.
+    node_id: u64,
+    /// What happened.
+    status: &'static str,
+}
+
+fn no_cluster() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "not_a_cluster",
+        "this delayd runs as a single node (no peers): it has no members to change",
+    )
+}
+
+fn change_failed(why: String) -> ApiError {
+    let status = if why.contains("in progress") || why.contains("already") {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    ApiError::new(status, if status == StatusCode::CONFLICT { "conflict" } else { "no_leader" }, why)
+}
+
+/// `POST /v1/cluster/nodes`
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/nodes",
+    tag = "operations",
+    operation_id = "cluster_add",
+    summary = "Add a node: it joins as a learner and becomes a voter once it has caught up",
+    description = "Start the new node first with `cluster_join = true`, its own `node_id`, and `peers` \
+                   naming the cluster's nodes and itself. Answered once the change is committed.",
+    request_body = AddNode,
+    responses(
+        (status = 200, description = "Added as a learner", body = ChangeAnswer),
+        (status = 400, description = "A bad id or address", body = super::error::ErrorBody),
+        (status = 409, description = "Already a member, a single node, or another change in progress", body = super::error::ErrorBody),
+        (status = 503, description = "No leader, or the change did not take effect in time", body = super::error::ErrorBody)
+    )
+)]
+pub(crate) async fn add_node(
+    State(state): State<AppState>,
+    super::extract::JsonBody(req): super::extract::JsonBody<AddNode>,
+) -> Result<Json<ChangeAnswer>, ApiError> {
+    let cluster = state.cluster().ok_or_else(no_cluster)?;
+    if req.node_id == 0 || req.node_id > u64::from(u32::MAX) {
+        return Err(ApiError::invalid("node_id", "must be 1 to 4294967295"));
+    }
+    let addr = req.cluster_addr.trim();
+    if !addr.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0)) {
+        return Err(ApiError::invalid("cluster_addr", "must be HOST:PORT of the node's cluster_listen"));
+    }
+    let v = cluster.status_json();
+    let known = v["nodes"].as_array().is_some_and(|n| n.iter().any(|n| n["node_id"] == req.node_id));
+    if known {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("node {} is already a member", req.node_id),
+        ));
+    }
+    let change = crate::cluster::members::Change::Add { id: req.node_id, addr: addr.to_string() };
+    cluster.change(change).await.map_err(change_failed)?;
+    Ok(Json(ChangeAnswer {
+        node_id: req.node_id,
+        status: "added as a learner; it becomes a voter once it has caught up",
+    }))
+}
+
+/// `DELETE /v1/cluster/nodes/{node_id}`
+#[utoipa::path(
+    delete,
+    path = "/v1/cluster/nodes/{node_id}",
+    tag = "operations",
+    operation_id = "cluster_remove",
+    summary = "Remove a node from the cluster; a removed node stops",
+    params(("node_id" = u64, Path, description = "The node to remove")),
+    responses(
+        (status = 200, description = "Removed", body = ChangeAnswer),
+        (status = 404, description = "Not a member", body = super::error::ErrorBody),
+        (status = 409, description = "A single node, or another change in progress", body = super::error::ErrorBody),
+        (status = 503, description = "No leader, the leader handing over its lead first (retry), or no effect in time", body = super::error::ErrorBody)
+    )
+)]
+pub(crate) async fn remove_node(
+    State(state): State<AppState>,
+    super::extract::PathParam(id): super::extract::PathParam,
+) -> Result<Json<ChangeAnswer>, ApiError> {
+    let cluster = state.cluster().ok_or_else(no_cluster)?;
+    let id: u64 = id.parse().map_err(|_| ApiError::invalid("node_id", "must be a number"))?;
+    let v = cluster.status_json();
+    let known = v["nodes"].as_array().is_some_and(|n| n.iter().any(|n| n["node_id"] == id));
+    if !known {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("node {id} is not a member")));
+    }
+    cluster.change(crate::cluster::members::Change::Remove { id }).await.map_err(change_failed)?;
+    Ok(Json(ChangeAnswer { node_id: id, status: "removed" }))
+}

@@ -174,6 +174,8 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(native::history))
         .routes(routes!(native::stats))
         .routes(routes!(cluster::status))
+        .routes(routes!(cluster::add_node))
+        .routes(routes!(cluster::remove_node))
         .routes(routes!(topics::list))
         .routes(routes!(topics::pause))
         .routes(routes!(topics::resume))

@@ -69,6 +69,9 @@ pub trait Replicator: Send {
     /// This log disagrees with the consensus log: the cluster cuts it back to `d.keep` and
     /// rebuilds the node (nothing more is acknowledged here until then).
     fn diverged(&mut self, d: Diverged);
+    /// Membership changes asked for since the last commit, proposed now (after the step's own
+    /// records, so the log stays in index order): the entries to append.
+    fn membership(&mut self) -> Vec<ReplicaEntry>;
     /// This node cannot follow the leader at all (its log would not match byte for byte): the
     /// cluster stops the node with `why`.
     fn refuse(&mut self, why: &str);

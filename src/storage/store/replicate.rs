@@ -63,6 +63,10 @@ impl Store {
             };
             self.append_mark(rep, RaftMark { term, index, kind: EntryKind::Normal, data_start, payload: &[] })?;
         }
+        for e in rep.membership() {
+            let data_start = self.log.end();
+            self.append_mark(rep, RaftMark { term: e.term, index: e.index, kind: e.kind, data_start, payload: &e.payload })?;
+        }
         Ok(())
     }
 
