@@ -8,48 +8,12 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::tmpfs::{free_bytes, Tmpfs};
 use common::{client, Server};
 use serde_json::json;
-
-/// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf, #[allow(dead_code)] tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Result<Tmpfs, String> {
-        let uid = Command::new("id").arg("-u").output().map_err(|e| format!("id -u: {e}"))?;
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            return Err("not root: cannot mount a tmpfs".into());
-        }
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("mount -t tmpfs failed: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        Ok(Tmpfs(dir.path().to_path_buf(), dir))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Free bytes on the filesystem holding `path`.
-fn free_bytes(path: &Path) -> u64 {
-    let out = Command::new("df").args(["-B1", "--output=avail"]).arg(path).output().expect("df");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().nth(1).and_then(|l| l.trim().parse().ok()).expect("df output")
-}
 
 /// utime + stime of process `pid`, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {

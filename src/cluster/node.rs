@@ -775,6 +775,11 @@ impl Driver {
             raw.report_snapshot(id, raft::SnapshotStatus::Failure);
         }
         self.promote_caught_up(raw);
+        // Entries this node's store has not taken yet (its append failed: a full disk) are
+        // tried again at every tick, not only when more arrive.
+        if self.shared.state.indexes().3 < raw.raft.raft_log.last_index() {
+            (self.wake_engine)();
+        }
         let stamps = &self.shared.stamps;
         let (mono, local) = (stamps.mono_ms(), stamps.wall_ms());
         let (verdict, majority) = {

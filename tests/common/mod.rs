@@ -7,6 +7,7 @@ pub mod checker;
 pub mod cluster;
 pub mod proxy;
 pub mod raw;
+pub mod tmpfs;
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};

@@ -180,6 +180,8 @@ pub struct Store {
     replica: Option<Box<dyn super::replica::Replicator>>,
     /// This log's last complete replicated entry.
     sealed: super::replica::Sealed,
+    /// When a failure to append the replicated log was last logged (`None`: appending works).
+    seal_reported: Option<std::time::Instant>,
 }
 
 fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
@@ -355,7 +357,15 @@ impl Store {
     /// Hands the log to `writer`'s commit of this step's appends (see [`Writer::commit`]).
     pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
         if let Err(e) = self.seal() {
+            // Retried at the next commit (the raft thread wakes the engine while entries wait);
+            // said once a minute, not once a step.
+            if self.seal_reported.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(60)) {
+                tracing::warn!(error = %e, "cannot append the replicated log here; retrying");
+                self.seal_reported = Some(std::time::Instant::now());
+            }
             replies.drain(..).for_each(|r| r.release(Some(&e)));
+        } else if self.seal_reported.take().is_some() {
+            tracing::info!("appending the replicated log here again");
         }
         writer.commit(&mut self.log, replies, driver);
     }

@@ -110,6 +110,7 @@ impl Store {
             reserve,
             replica: None,
             sealed: Default::default(),
+            seal_reported: None,
         }
     }
 
