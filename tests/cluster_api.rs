@@ -445,3 +445,42 @@ fn a_node_is_added_under_load_and_the_old_leader_removed() {
     let members = v.iter().flatten().next().map(|v| v["nodes"].as_array().map_or(0, Vec::len));
     assert_eq!(members, Some(3), "{v:?}");
 }
+
+#[test]
+fn writes_under_load_do_not_stall_after_a_failover() {
+    // A new leader appends the old leader's last entries with no reply owed; waiting for their
+    // majority would hold back the entry of its own term that commits them (it did: 10 s).
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slowest = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(Instant, Duration)>::new()));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (client, stop, slowest) = (c.client(), stop.clone(), slowest.clone());
+            std::thread::spawn(move || {
+                let mut k = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let r = client.produce("stall", &json!({"body": "x", "id": format!("w{w}-{k}")}));
+                    if r.is_ok_and(|r| r.ok()) {
+                        slowest.lock().expect("lock").push((started, started.elapsed()));
+                    }
+                    k += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(leader);
+    c.wait_leader(Duration::from_secs(15));
+    let elected = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writers.into_iter().for_each(|w| w.join().expect("writer"));
+    let after: Vec<Duration> =
+        slowest.lock().expect("lock").iter().filter(|(at, _)| *at >= elected).map(|(_, took)| *took).collect();
+    assert!(!after.is_empty(), "no write succeeded after the failover:\n{}", c.describe());
+    let worst = after.iter().max().copied().unwrap_or_default();
+    assert!(worst < Duration::from_secs(3), "a write sent after the new leader took over waited {worst:?}");
+}

@@ -401,15 +401,18 @@ fn replica_entry(e: Entry) -> ReplicaEntry {
 pub struct MajorityDurable(pub Arc<Shared>);
 
 impl Condition for MajorityDurable {
-    fn reach(&mut self, _paths: &[&PathBuf], end: u64) -> Result<()> {
+    fn reach(&mut self, _paths: &[&PathBuf], end: u64, owed: bool) -> Result<()> {
         let shared = &self.0;
         {
             let mut p = lock(&shared.progress);
             p.local_durable = p.local_durable.max(end);
         }
         shared.wake();
-        // A follower's appends answer no client: the leader waits for its acknowledgement.
-        if shared.state.role() != Role::Leader {
+        // A follower's appends answer no client: the leader waits for its acknowledgement. Nor
+        // does a leader wait for a batch that owes no reply (the entries of a former leader it
+        // appended as it took over): they commit only with a later entry of its own term, which
+        // this wait would hold back behind them.
+        if !owed || shared.state.role() != Role::Leader {
             return Ok(());
         }
         let term = shared.state.term();

@@ -62,8 +62,10 @@ pub trait Release: Send + 'static {
 /// Something a batch of records must reach before its replies are released.
 pub trait Condition: Send + 'static {
     /// Blocks until the log is durable under this condition up to `end`; `paths` are the segment
-    /// files holding the batches being released. An error releases them with it.
-    fn reach(&mut self, paths: &[&PathBuf], end: u64) -> Result<()>;
+    /// files holding the batches being released. An error releases them with it. `owed` is false
+    /// when the batches owe no reply: a condition need not wait for them then (a replicated one
+    /// must not: its wait could depend on a later batch this one holds back).
+    fn reach(&mut self, paths: &[&PathBuf], end: u64, owed: bool) -> Result<()>;
 }
 
 /// Who is committing, and what may wait on it.
@@ -419,7 +421,8 @@ impl Flusher {
             paths.sort();
             paths.dedup();
             let end = jobs.iter().map(|j| j.end).max().unwrap_or(0);
-            let failure = self.reach(&paths, end).err();
+            let owed = jobs.iter().any(|j| !j.replies.is_empty());
+            let failure = self.reach(&paths, end, owed).err();
             (self.on_flush)(started.elapsed());
             let n = jobs.len();
             for job in jobs {
@@ -431,9 +434,9 @@ impl Flusher {
 
     /// Every condition, in order; then a last look at the store's health, since another thread's
     /// sync may have failed meanwhile and nothing is acknowledged after that.
-    fn reach(&mut self, paths: &[&PathBuf], end: u64) -> Result<()> {
+    fn reach(&mut self, paths: &[&PathBuf], end: u64, owed: bool) -> Result<()> {
         for c in &mut self.conditions {
-            c.reach(paths, end)?;
+            c.reach(paths, end, owed)?;
         }
         self.durability.check()
     }
@@ -459,7 +462,7 @@ impl Condition for LocalSync {
     /// closed, as reclaim may delete them). An error means nothing up to `end` may be
     /// acknowledged: the store is poisoned (a failed sync), or a file could not be opened (out of
     /// handles: nothing is lost, the next sync covers it).
-    fn reach(&mut self, paths: &[&PathBuf], end: u64) -> Result<()> {
+    fn reach(&mut self, paths: &[&PathBuf], end: u64, _owed: bool) -> Result<()> {
         self.durability.check()?;
         self.own.retain(|f| paths.iter().any(|p| p.as_path() == f.path()));
         for path in paths {
@@ -518,7 +521,7 @@ mod tests {
     }
 
     impl Condition for Gate {
-        fn reach(&mut self, _paths: &[&PathBuf], end: u64) -> Result<()> {
+        fn reach(&mut self, _paths: &[&PathBuf], end: u64, _owed: bool) -> Result<()> {
             let (lock, cv) = &*self.open_to;
             let mut open = lock.lock().unwrap_or_else(|p| p.into_inner());
             while *open < end {
