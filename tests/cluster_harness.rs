@@ -597,7 +597,6 @@ fn a_node_can_run_with_its_clock_ahead() {
 // ---- a real cluster ----
 
 #[test]
-#[ignore = "needs the cluster (issue 27) in the binary"]
 fn three_nodes_elect_a_leader_and_redirect_writes() {
     let c = Cluster::start(3, &[]);
     let leader = c.wait_leader(Duration::from_secs(10));
