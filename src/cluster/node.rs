@@ -232,9 +232,14 @@ impl Condition for MajorityDurable {
             p.local_durable = p.local_durable.max(end);
         }
         shared.wake();
-        // A follower's appends answer no client: the leader waits for its acknowledgement.
+        // Only a leader releases replies, once a majority has the batch. A follower's appends of
+        // the leader's entries answer no client, so failing them costs nothing; but a batch that
+        // waited in the flusher behind the one that saw this node step down holds records of
+        // its own, never committed, and must not be answered 2xx.
         if shared.state.role() != Role::Leader {
-            return Ok(());
+            return Err(Error::Unavailable(
+                "this node no longer leads; the write may or may not be applied: retry on the leader".into(),
+            ));
         }
         let term = shared.state.term();
         let started = Instant::now();
