@@ -216,6 +216,15 @@ fn a_lost_acknowledged_produce_is_caught() {
     h.produced("gone", 100, true);
     h.cancelled("gone", 50, false); // a failed cancel does not excuse it
     assert_eq!(violations(&h, "lost").len(), 1);
+    // A cancel with no answer may have been applied: never delivered is then no loss.
+    h.cancelled_maybe("gone");
+    h.check().assert_ok();
+    // But it does not excuse a delivery after a cancel that did succeed.
+    h.produced("both", 0, true);
+    h.cancelled_maybe("both");
+    h.cancelled("both", 10, true);
+    h.delivered("both", 20);
+    violations(&h, "resurrected");
 }
 
 #[test]

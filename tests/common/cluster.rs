@@ -218,6 +218,45 @@ impl Cluster {
         self.set_running(i, true);
     }
 
+    /// SIGTERMs every running node at once and waits for each to exit: its exit status, by node.
+    pub fn terminate_all(&mut self) -> Vec<(usize, std::process::ExitStatus)> {
+        let running: Vec<usize> = (1..=self.size()).filter(|&i| self.running[i - 1]).collect();
+        for &i in &running {
+            signal(self.pid(i), "-CONT");
+        }
+        // At once: nodes that wait for each other while shutting down must not wait in turn.
+        let statuses = std::thread::scope(|s| {
+            let stopping: Vec<_> = self
+                .nodes
+                .iter_mut()
+                .enumerate()
+                .filter(|(k, _)| running.contains(&(k + 1)))
+                .map(|(k, node)| (k + 1, s.spawn(move || node.terminate())))
+                .collect();
+            stopping.into_iter().map(|(i, h)| (i, h.join().expect("terminate"))).collect()
+        });
+        for i in running {
+            self.set_running(i, false);
+        }
+        statuses
+    }
+
+    /// Starts every node that is not running, all at once (same data dirs, cluster ports and
+    /// environment, new API ports).
+    pub fn start_stopped(&mut self) {
+        let stopped: Vec<usize> = (1..=self.size()).filter(|&i| !self.running[i - 1]).collect();
+        std::thread::scope(|s| {
+            for (k, node) in self.nodes.iter_mut().enumerate() {
+                if stopped.contains(&(k + 1)) {
+                    s.spawn(move || node.respawn());
+                }
+            }
+        });
+        for i in stopped {
+            self.set_running(i, true);
+        }
+    }
+
     /// Starts node n+1 with every existing node and itself as peers, and the links to and from
     /// it; the existing nodes learn of it only through a membership change. Returns its number.
     pub fn add_node(&mut self) -> usize {
