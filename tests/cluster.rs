@@ -513,7 +513,11 @@ fn an_isolated_leader_acknowledges_nothing_and_rejoins_as_follower() {
     let pid = c.pid(old);
     c.heal();
     let leader = wait_follows(&c, old, Duration::from_secs(20));
-    eprintln!("isolated leader: node {old} follows node {leader} again (pid {pid} -> {})", c.pid(old));
+    let rejoins = c.node(old).log().matches("restarting this node to rejoin").count();
+    eprintln!(
+        "isolated leader: node {old} follows node {leader} again (pid {pid} -> {}, restarted itself {rejoins} times)",
+        c.pid(old)
+    );
     wait_caught_up(&c, old, Duration::from_secs(15));
     sleep(Duration::from_secs(1));
     finish(&c, &mut w, "isolated leader");

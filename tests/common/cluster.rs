@@ -421,7 +421,7 @@ pub struct ClusterClient {
     last: std::sync::Mutex<Option<String>>,
 }
 
-/// Redirects followed before a call gives up (a loop between nodes that disagree).
+/// Redirects followed in a row before a call gives up (a loop between nodes that disagree).
 const MAX_REDIRECTS: usize = 10;
 
 impl ClusterClient {
@@ -475,6 +475,9 @@ impl ClusterClient {
         let mut base = self.first_node().ok_or("no node is running")?;
         let mut url = format!("{base}{path}");
         let mut redirects = 0;
+        // Redirects in a row: a node that points at a dead leader (during an election) sends
+        // the client round more than once, which is no loop.
+        let mut in_a_row = 0;
         loop {
             let resp = match self.send(&method, &url, body, wait_ms) {
                 Ok(resp) => resp,
@@ -482,15 +485,17 @@ impl ClusterClient {
                     std::thread::sleep(Duration::from_millis(50));
                     base = self.next_node(&base).ok_or("no node is running")?;
                     url = format!("{base}{path}");
+                    in_a_row = 0;
                     continue;
                 }
                 Err(e) => return Err(format!("{method} {url}: {e}")),
             };
             let status = resp.status().as_u16();
-            if matches!(status, 307 | 308) && redirects < MAX_REDIRECTS {
+            if matches!(status, 307 | 308) && in_a_row < MAX_REDIRECTS {
                 url = redirect_target(&url, &resp)?;
                 base = origin(&url)?;
                 redirects += 1;
+                in_a_row += 1;
                 continue;
             }
             let retry_after = retry_after(&resp);
@@ -499,6 +504,7 @@ impl ClusterClient {
                 std::thread::sleep(retry_after.min(deadline.saturating_duration_since(Instant::now())));
                 base = self.next_node(&base).ok_or("no node is running")?;
                 url = format!("{base}{path}");
+                in_a_row = 0;
                 continue;
             }
             *self.last.lock().expect("last lock") = Some(base.clone());
