@@ -567,6 +567,17 @@ impl Driver {
             }
             raw.on_persist_ready(number);
         }
+        // A leader's own durable entries count toward the majority as soon as they are durable,
+        // not only once the whole ready is: the flusher waits on the majority for one batch while
+        // the rest of the ready's entries are in batches queued behind it, so with one follower
+        // down the leader's acknowledgement never came and writes stalled until MAJORITY_WAIT.
+        if raw.raft.state == StateRole::Leader && !self.unpersisted.is_empty() {
+            let index = durable_index;
+            if raw.raft.raft_log.term(index).is_ok_and(|t| t == raw.raft.term) {
+                let term = raw.raft.term;
+                raw.raft.on_persist_entries(index, term);
+            }
+        }
         if raw.has_ready() {
             self.ready(raw);
         }
