@@ -567,7 +567,6 @@ fn an_isolated_leader_acknowledges_nothing_and_rejoins_as_follower() {
 }
 
 #[test]
-#[ignore = "fails about one run in seven: the resumed leader cuts its log below what its successor counts it for, and raft-rs panics (to_commit out of range)"]
 fn a_paused_leader_resumes_as_follower_and_nothing_acknowledged_is_lost() {
     let _one = serial();
     let mut rng = Rng::new(Rng::seed("paused leader"));
