@@ -478,8 +478,13 @@ fn writes_under_load_do_not_stall_after_a_failover() {
     std::thread::sleep(Duration::from_secs(4));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writers.into_iter().for_each(|w| w.join().expect("writer"));
-    let after: Vec<Duration> =
-        slowest.lock().expect("lock").iter().filter(|(at, _)| *at >= elected).map(|(_, took)| *took).collect();
+    let after: Vec<Duration> = slowest
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(at, _)| *at >= elected)
+        .map(|(_, took)| *took)
+        .collect();
     assert!(!after.is_empty(), "no write succeeded after the failover:\n{}", c.describe());
     let worst = after.iter().max().copied().unwrap_or_default();
     assert!(worst < Duration::from_secs(3), "a write sent after the new leader took over waited {worst:?}");

@@ -228,7 +228,7 @@ impl Link {
         let mut warned = false;
         loop {
             match self.connect().await {
-                Ok(mut stream) => {
+                Ok(stream) => {
                     backoff = Duration::from_millis(50);
                     if warned {
                         info!(peer = self.to, addr = %self.addr, "cluster link up");
@@ -236,12 +236,10 @@ impl Link {
                     }
                     // Frames queued while down are stale heartbeats and appends: Raft resends.
                     while rx.try_recv().is_ok() {}
-                    loop {
-                        let Some(frame) = rx.recv().await else { return };
-                        if stream.write_all(&frame).await.is_err() {
-                            break;
-                        }
+                    if !Self::pump(stream, &mut rx).await {
+                        return;
                     }
+                    debug!(peer = self.to, "cluster link closed; reconnecting");
                 }
                 Err(e) => {
                     if !warned {
@@ -255,6 +253,30 @@ impl Link {
             while rx.try_recv().is_ok() {}
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Writes queued frames until the connection ends; false when the queue is closed (the
+    /// node is stopping). The peer never writes on this link after its challenge, so the read
+    /// side ending means the peer closed it (it died or restarted): noticed at once, instead of
+    /// after the writes that a dead connection still accepts, whose messages (votes) are lost.
+    async fn pump(stream: TcpStream, rx: &mut mpsc::Receiver<Vec<u8>>) -> bool {
+        let (mut reader, mut writer) = stream.into_split();
+        let mut buf = [0u8; 64];
+        loop {
+            tokio::select! {
+                frame = rx.recv() => {
+                    let Some(frame) = frame else { return false };
+                    if writer.write_all(&frame).await.is_err() {
+                        return true;
+                    }
+                }
+                read = reader.read(&mut buf) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        return true;
+                    }
+                }
+            }
         }
     }
 

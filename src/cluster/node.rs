@@ -187,9 +187,9 @@ pub struct Shared {
     state: Arc<ClusterState>,
     progress: Mutex<Progress>,
     changed: Condvar,
-    /// (index, end offset of its mark) of entries in the local log not yet both durable and
-    /// committed.
-    marks: Mutex<VecDeque<(u64, u64)>>,
+    /// (index, term, end offset of its mark) of entries in the local log not yet both durable
+    /// and committed.
+    marks: Mutex<VecDeque<(u64, u64, u64)>>,
     events: flume::Sender<Event>,
     /// Offsets of the other nodes' clocks.
     clocks: Mutex<ClockView>,
@@ -211,12 +211,19 @@ impl Shared {
 
     /// The highest entry whose mark ends at or before `offset`.
     fn index_at(&self, offset: u64) -> u64 {
-        lock(&self.marks).iter().take_while(|(_, end)| *end <= offset).last().map_or(0, |(i, _)| *i)
+        lock(&self.marks).iter().take_while(|(_, _, end)| *end <= offset).last().map_or(0, |(i, _, _)| *i)
     }
 
     /// The end offset of the highest local entry at or below `index`.
     fn end_of(&self, index: u64) -> Option<u64> {
-        lock(&self.marks).iter().take_while(|(i, _)| *i <= index).last().map(|(_, end)| *end)
+        lock(&self.marks).iter().take_while(|(i, _, _)| *i <= index).last().map(|(_, _, end)| *end)
+    }
+
+    /// Whether the local log holds entry (`index`, `term`) durably (its mark ends at or before
+    /// `offset`). The term matters: after a leader change Raft may replace entries this log still
+    /// holds (a deposed leader's own), and those must not count as the new ones being durable.
+    fn holds(&self, index: u64, term: u64, offset: u64) -> bool {
+        lock(&self.marks).iter().any(|(i, t, end)| *i == index && *t == term && *end <= offset)
     }
 }
 
@@ -232,9 +239,21 @@ impl Replicator for StoreSide {
         let raw = lock(&self.shared.raw);
         let log = &raw.raft.raft_log;
         let (last, committed) = (log.last_index(), log.committed);
+        // Cut back to the newest entry both logs hold (same index and term: all before it then
+        // agree too). Not to the commit index: Raft's may already count the leader's entries at
+        // indexes where this log still holds a deposed leader's own, and not one entry a
+        // restart either.
+        let agreed = |below: u64| {
+            let marks = lock(&self.shared.marks);
+            let found = marks.iter().rev().filter(|(i, _, _)| *i <= below);
+            found
+                .map(|(i, t, _)| (*i, *t))
+                .find(|(i, t)| log.term(*i).is_ok_and(|lt| lt == *t))
+                .map(|(i, _)| i)
+        };
         if sealed.index > last {
             return Err(Diverged {
-                keep: committed.min(last),
+                keep: agreed(last).unwrap_or(committed.min(last)),
                 why: "the leader's log is shorter than this node's",
             });
         }
@@ -242,7 +261,7 @@ impl Replicator for StoreSide {
             if let Ok(t) = log.term(sealed.index) {
                 if t != sealed.term {
                     return Err(Diverged {
-                        keep: committed.min(sealed.index - 1),
+                        keep: agreed(sealed.index - 1).unwrap_or(committed.min(sealed.index - 1)),
                         why: "this node's last entry is not the leader's",
                     });
                 }
@@ -272,7 +291,7 @@ impl Replicator for StoreSide {
     }
 
     fn sealed(&mut self, sealed: Sealed) {
-        lock(&self.shared.marks).push_back((sealed.index, sealed.end));
+        lock(&self.shared.marks).push_back((sealed.index, sealed.term, sealed.end));
         self.shared.state.set_sealed(sealed.index);
         let state = &self.shared.state;
         if state.role() == Role::Leader && sealed.term == state.term() && !state.leading() && state.may_lead()
@@ -408,12 +427,20 @@ impl Condition for MajorityDurable {
             p.local_durable = p.local_durable.max(end);
         }
         shared.wake();
-        // A follower's appends answer no client: the leader waits for its acknowledgement. Nor
-        // does a leader wait for a batch that owes no reply (the entries of a former leader it
-        // appended as it took over): they commit only with a later entry of its own term, which
-        // this wait would hold back behind them.
-        if !owed || shared.state.role() != Role::Leader {
+        // A follower's appends of the leader's entries answer no client, and a leader does not
+        // wait for a batch that owes no reply (the entries of a former leader it appended as it
+        // took over): they commit only with a later entry of its own term, which this wait
+        // would hold back behind them.
+        if !owed {
             return Ok(());
+        }
+        // Only a leader releases replies, once a majority has the batch: a batch that waited in
+        // the flusher behind the one that saw this node step down holds records of its own,
+        // never committed, and must not be answered 2xx.
+        if shared.state.role() != Role::Leader {
+            return Err(Error::Unavailable(
+                "this node no longer leads; the write may or may not be applied: retry on the leader".into(),
+            ));
         }
         let term = shared.state.term();
         let started = Instant::now();
@@ -530,9 +557,9 @@ struct Driver {
     net: Net,
     dir: PathBuf,
     saved: (u64, u64),
-    /// Readies whose entries wait to be durable: (number, last entry index, messages to send
-    /// then).
-    unpersisted: VecDeque<(u64, u64, Vec<Message>)>,
+    /// Readies whose entries wait to be durable: (number, last entry's index and term (0, 0: no
+    /// entries), messages to send then).
+    unpersisted: VecDeque<(u64, (u64, u64), Vec<Message>)>,
     /// The other nodes.
     peers: Vec<u64>,
     next_probe: Instant,
@@ -873,7 +900,7 @@ impl Driver {
             raw.mut_store().0.wl().set_hardstate(hs.clone());
         }
         let entries = rd.take_entries();
-        let last = entries.last().map(|e| e.index);
+        let last = entries.last().map(|e| (e.index, e.term));
         if !entries.is_empty() {
             self.remember(&entries);
             if let Err(e) = raw.mut_store().0.wl().append(&entries) {
@@ -886,7 +913,7 @@ impl Driver {
             self.apply_change(raw, e);
         }
         let persisted = rd.take_persisted_messages();
-        self.unpersisted.push_back((rd.number(), last.unwrap_or(0), persisted));
+        self.unpersisted.push_back((rd.number(), last.unwrap_or((0, 0)), persisted));
         raw.advance_append_async(rd);
         if let Some(last_committed) = committed.last().map(|e| e.index) {
             raw.advance_apply_to(last_committed);
@@ -995,18 +1022,41 @@ impl Driver {
     /// Tells Raft which readies are durable now, sending the messages that waited on them.
     fn persisted(&mut self, raw: &mut RawNode<LogStore>) {
         let durable = lock(&self.shared.progress).local_durable;
-        let durable_index = self.shared.index_at(durable);
-        while let Some((number, last, _)) = self.unpersisted.front() {
-            if *last > durable_index {
+        // The store must hold these very entries, by index and term: by index alone, a deposed
+        // leader's own entries would acknowledge the new leader's that replaced them, which it
+        // never stored (and cuts on its restart, below what the leader counted it for). Raft
+        // may also replace a ready's entries by a later ready's before the store has them: once
+        // a later one is held, the earlier ones are done, and their acknowledgements dropped.
+        let shared = &self.shared;
+        let held = |index: u64, term: u64| index == 0 || shared.holds(index, term, durable);
+        let newest = self.unpersisted.iter().rposition(|(_, (i, t), _)| *i != 0 && held(*i, *t));
+        let mut k = 0;
+        while let Some((number, (index, term), _)) = self.unpersisted.front() {
+            let is_held = held(*index, *term);
+            if !is_held && newest.is_none_or(|p| k >= p) {
                 break;
             }
             let number = *number;
             if let Some((_, _, msgs)) = self.unpersisted.pop_front() {
-                for m in msgs {
-                    self.net.send(m);
+                if is_held {
+                    for m in msgs {
+                        self.net.send(m);
+                    }
                 }
             }
             raw.on_persist_ready(number);
+            k += 1;
+        }
+        // A leader's own durable entries count toward the majority as soon as they are durable,
+        // not only once the whole ready is: the flusher waits on the majority for one batch while
+        // the rest of the ready's entries are in batches queued behind it, so with one follower
+        // down the leader's acknowledgement never came and writes stalled until MAJORITY_WAIT.
+        if raw.raft.state == StateRole::Leader && !self.unpersisted.is_empty() {
+            let index = self.shared.index_at(durable);
+            if raw.raft.raft_log.term(index).is_ok_and(|t| t == raw.raft.term) {
+                let term = raw.raft.term;
+                raw.raft.on_persist_entries(index, term);
+            }
         }
         if raw.has_ready() {
             self.ready(raw);
@@ -1034,7 +1084,7 @@ impl Driver {
         let commit = r.raft_log.committed;
         state.set_indexes(commit, r.raft_log.last_index());
         if role == Role::Leader {
-            let log_end = lock(&self.shared.marks).back().map_or(0, |(_, end)| *end);
+            let log_end = lock(&self.shared.marks).back().map_or(0, |(_, _, end)| *end);
             for (id, pr) in r.prs().iter() {
                 let matched = pr.matched;
                 let lag_bytes = self.shared.end_of(matched).map(|end| log_end.saturating_sub(end));
@@ -1046,7 +1096,7 @@ impl Driver {
         }
         if let Some(end) = self.shared.end_of(commit) {
             if let Ok(term) = r.raft_log.term(commit) {
-                if lock(&self.shared.marks).iter().any(|(i, _)| *i == commit) {
+                if lock(&self.shared.marks).iter().any(|(i, _, _)| *i == commit) {
                     *lock(&self.snapshots.point) = Some(SnapPoint { index: commit, term, end });
                 }
             }
@@ -1069,12 +1119,16 @@ impl Driver {
         } else {
             commit
         };
-        let keep_from = commit
+        let mut keep_from = commit
             .min(self.shared.index_at(durable))
             .min(slowest.max(commit.saturating_sub(self.window_entries as u64)));
+        // A ready still waiting needs its last entry's mark to tell when it is durable.
+        if let Some((_, (index, _), _)) = self.unpersisted.iter().find(|(_, (i, _), _)| *i != 0) {
+            keep_from = keep_from.min(*index);
+        }
         {
             let mut marks = lock(&self.shared.marks);
-            while marks.len() > 1 && marks.front().is_some_and(|(i, _)| *i < keep_from) {
+            while marks.len() > 1 && marks.front().is_some_and(|(i, _, _)| *i < keep_from) {
                 marks.pop_front();
             }
         }

@@ -24,8 +24,8 @@ pub struct Recovered {
     pub base: Option<(u64, u64)>,
     /// The entries after it, with their records.
     pub entries: Vec<ReplicaEntry>,
-    /// (index, end offset of its mark) of every entry found.
-    pub marks: Vec<(u64, u64)>,
+    /// (index, term, end offset of its mark) of every entry found.
+    pub marks: Vec<(u64, u64, u64)>,
     /// The last entry kept.
     pub last: Sealed,
 }
@@ -285,7 +285,7 @@ fn scan_from(log: &CommitLog, from: u64, keep: Option<u64>) -> Result<Recovered>
             });
         }
         records.clear();
-        out.marks.push((m.index, next));
+        out.marks.push((m.index, m.term, next));
         out.last = Sealed { index: m.index, term: m.term, end: next };
     }
     Ok(out)

@@ -26,6 +26,8 @@ pub enum Event {
     Acked { id: String, sent_ms: u64, ok: bool },
     /// A cancel of `id` sent at `sent_ms`; `ok` when answered 2xx.
     Cancelled { id: String, sent_ms: u64, ok: bool },
+    /// A cancel of `id` whose outcome is unknown (no answer): it may have been applied.
+    CancelMaybe { id: String },
 }
 
 /// A thread-safe record of client events; share it behind an `Arc` between workload threads.
@@ -92,6 +94,8 @@ struct IdFacts {
     /// Send times of the 2xx acks and cancels: no delivery may be received after the earliest.
     acks_ok: Vec<u64>,
     cancels_ok: Vec<u64>,
+    /// A cancel that may have been applied excuses a message never delivered.
+    cancel_maybe: bool,
 }
 
 impl History {
@@ -132,6 +136,12 @@ impl History {
         self.record(Event::Cancelled { id: id.to_string(), sent_ms, ok });
     }
 
+    /// A cancel of `id` whose outcome is unknown (timeout or connection error): a message never
+    /// delivered is then not lost.
+    pub fn cancelled_maybe(&self, id: &str) {
+        self.record(Event::CancelMaybe { id: id.to_string() });
+    }
+
     /// A copy of the events so far.
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().expect("history lock").clone()
@@ -169,6 +179,7 @@ fn by_id(events: &[Event]) -> BTreeMap<String, IdFacts> {
                     f.cancels_ok.push(*sent_ms);
                 }
             }
+            Event::CancelMaybe { id } => facts.entry(id.clone()).or_default().cancel_maybe = true,
         }
     }
     facts
@@ -189,7 +200,7 @@ fn count(f: &IdFacts, r: &mut Report) {
 
 fn check_id(id: &str, f: &IdFacts, v: &mut Vec<String>) {
     let acked = f.produces.iter().any(|(_, o)| *o == ProduceOutcome::Acked);
-    if acked && f.deliveries.is_empty() && f.cancels_ok.is_empty() {
+    if acked && f.deliveries.is_empty() && f.cancels_ok.is_empty() && !f.cancel_maybe {
         v.push(format!("lost: {id} was produced with a 2xx and never delivered nor cancelled"));
     }
     // The earliest due time any request that may have stored the message asked for: a retry

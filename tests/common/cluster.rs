@@ -218,6 +218,45 @@ impl Cluster {
         self.set_running(i, true);
     }
 
+    /// SIGTERMs every running node at once and waits for each to exit: its exit status, by node.
+    pub fn terminate_all(&mut self) -> Vec<(usize, std::process::ExitStatus)> {
+        let running: Vec<usize> = (1..=self.size()).filter(|&i| self.running[i - 1]).collect();
+        for &i in &running {
+            signal(self.pid(i), "-CONT");
+        }
+        // At once: nodes that wait for each other while shutting down must not wait in turn.
+        let statuses = std::thread::scope(|s| {
+            let stopping: Vec<_> = self
+                .nodes
+                .iter_mut()
+                .enumerate()
+                .filter(|(k, _)| running.contains(&(k + 1)))
+                .map(|(k, node)| (k + 1, s.spawn(move || node.terminate())))
+                .collect();
+            stopping.into_iter().map(|(i, h)| (i, h.join().expect("terminate"))).collect()
+        });
+        for i in running {
+            self.set_running(i, false);
+        }
+        statuses
+    }
+
+    /// Starts every node that is not running, all at once (same data dirs, cluster ports and
+    /// environment, new API ports).
+    pub fn start_stopped(&mut self) {
+        let stopped: Vec<usize> = (1..=self.size()).filter(|&i| !self.running[i - 1]).collect();
+        std::thread::scope(|s| {
+            for (k, node) in self.nodes.iter_mut().enumerate() {
+                if stopped.contains(&(k + 1)) {
+                    s.spawn(move || node.respawn());
+                }
+            }
+        });
+        for i in stopped {
+            self.set_running(i, true);
+        }
+    }
+
     /// Starts node n+1 with every existing node and itself as peers, and the links to and from
     /// it; the existing nodes learn of it only through a membership change. Returns its number.
     pub fn add_node(&mut self) -> usize {
@@ -382,7 +421,7 @@ pub struct ClusterClient {
     last: std::sync::Mutex<Option<String>>,
 }
 
-/// Redirects followed before a call gives up (a loop between nodes that disagree).
+/// Redirects followed in a row before a call gives up (a loop between nodes that disagree).
 const MAX_REDIRECTS: usize = 10;
 
 impl ClusterClient {
@@ -436,6 +475,9 @@ impl ClusterClient {
         let mut base = self.first_node().ok_or("no node is running")?;
         let mut url = format!("{base}{path}");
         let mut redirects = 0;
+        // Redirects in a row: a node that points at a dead leader (during an election) sends
+        // the client round more than once, which is no loop.
+        let mut in_a_row = 0;
         loop {
             let resp = match self.send(&method, &url, body, wait_ms) {
                 Ok(resp) => resp,
@@ -443,15 +485,17 @@ impl ClusterClient {
                     std::thread::sleep(Duration::from_millis(50));
                     base = self.next_node(&base).ok_or("no node is running")?;
                     url = format!("{base}{path}");
+                    in_a_row = 0;
                     continue;
                 }
                 Err(e) => return Err(format!("{method} {url}: {e}")),
             };
             let status = resp.status().as_u16();
-            if matches!(status, 307 | 308) && redirects < MAX_REDIRECTS {
+            if matches!(status, 307 | 308) && in_a_row < MAX_REDIRECTS {
                 url = redirect_target(&url, &resp)?;
                 base = origin(&url)?;
                 redirects += 1;
+                in_a_row += 1;
                 continue;
             }
             let retry_after = retry_after(&resp);
@@ -460,6 +504,7 @@ impl ClusterClient {
                 std::thread::sleep(retry_after.min(deadline.saturating_duration_since(Instant::now())));
                 base = self.next_node(&base).ok_or("no node is running")?;
                 url = format!("{base}{path}");
+                in_a_row = 0;
                 continue;
             }
             *self.last.lock().expect("last lock") = Some(base.clone());
