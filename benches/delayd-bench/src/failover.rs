@@ -70,6 +70,9 @@ pub struct FailoverRun {
     pub after_ack: usize,
     /// Restart of the killed node until it follows the new leader, ms.
     pub rejoin_ms: f64,
+    /// The longest produce call started after the first 2xx on the new leader, ms: a stall of the
+    /// new leader shows here.
+    pub slowest_after_ms: f64,
 }
 
 /// What the producers share with the workload.
@@ -84,6 +87,8 @@ struct Produced {
     kill: Mutex<Option<(u16, Instant)>>,
     /// First 2xx produce from another node after the kill.
     first_after: Mutex<Option<Instant>>,
+    /// The longest call started after `first_after`, µs.
+    slowest_after_us: AtomicU64,
 }
 
 impl Produced {
@@ -107,7 +112,7 @@ pub async fn run(run: &mut Running, p: &Params, fp: &FailoverParams) -> Result<V
         let r = one(run, p, fp, rep).await?;
         eprintln!(
             "  kill {} of {}: node {} -> node {}, first 2xx produce after {:.0} ms (leader agreed after {:.0} ms), \
-             {} due meanwhile, lateness p99 {:?} max {:?} ms, {} early, {} lost, {} twice, rejoined in {:.0} ms",
+             {} due meanwhile, lateness p99 {:?} max {:?} ms, {} early, {} lost, {} twice, slowest produce after {:.0} ms, rejoined in {:.0} ms",
             rep + 1,
             fp.repeats,
             r.killed,
@@ -120,6 +125,7 @@ pub async fn run(run: &mut Running, p: &Params, fp: &FailoverParams) -> Result<V
             r.early + r.early_client,
             r.lost,
             r.duplicates,
+            r.slowest_after_ms,
             r.rejoin_ms
         );
         out.push(r);
@@ -159,7 +165,15 @@ fn spawn_producers(
                 };
                 let due = now_ms() + job.delay_ms as i64;
                 produced.client_due.lock().unwrap_or_else(|e| e.into_inner()).insert(job.seq, due);
-                match q.produce_on(&topic, &[job]).await {
+                let started = Instant::now();
+                let after = produced.first_after.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+                let outcome = q.produce_on(&topic, &[job]).await;
+                if after {
+                    produced
+                        .slowest_after_us
+                        .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                }
+                match outcome {
                     Ok((v, port)) if v.first() == Some(&true) => produced.note_ok(job.seq, port),
                     _ => {
                         produced.failed.fetch_add(1, Ordering::Relaxed);
@@ -290,6 +304,7 @@ fn tally(r: &mut FailoverRun, produced: &Produced, shared: &Shared) {
     r.lost = acked.iter().filter(|q| !s.first.contains_key(q)).count();
     r.duplicates = s.count.values().filter(|c| **c >= 2).count();
     r.after_ack = s.after_ack.len();
+    r.slowest_after_ms = produced.slowest_after_us.load(Ordering::Relaxed) as f64 / 1000.0;
     let (mut window, mut all) = (Vec::new(), Vec::new());
     for (seq, at) in &s.first {
         let due = s.due.get(seq).copied().unwrap_or(*at);
