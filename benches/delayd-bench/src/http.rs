@@ -156,7 +156,7 @@ impl HttpConn {
             };
             self.switch_to(next);
             misses += 1;
-            if misses % self.route.ports.len() == 0 {
+            if misses.is_multiple_of(self.route.ports.len()) {
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
             if Instant::now() >= deadline {
@@ -406,7 +406,7 @@ mod tests {
         let dead =
             std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let (a, server_a) = canned(vec![
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 31\r\n\r\n{\"error\":{\"code\":\"no_leader\"}}",
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 30\r\n\r\n{\"error\":{\"code\":\"no_leader\"}}",
         ])
         .await;
         let (c, server_c) = canned(vec![b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"]).await;

@@ -642,15 +642,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
         }
         if let ("failover", Some(fp)) = (*w, r.failover_params.clone()) {
             for &sys in &failover_systems {
-                eprintln!("delayd-bench: failover on {} ({} leader kills) ...", sys.name(), fp.repeats);
-                let outcome = match Running::start(sys, &progs, &p).await {
-                    Ok(mut run) => {
-                        let o = failover::run(&mut run, &p, &fp).await;
-                        let stopped = run.shutdown().await;
-                        o.and_then(|o| stopped.map(|_| o))
-                    }
-                    Err(e) => Err(e),
-                };
+                let outcome = run_failover(sys, &progs, &p, &fp).await;
                 if let Err(e) = &outcome {
                     failure(&mut r, "failover", sys, e);
                 }
@@ -758,6 +750,20 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
         println!("soak chart: {}", soak_chart_path.display());
     }
     Ok(all_ok)
+}
+
+/// The failover workload on one fresh cluster: every kill, then the cluster stopped.
+async fn run_failover(
+    sys: System,
+    progs: &Programs,
+    p: &Params,
+    fp: &failover::FailoverParams,
+) -> Result<Vec<failover::FailoverRun>, String> {
+    eprintln!("delayd-bench: failover on {} ({} leader kills) ...", sys.name(), fp.repeats);
+    let mut run = Running::start(sys, progs, p).await?;
+    let o = failover::run(&mut run, p, fp).await;
+    let stopped = run.shutdown().await;
+    o.and_then(|o| stopped.map(|_| o))
 }
 
 /// The backlog workload: every size, round and binary, then `backlog.md` in the output directory.

@@ -605,6 +605,11 @@ fn failover_markdown(
             med_max(v.iter().map(|r| r.rejoin_ms).collect()),
         );
     }
+    kills_table(s, runs);
+}
+
+/// Every kill of the failover runs, one row each.
+fn kills_table(s: &mut String, runs: &[(String, Result<Vec<FailoverRun>, String>)]) {
     let _ = writeln!(
         s,
         "\nEvery kill:\n\n| system | kill | node killed → new leader (its term) | first 2xx ms | agreed ms | acked produces \
