@@ -99,7 +99,7 @@ async fn one(
     bp: &BacklogParams,
 ) -> Result<BacklogRun, String> {
     let progs = Programs { delayd: bin.to_path_buf(), ..progs.clone() };
-    let run = Running::start(System { engine: Engine::Delayd, strict: true }, &progs, p).await?;
+    let run = Running::start(System::single(Engine::Delayd, true), &progs, p).await?;
     let outcome = async {
         let t0 = Instant::now();
         let filled = fill(&run, p, pending).await?;

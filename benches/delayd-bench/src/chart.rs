@@ -14,6 +14,13 @@ const QS: [f64; 14] = [0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 
 
 /// Fixed colour per system, named in the results file so an unlabeled chart can still be read.
 pub fn color(s: System) -> (RGBColor, &'static str) {
+    if s.replicated {
+        return match s.engine {
+            Engine::Delayd => (RGBColor(0x6a, 0x1b, 0x9a), "purple"),
+            Engine::RedisLua => (RGBColor(0x79, 0x55, 0x48), "brown"),
+            Engine::RedisPlain => (RGBColor(0x75, 0x75, 0x75), "grey"),
+        };
+    }
     match (s.engine, s.strict) {
         (Engine::Delayd, true) => (RGBColor(0x1f, 0x3a, 0x93), "dark blue"),
         (Engine::Delayd, false) => (RGBColor(0x4f, 0xa3, 0xf7), "light blue"),

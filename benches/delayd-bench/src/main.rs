@@ -6,6 +6,8 @@
 
 mod backlog;
 mod chart;
+mod failover;
+mod group;
 mod http;
 mod pin;
 mod push;
@@ -44,11 +46,13 @@ struct Cli {
     /// The redis-server binary (default: from PATH).
     #[arg(long)]
     redis_server: Option<PathBuf>,
-    /// Comma-separated systems to run (default all): delayd-sync, delayd-async, redis-lua-always,
-    /// redis-lua-everysec, redis-plain-always, redis-plain-everysec.
+    /// Comma-separated systems to run (default all single-server ones): delayd-sync, delayd-async,
+    /// redis-lua-always, redis-lua-everysec, redis-plain-always, redis-plain-everysec; and, only
+    /// when named, delayd-cluster3-sync (three nodes) and redis-replica-wait (master + replica).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
-    /// Comma-separated workloads (default produce, e2e, capacity, crash); `soak` runs only when named.
+    /// Comma-separated workloads (default produce, e2e, capacity, crash); `soak`, `backlog` and
+    /// `failover` run only when named.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Seed for every random delay.
@@ -138,6 +142,51 @@ struct Cli {
     /// Backlog: seconds the 1,000 msgs/s stream of 1-2 s delays is produced.
     #[arg(long, default_value_t = 20.0)]
     backlog_stream_secs: f64,
+    /// Failover: leader kills on the cluster (default 10; 2 with --quick).
+    #[arg(long)]
+    failover_repeats: Option<usize>,
+    /// Failover: produce rate, msgs/s, one message per call (default 300; 200 with --quick).
+    #[arg(long)]
+    failover_rate: Option<u64>,
+    /// Failover: random delay range MIN,MAX in ms (default 1000,3000).
+    #[arg(long, value_delimiter = ',', value_name = "MIN,MAX")]
+    failover_delay_ms: Vec<u64>,
+    /// Failover: seconds of load before each kill (default 5; 3.5 with --quick).
+    #[arg(long)]
+    failover_load_secs: Option<f64>,
+    /// Failover: seconds the load goes on after a new leader answers (default 3; 1 with --quick).
+    #[arg(long)]
+    failover_after_secs: Option<f64>,
+}
+
+/// The failover settings from the command line and the quick/full defaults.
+fn failover_params(cli: &Cli, p: &Params) -> Result<failover::FailoverParams, String> {
+    let (repeats, rate, load, after) = if cli.quick { (2, 200, 3.5, 1.0) } else { (10, 300, 5.0, 3.0) };
+    let delay_ms = match cli.failover_delay_ms[..] {
+        [] => (1_000, 3_000),
+        [min, max] if min <= max => (min, max),
+        _ => {
+            return Err(format!(
+                "--failover-delay-ms wants MIN,MAX with MIN <= MAX, got {:?}",
+                cli.failover_delay_ms
+            ))
+        }
+    };
+    let fp = failover::FailoverParams {
+        repeats: cli.failover_repeats.unwrap_or(repeats).max(1),
+        rate: cli.failover_rate.unwrap_or(rate),
+        producers: 4,
+        delay_ms,
+        load_secs: cli.failover_load_secs.unwrap_or(load),
+        after_secs: cli.failover_after_secs.unwrap_or(after),
+        ttr_ms: 2_000,
+        consumers: p.consumers,
+    };
+    let fine = |x: f64| x.is_finite() && x >= 0.0;
+    if fp.rate == 0 || !fine(fp.load_secs) || !fine(fp.after_secs) {
+        return Err("--failover-rate must be positive, --failover-*-secs not negative".to_string());
+    }
+    Ok(fp)
 }
 
 fn params(cli: &Cli) -> Params {
@@ -382,9 +431,10 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let run_started = std::time::Instant::now();
     let p = params(&cli);
     let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
-    let mut systems = selected(&cli.systems, &all_systems)?;
+    let mut systems =
+        if cli.systems.is_empty() { System::default_set() } else { selected(&cli.systems, &all_systems)? };
     let all_workloads: Vec<(String, &str)> =
-        ["produce", "e2e", "capacity", "crash", "push", "soak", "backlog"]
+        ["produce", "e2e", "capacity", "crash", "push", "soak", "backlog", "failover"]
             .iter()
             .map(|w| (w.to_string(), *w))
             .collect();
@@ -392,19 +442,28 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     // The soak takes an hour at its defaults, the backlog compares builds of delayd: only when
     // asked for.
     if cli.workloads.is_empty() {
-        workloads.retain(|w| *w != "soak" && *w != "backlog");
+        workloads.retain(|w| *w != "soak" && *w != "backlog" && *w != "failover");
     }
     if workloads.contains(&"backlog") && workloads.len() > 1 {
         return Err("the backlog workload runs alone: name only it in --workloads".to_string());
     }
     // Soak compares reclaim on and off on delayd alone: delayd-sync unless --systems names others.
     let soak_systems: Vec<System> = if cli.systems.is_empty() {
-        vec![System { engine: systems::Engine::Delayd, strict: true }]
+        vec![System::single(systems::Engine::Delayd, true)]
     } else {
         systems.iter().copied().filter(|s| !s.needs_redis()).collect()
     };
     if workloads.contains(&"soak") && soak_systems.is_empty() {
         return Err("the soak workload runs on delayd systems only; --systems names none".to_string());
+    }
+    // Failover kills a cluster's leader: delayd-cluster3-sync unless --systems names other clusters.
+    let failover_systems: Vec<System> = if cli.systems.is_empty() {
+        vec![System::CLUSTER3_SYNC]
+    } else {
+        systems.iter().copied().filter(|s| s.replicated && !s.needs_redis()).collect()
+    };
+    if workloads.contains(&"failover") && failover_systems.is_empty() {
+        return Err("the failover workload runs on a delayd cluster only; --systems names none".to_string());
     }
 
     let delayd = match &cli.delayd_bin {
@@ -460,6 +519,9 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let soak_chart_path = cli.out.join("soak.png");
     if workloads.contains(&"soak") {
         r.soak_params = Some(soak_params(&cli, &p, &delayd_env)?);
+    }
+    if workloads.contains(&"failover") {
+        r.failover_params = Some(failover_params(&cli, &p)?);
     }
 
     let profile =
@@ -578,6 +640,18 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             }
             continue;
         }
+        if let ("failover", Some(fp)) = (*w, r.failover_params.clone()) {
+            for &sys in &failover_systems {
+                let outcome = run_failover(sys, &progs, &p, &fp).await;
+                if let Err(e) = &outcome {
+                    failure(&mut r, "failover", sys, e);
+                }
+                r.failover.push((sys.name(), outcome));
+            }
+            std::fs::write(&results_path, report::markdown(&r, &p))
+                .map_err(|e| format!("cannot write {}: {e}", results_path.display()))?;
+            continue;
+        }
         if let ("soak", Some(sp)) = (*w, r.soak_params.clone()) {
             for &sys in &soak_systems {
                 // Reclaim on and off run side by side, so both see the same machine noise and
@@ -659,6 +733,10 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
         }
     }
     println!("{}", report::targets(&r, &p.rates).join("\n"));
+    let t27 = report::targets27(&r, &p.rates);
+    if !t27.is_empty() {
+        println!("issue 27:\n{}", t27.join("\n"));
+    }
     if let Some(sp) = &r.soak_params {
         if let Err(e) = soak::draw(&soak_chart_path, &r.soak) {
             eprintln!("delayd-bench: {e}");
@@ -672,6 +750,20 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
         println!("soak chart: {}", soak_chart_path.display());
     }
     Ok(all_ok)
+}
+
+/// The failover workload on one fresh cluster: every kill, then the cluster stopped.
+async fn run_failover(
+    sys: System,
+    progs: &Programs,
+    p: &Params,
+    fp: &failover::FailoverParams,
+) -> Result<Vec<failover::FailoverRun>, String> {
+    eprintln!("delayd-bench: failover on {} ({} leader kills) ...", sys.name(), fp.repeats);
+    let mut run = Running::start(sys, progs, p).await?;
+    let o = failover::run(&mut run, p, fp).await;
+    let stopped = run.shutdown().await;
+    o.and_then(|o| stopped.map(|_| o))
 }
 
 /// The backlog workload: every size, round and binary, then `backlog.md` in the output directory.

@@ -79,6 +79,7 @@ impl Queue {
             Engine::Delayd => Ok(Queue::Delayd(DelaydQ { http: HttpConn::new(port), body_bytes })),
             engine => Ok(Queue::Redis(RedisQ {
                 lua: engine == Engine::RedisLua,
+                wait: system.replicated,
                 port,
                 body_bytes,
                 conn: None,
@@ -86,6 +87,21 @@ impl Queue {
                 rr: 0,
             })),
         }
+    }
+
+    /// A client of `system` sending to `port`; for a delayd cluster (whose nodes' API ports are
+    /// `ports`) one that follows the leader when it changes.
+    pub fn connect_group(
+        system: System,
+        port: u16,
+        ports: &[u16],
+        body_bytes: usize,
+    ) -> Result<Queue, String> {
+        if system.engine == Engine::Delayd && ports.len() > 1 {
+            let http = HttpConn::following(ports, port, crate::http::CALL_TIMEOUT);
+            return Ok(Queue::Delayd(DelaydQ { http, body_bytes }));
+        }
+        Queue::connect(system, port, body_bytes)
     }
 
     /// Produces `jobs` in one call (a batch when more than one); per-job success, or an error when
@@ -210,6 +226,11 @@ fn from_json<'a, T: Deserialize<'a>>(a: &'a Answer) -> Result<T, String> {
 
 impl DelaydQ {
     async fn produce(&mut self, topic: &str, jobs: &[Job]) -> Result<Vec<bool>, String> {
+        Ok(self.produce_on(topic, jobs).await?.0)
+    }
+
+    /// Produces `jobs` in one call; per-job success and the port of the node that answered.
+    pub async fn produce_on(&mut self, topic: &str, jobs: &[Job]) -> Result<(Vec<bool>, u16), String> {
         // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
         let bodies: Vec<String> = jobs.iter().map(|j| body_for(j.seq, 0, self.body_bytes)).collect();
         let mut msgs =
@@ -218,7 +239,7 @@ impl DelaydQ {
             let json = to_json(&msgs.next().ok_or("no job")?)?;
             let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages"), Some(&json)).await?;
             let r: ProduceResult = from_json(&a)?;
-            return Ok(vec![r.deliver_at_ms.is_some()]);
+            return Ok((vec![r.deliver_at_ms.is_some()], a.port));
         }
         let json = to_json(&BatchOut { messages: msgs.collect() })?;
         let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages/batch"), Some(&json)).await?;
@@ -226,7 +247,7 @@ impl DelaydQ {
         if r.results.len() != jobs.len() {
             return Err(format!("batch of {} got {} results", jobs.len(), r.results.len()));
         }
-        Ok(r.results.iter().map(|v| v.deliver_at_ms.is_some()).collect())
+        Ok((r.results.iter().map(|v| v.deliver_at_ms.is_some()).collect(), a.port))
     }
 
     async fn pop(
@@ -392,6 +413,8 @@ impl PlainJob {
 /// Client for both Redis designs.
 pub struct RedisQ {
     lua: bool,
+    /// `WAIT 1 0` after every write: answered only once the replica has it.
+    wait: bool,
     port: u16,
     body_bytes: usize,
     conn: Option<MultiplexedConnection>,
@@ -404,6 +427,7 @@ impl Clone for RedisQ {
         // A clone must not share the blocking connection: a BLPOP there would stall the other user.
         RedisQ {
             lua: self.lua,
+            wait: self.wait,
             port: self.port,
             body_bytes: self.body_bytes,
             conn: self.conn.clone(),
@@ -424,6 +448,17 @@ impl RedisQ {
         }
         self.conn = Some(c.clone());
         Ok(c)
+    }
+
+    /// Ends `pipe` with `WAIT 1 0` (its reply ignored) when this client waits for the replica:
+    /// the pipeline's answer then comes once the replica has acknowledged every write before it.
+    /// With `appendfsync always` on the replica, Redis writes its acknowledgements only after the
+    /// fsync of the writes they cover (7.0: `beforeSleep` flushes the AOF before client output), the
+    /// closest Redis comes to "a majority has it durable" (7.2's `WAITAOF` says it outright).
+    fn wait_in(&self, pipe: &mut redis::Pipeline) {
+        if self.wait {
+            pipe.cmd("WAIT").arg(1).arg(0).ignore();
+        }
     }
 
     fn fail<T>(&mut self, e: redis::RedisError) -> Result<T, String> {
@@ -454,6 +489,7 @@ impl RedisQ {
                         .clone(),
                 );
             }
+            self.wait_in(&mut pipe);
             match pipe.query_async::<Vec<i64>>(&mut con).await {
                 Ok(v) => Ok(v.into_iter().map(|x| x == 1).collect()),
                 Err(e) => self.fail(e),
@@ -472,7 +508,9 @@ impl RedisQ {
                 zadd.arg(plain_bucket(self.rr)).arg(job.delay).arg(id);
                 self.rr += 1;
                 if jobs.len() == 1 {
-                    for c in [set, zadd] {
+                    let mut wait = redis::pipe();
+                    self.wait_in(&mut wait);
+                    for c in [set, zadd].into_iter().chain(wait.cmd_iter().cloned()) {
                         if let Err(e) = c.query_async::<redis::Value>(&mut con).await {
                             return self.fail(e);
                         }
@@ -481,6 +519,7 @@ impl RedisQ {
                 }
                 pipe.add_command(set).ignore().add_command(zadd).ignore();
             }
+            self.wait_in(&mut pipe);
             match pipe.query_async::<()>(&mut con).await {
                 Ok(()) => Ok(vec![true; jobs.len()]),
                 Err(e) => self.fail(e),
@@ -525,16 +564,13 @@ impl RedisQ {
         let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
         loop {
             let at_ms = now_ms();
-            let r: Result<Vec<String>, _> = evalsha(LUA_RESERVE)
-                .arg(1)
-                .arg(&ready)
-                .arg(at_ms)
-                .arg(ttr_ms)
-                .arg(max)
-                .query_async(&mut con)
-                .await;
+            let mut pipe = redis::pipe();
+            pipe.add_command(evalsha(LUA_RESERVE).arg(1).arg(&ready).arg(at_ms).arg(ttr_ms).arg(max).clone());
+            // A reserve that took nothing wrote nothing, and its WAIT returns at once.
+            self.wait_in(&mut pipe);
+            let r: Result<(Vec<String>,), _> = pipe.query_async(&mut con).await;
             let flat = match r {
-                Ok(v) => v,
+                Ok((v,)) => v,
                 Err(e) => return self.fail(e),
             };
             if !flat.is_empty() {
@@ -634,6 +670,7 @@ impl RedisQ {
             out.push(Delivery { seq, due_ms, at_ms, token: id.clone() });
         }
         if !out.is_empty() {
+            self.wait_in(&mut zadds);
             if let Err(e) = zadds.query_async::<()>(&mut con).await {
                 return self.fail(e);
             }
@@ -653,6 +690,7 @@ impl RedisQ {
             pipe.cmd("SET").arg(format!("dq_job_{id}")).arg(json).ignore();
             pipe.cmd("RPUSH").arg(topic).arg(id).ignore();
         }
+        self.wait_in(&mut pipe);
         match pipe.query_async::<()>(&mut con).await {
             Ok(()) => Ok(jobs.len()),
             Err(e) => self.fail(e),
@@ -670,18 +708,17 @@ impl RedisQ {
 
     async fn ack(&mut self, d: &Delivery) -> Result<bool, String> {
         let mut con = self.conn().await?;
-        let r = if self.lua {
-            evalsha(LUA_FINISH)
-                .arg(1)
-                .arg(format!("job:{}", d.token))
-                .arg(&d.token)
-                .query_async::<i64>(&mut con)
-                .await
+        let mut pipe = redis::pipe();
+        if self.lua {
+            pipe.add_command(
+                evalsha(LUA_FINISH).arg(1).arg(format!("job:{}", d.token)).arg(&d.token).clone(),
+            );
         } else {
-            redis::cmd("DEL").arg(format!("dq_job_{}", d.token)).query_async::<i64>(&mut con).await
-        };
-        match r {
-            Ok(n) => Ok(n == 1),
+            pipe.cmd("DEL").arg(format!("dq_job_{}", d.token));
+        }
+        self.wait_in(&mut pipe);
+        match pipe.query_async::<(i64,)>(&mut con).await {
+            Ok((n,)) => Ok(n == 1),
             Err(e) => self.fail(e),
         }
     }
@@ -705,6 +742,8 @@ pub fn spawn_mover(
     }
 }
 
+// The mover sends no WAIT on the replicated system: the replication stream is ordered, so the
+// WAIT of the reserve that hands a promoted job to a consumer covers its promotion too.
 async fn lua_mover(port: u16, tick: Duration, stop: Arc<AtomicBool>) {
     let mut con: Option<MultiplexedConnection> = None;
     let mut interval = tokio::time::interval(tick);
@@ -818,7 +857,7 @@ mod tests {
             eprintln!("skipped: redis-server is not installed");
             return;
         };
-        let sys = System { engine: Engine::RedisLua, strict: false };
+        let sys = System::single(Engine::RedisLua, false);
         let progs = Programs {
             delayd: std::path::PathBuf::new(),
             redis: Some(redis),

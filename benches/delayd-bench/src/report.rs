@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use crate::failover::{FailoverParams, FailoverRun};
 use crate::soak::{SoakParams, SoakRun};
 use crate::systems::{Engine, System};
 use crate::workloads::{Capacity, Case, Crash, E2e, Params, Throughput};
@@ -30,6 +31,10 @@ pub struct Results {
     pub soak_params: Option<SoakParams>,
     /// Push runs per delayd system: the burst, then each paced rate.
     pub push: Vec<(String, Result<Vec<crate::push::PushRun>, String>)>,
+    /// Failover runs per delayd cluster: every leader kill.
+    pub failover: Vec<(String, Result<Vec<FailoverRun>, String>)>,
+    /// The failover settings, when the failover workload was selected.
+    pub failover_params: Option<FailoverParams>,
 }
 
 /// What one repeat of a comparison workload measured on one system.
@@ -220,6 +225,19 @@ pub fn markdown(r: &Results, p: &Params) -> String {
          (separate commands, 1-second timer); `always`/`everysec` is Redis `appendfsync`. Cells are \
          median (min–max) over repeats."
     );
+    let replicated =
+        r.throughput.iter().map(|(s, _)| s).chain(r.e2e.iter().map(|(s, _)| s)).any(|s| s.replicated);
+    if replicated || !r.failover.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n`delayd-cluster3-sync` is three delayd nodes on this machine (`DELAYD_FLUSH=sync`, each its own \
+             data dir, node-to-node links on loopback), the load sent to the leader: a write is answered once \
+             a majority of nodes has it fsynced. `redis-replica-wait` is the redis-lua design on a master \
+             with one replica (`appendonly yes`, `appendfsync always` on both), every write followed by \
+             `WAIT 1 0` in the same pipeline. Server CPU of a replicated system is the sum over its processes; \
+             capacity (memory, disk) is the leader's or master's alone."
+        );
+    }
 
     let _ = writeln!(s, "\n## Produce throughput (msgs/s)\n");
     let _ = writeln!(
@@ -423,6 +441,17 @@ pub fn markdown(r: &Results, p: &Params) -> String {
         s.push_str(&crate::soak::markdown(&r.soak, sp));
     }
 
+    if let Some(fp) = &r.failover_params {
+        failover_markdown(&mut s, &r.failover, fp);
+    }
+    let t27 = targets27(r, rates);
+    if !t27.is_empty() {
+        let _ = writeln!(s, "\n## Targets of issue 27, checked against this run\n");
+        for line in t27 {
+            let _ = writeln!(s, "- {line}");
+        }
+    }
+
     let _ = writeln!(s, "\n## Targets of issue 13, checked against this run\n");
     let _ = writeln!(
         s,
@@ -436,7 +465,7 @@ pub fn markdown(r: &Results, p: &Params) -> String {
 }
 
 fn sys(engine: Engine, strict: bool) -> System {
-    System { engine, strict }
+    System::single(engine, strict)
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -505,6 +534,173 @@ pub fn targets(r: &Results, rates: &[u64]) -> Vec<String> {
                 None => out.push(format!("not measured: {} lateness at {rate} msgs/s", s.name())),
             }
         }
+    }
+    out
+}
+
+/// The failover tables: a summary per cluster, then every kill.
+fn failover_markdown(
+    s: &mut String,
+    runs: &[(String, Result<Vec<FailoverRun>, String>)],
+    fp: &FailoverParams,
+) {
+    let _ = writeln!(s, "\n## Failover (leader SIGKILL under load)\n");
+    let _ = writeln!(
+        s,
+        "{} producers send one message per call, {} msgs/s in all, delays {}–{} ms; {} consumers follow the \
+         leader, pop (TTR {} ms) and ack. After {} s of load the leader gets SIGKILL; the load goes on for {} s \
+         after a new leader answers, then stops, every acknowledged message is waited for, and the killed node \
+         is restarted on its data dir before the next kill. `first 2xx` = kill → the first produce a new \
+         leader answered 2xx; `agreed` = kill → both survivors' `/v1/cluster` name one leader that takes \
+         writes (polled every 20 ms); `due meanwhile` = messages whose due time fell between the kill and \
+         the first 2xx, with their lateness (delivery − due); `slowest produce after` = the longest produce \
+         call started after that first 2xx (a stall of the new leader). `early` counts deliveries before the due time \
+         the cluster stamped / before the client's send time + delay; both must be 0. `lost` = acknowledged \
+         produces never delivered (must be 0). Clients retry a refused connection or `503 no_leader` on the \
+         next node after at most 10 ms, and follow `307`.\n",
+        fp.producers,
+        num(fp.rate as f64),
+        fp.delay_ms.0,
+        fp.delay_ms.1,
+        fp.consumers,
+        fp.ttr_ms,
+        fp.load_secs,
+        fp.after_secs
+    );
+    let _ = writeln!(
+        s,
+        "| system | kills | first 2xx ms, median (max) | agreed ms, median (max) | due meanwhile | their p50 | p99 | max \
+         | early (server / client) | lost | twice | after ack | rejoin ms, median (max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let med_max =
+        |v: Vec<f64>| spread(v).map_or("–".into(), |(m, _, hi)| format!("{} ({})", num(m), num(hi)));
+    for (name, o) in runs {
+        let v = match o {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = writeln!(s, "| {name} | {} ||||||||||||", fail_cell(e));
+                continue;
+            }
+        };
+        let mut window: Vec<i64> = v.iter().flat_map(|r| r.window_lateness.iter().copied()).collect();
+        window.sort_unstable();
+        let pct = |q| percentile(&window, q).map_or("–".into(), |x| x.to_string());
+        let sum = |f: fn(&FailoverRun) -> usize| v.iter().map(f).sum::<usize>();
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |",
+            v.len(),
+            med_max(v.iter().map(|r| r.to_first_produce_ms).collect()),
+            med_max(v.iter().map(|r| r.to_agreed_leader_ms).collect()),
+            window.len(),
+            pct(50.0),
+            pct(99.0),
+            pct(100.0),
+            sum(|r| r.early),
+            sum(|r| r.early_client),
+            sum(|r| r.lost),
+            sum(|r| r.duplicates),
+            sum(|r| r.after_ack),
+            med_max(v.iter().map(|r| r.rejoin_ms).collect()),
+        );
+    }
+    kills_table(s, runs);
+}
+
+/// Every kill of the failover runs, one row each.
+fn kills_table(s: &mut String, runs: &[(String, Result<Vec<FailoverRun>, String>)]) {
+    let _ = writeln!(
+        s,
+        "\nEvery kill:\n\n| system | kill | node killed → new leader (its term) | first 2xx ms | agreed ms | acked produces \
+         | failed calls | slowest produce after ms | due meanwhile | their max ms | all messages' p99 / max ms \
+         | twice |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for (name, o) in runs {
+        for (i, r) in o.iter().flatten().enumerate() {
+            let opt = |x: Option<&i64>| x.map_or("–".into(), |x| x.to_string());
+            let _ = writeln!(
+                s,
+                "| {name} | {} | {} → {} ({}) | {:.0} | {:.0} | {} | {} | {:.0} | {} | {} | {} / {} | {} |",
+                i + 1,
+                r.killed,
+                r.new_leader,
+                r.new_term,
+                r.to_first_produce_ms,
+                r.to_agreed_leader_ms,
+                r.acked,
+                r.produce_failed,
+                r.slowest_after_ms,
+                r.window_lateness.len(),
+                opt(r.window_lateness.last()),
+                opt(percentile(&r.lateness, 99.0).as_ref()),
+                opt(r.lateness.last()),
+                r.duplicates,
+            );
+        }
+    }
+}
+
+/// The targets of issue 27 this run measured: one line each, PASS or FAIL; none when the run had
+/// no replicated system.
+pub fn targets27(r: &Results, rates: &[u64]) -> Vec<String> {
+    let mut out = Vec::new();
+    let cluster = System::CLUSTER3_SYNC;
+    let ran = |s: System| r.throughput.iter().any(|(x, o)| *x == s && o.is_ok());
+    let ratio = |out: &mut Vec<String>, case: Case, other: System, goal: f64| {
+        if let (Some(a), Some(b)) = (median_rate(r, cluster, case), median_rate(r, other, case)) {
+            out.push(format!(
+                "{}: {} ≥ {goal:.1}× {}, {}: {} vs {} msgs/s = {:.2}×",
+                verdict(a >= goal * b),
+                cluster.name(),
+                other.name(),
+                case_name(case),
+                num(a),
+                num(b),
+                a / b.max(1e-9)
+            ));
+        }
+    };
+    if ran(cluster) {
+        let single = sys(Engine::Delayd, true);
+        for case in [Case::Single, Case::Conc16, Case::Conc64] {
+            ratio(&mut out, case, single, 0.5);
+            ratio(&mut out, case, System::REDIS_REPLICA_WAIT, 1.0);
+        }
+        for case in [Case::Batch1, Case::BatchN] {
+            ratio(&mut out, case, System::REDIS_REPLICA_WAIT, 2.0);
+        }
+    }
+    if let Some((_, Ok(v))) = r.e2e.iter().find(|(x, _)| *x == cluster) {
+        for rate in rates.iter().filter(|r| **r == 1_000) {
+            let runs: Vec<&E2e> = v.iter().filter(|x| x.rate == *rate).collect();
+            let p99 =
+                spread(runs.iter().filter_map(|x| percentile(&x.lateness, 99.0)).map(|l| l as f64).collect());
+            let early: usize = runs.iter().map(|x| x.early).sum();
+            if let Some((p, _, _)) = p99 {
+                out.push(format!(
+                    "{}: {} lateness at {rate} msgs/s: p99 {p} ms (target ≤ 10), {early} early (target 0)",
+                    verdict(p <= 10.0 && early == 0),
+                    cluster.name()
+                ));
+            }
+        }
+    }
+    for (name, o) in &r.failover {
+        let Ok(v) = o else { continue };
+        let worst = v.iter().map(|x| x.to_first_produce_ms).fold(0.0, f64::max);
+        let early: usize = v.iter().map(|x| x.early + x.early_client).sum();
+        let lost: usize = v.iter().map(|x| x.lost).sum();
+        let stall = v.iter().map(|x| x.slowest_after_ms).fold(0.0, f64::max);
+        out.push(format!(
+            "{}: {name} failover, kill → first 2xx produce on the new leader: max {} ms over {} kills \
+             (target ≤ 2,000), {early} early (target 0), {lost} lost (target 0); the slowest produce \
+             call after that first 2xx took {} ms (not part of the target, but a stall shows here)",
+            verdict(worst <= 2_000.0 && early == 0 && lost == 0 && !v.is_empty()),
+            num(worst),
+            v.len(),
+            num(stall)
+        ));
     }
     out
 }

@@ -111,11 +111,27 @@ pub struct Server {
 impl Server {
     /// Starts a fresh server for `system` and waits until it answers.
     pub async fn start(system: System, progs: &Programs) -> Result<Server, String> {
-        let data = ScratchDir::new(progs.tmp_base.as_deref(), &system.name())
-            .map_err(|e| format!("cannot create a temp dir: {e}"))?;
         let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let mut server = Server::prepare(system, progs, &system.name(), port, Vec::new(), Vec::new())?;
+        server.spawn_and_wait().await?;
+        Ok(server)
+    }
+
+    /// A server for `system` on `port` with its own fresh data dir (named after `label`), with
+    /// `extra_args` after its usual arguments and `extra_env` after its usual settings; not
+    /// started yet.
+    pub fn prepare(
+        system: System,
+        progs: &Programs,
+        label: &str,
+        port: u16,
+        extra_args: Vec<String>,
+        extra_env: Vec<(String, String)>,
+    ) -> Result<Server, String> {
+        let data = ScratchDir::new(progs.tmp_base.as_deref(), label)
+            .map_err(|e| format!("cannot create a temp dir: {e}"))?;
         let log_path = data.path().join("server.log");
-        let (program, args, envs) = match system.engine {
+        let (program, mut args, mut envs) = match system.engine {
             Engine::Delayd => {
                 let dir = data.path().join("data");
                 let args = vec![
@@ -163,7 +179,9 @@ impl Server {
                 (redis, args, Vec::new())
             }
         };
-        let mut server = Server {
+        args.extend(extra_args);
+        envs.extend(extra_env);
+        Ok(Server {
             system,
             port,
             child: None,
@@ -173,12 +191,11 @@ impl Server {
             data,
             log_path,
             cpus: progs.server_cpus.clone(),
-        };
-        server.spawn_and_wait().await?;
-        Ok(server)
+        })
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
+    /// Starts the process without waiting for it to answer.
+    pub fn spawn(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -217,6 +234,11 @@ impl Server {
     pub async fn spawn_and_wait(&mut self) -> Result<Duration, String> {
         let t0 = Instant::now();
         self.spawn()?;
+        self.wait_ready(t0).await
+    }
+
+    /// Waits until the spawned process answers its protocol; returns how long since `t0`.
+    pub async fn wait_ready(&mut self, t0: Instant) -> Result<Duration, String> {
         let deadline = t0 + Duration::from_secs(60);
         loop {
             if let Some(child) = self.child.as_mut() {

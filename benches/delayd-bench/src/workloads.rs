@@ -258,8 +258,10 @@ pub struct Crash {
 
 /// Starts a fresh server plus, for the Redis designs, its mover; stops both on drop.
 pub struct Running {
-    /// The server process.
+    /// The server process the load goes to: the only one, a cluster's leader, a Redis master.
     pub server: Server,
+    /// The other servers of a replicated system: a cluster's other nodes, a Redis replica.
+    pub peers: Vec<Server>,
     stop: Arc<AtomicBool>,
     movers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -267,34 +269,62 @@ pub struct Running {
 impl Running {
     /// Starts `system` fresh.
     pub async fn start(system: System, progs: &Programs, p: &Params) -> Result<Running, String> {
-        let server = Server::start(system, progs).await?;
+        let (server, peers) = if system.replicated {
+            crate::group::start(system, progs).await?
+        } else {
+            (Server::start(system, progs).await?, Vec::new())
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let movers = spawn_mover(system, server.port, p.lua_tick, stop.clone());
-        Ok(Running { server, stop, movers })
+        Ok(Running { server, peers, stop, movers })
     }
 
-    /// Stops mover and server and waits until the server is gone: process exited and reaped, data
-    /// dir removed, port free, so the next server starts on a quiet machine. Returns how long the
-    /// server took to exit, or what was left behind.
+    /// Stops mover and servers and waits until the servers are gone: processes exited and reaped,
+    /// data dirs removed, ports free, so the next server starts on a quiet machine. Returns how
+    /// long the servers took to exit, or what was left behind.
     pub async fn shutdown(mut self) -> Result<Duration, String> {
         self.stop.store(true, Ordering::Relaxed);
         for m in self.movers.drain(..) {
             m.abort();
             let _ = m.await;
         }
-        let server = self.server;
-        tokio::task::spawn_blocking(move || server.finish()).await.map_err(|e| e.to_string())?
+        let servers: Vec<Server> = std::iter::once(self.server).chain(self.peers).collect();
+        tokio::task::spawn_blocking(move || {
+            let mut took = Duration::ZERO;
+            let mut first_err = None;
+            for s in servers {
+                match s.finish() {
+                    Ok(d) => took += d,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            first_err.map_or(Ok(took), Err)
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
-    /// The start of a measured run: now, and the server's CPU time so far.
+    /// CPU time every server process of the system has used so far; None when one is unreadable.
+    pub fn cpu_secs(&self) -> Option<f64> {
+        std::iter::once(&self.server).chain(&self.peers).map(|s| s.pid().and_then(process_cpu_secs)).sum()
+    }
+
+    /// The start of a measured run: now, and the servers' CPU time so far.
     fn start_clock(&self) -> (Instant, Option<f64>) {
-        let cpu = self.server.pid().and_then(process_cpu_secs);
-        (Instant::now(), cpu)
+        (Instant::now(), self.cpu_secs())
     }
 
-    /// A client for this server with `p`'s body size.
+    /// The client API ports of every node (the load's server first).
+    pub fn ports(&self) -> Vec<u16> {
+        std::iter::once(&self.server).chain(&self.peers).map(|s| s.port).collect()
+    }
+
+    /// A client for this system with `p`'s body size. A delayd cluster's client follows the
+    /// leader should it change.
     pub fn queue(&self, p: &Params) -> Result<Queue, String> {
-        Queue::connect(self.server.system, self.server.port, p.body_bytes)
+        Queue::connect_group(self.server.system, self.server.port, &self.ports(), p.body_bytes)
     }
 }
 
@@ -393,7 +423,7 @@ async fn collect(
         }
     }
     r.secs = t0.elapsed().as_secs_f64();
-    let cpu1 = run.server.pid().and_then(process_cpu_secs);
+    let cpu1 = run.cpu_secs();
     r.server_cpu_secs = cpu0.zip(cpu1).map(|(a, b)| b - a);
     if r.ok == 0 {
         return Err(r.error.unwrap_or_else(|| "nothing was acknowledged".to_string()));
@@ -482,12 +512,17 @@ async fn pop_ack(
 /// Every delivery the consumers saw.
 #[derive(Default)]
 pub struct Seen {
-    first: HashMap<u64, i64>,
-    count: HashMap<u64, u32>,
+    /// When each message was first delivered (unix ms), by sequence number.
+    pub first: HashMap<u64, i64>,
+    /// The due time each first delivery carried (unix ms), by sequence number.
+    pub due: HashMap<u64, i64>,
+    /// Deliveries per message.
+    pub count: HashMap<u64, u32>,
     /// Lateness (delivery − due, ms) of each first delivery, in the order they were recorded.
     pub lateness: Vec<i64>,
     acked_at: HashMap<u64, i64>,
-    after_ack: HashSet<u64>,
+    /// Messages delivered again after their ack had succeeded.
+    pub after_ack: HashSet<u64>,
     first_pop_after: Option<Instant>,
 }
 
@@ -501,6 +536,7 @@ impl Seen {
         *self.count.entry(d.seq).or_insert(0) += 1;
         if let std::collections::hash_map::Entry::Vacant(v) = self.first.entry(d.seq) {
             v.insert(d.at_ms);
+            self.due.insert(d.seq, d.due_ms);
             self.lateness.push(d.at_ms - d.due_ms);
         }
         if let Some(r) = restart {
@@ -782,6 +818,10 @@ pub async fn capacity(run: &Running, p: &Params) -> Result<Capacity, String> {
 
 /// Produce/pop/ack load, SIGKILL, restart, drain; counts losses and duplicates.
 pub async fn crash(run: &mut Running, p: &Params) -> Result<Crash, String> {
+    if run.server.system.replicated && !run.server.system.needs_redis() {
+        // Its clients would follow the new leader while this waits for the old one to restart.
+        return Err("the crash workload restarts one server in place; a cluster's is `failover`".to_string());
+    }
     let topic = topic("crash");
     let ttr = p.crash_ttr_ms;
     let shared = Shared::default();
