@@ -252,7 +252,7 @@ impl Core {
                 None if !self.engine.may_act() => {}
                 None => {
                     if let Some(due) = self.engine.next_due() {
-                        let now_us = self.clock.now_us();
+                        let now_us = self.engine.fire_now_us().unwrap_or_else(|| self.clock.now_us());
                         wait = wait.min(Duration::from_micros((due * 1000).saturating_sub(now_us)));
                     }
                 }

@@ -137,6 +137,8 @@ pub struct Replication {
     pub sealed: crate::storage::replica::Sealed,
     /// Released replies wait for it after the local sync.
     pub condition: Box<dyn crate::storage::writer::Condition>,
+    /// The clock timers fire by (a majority's).
+    pub fire_clock: Arc<dyn Clock>,
 }
 
 /// A cheap, cloneable handle to a running broker.
@@ -172,6 +174,7 @@ impl Broker {
         let conditions = match replication {
             Some(r) => {
                 engine.set_replicator(r.replicator, r.sealed);
+                engine.set_fire_clock(r.fire_clock);
                 vec![r.condition]
             }
             None => Vec::new(),

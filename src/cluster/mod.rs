@@ -517,13 +517,25 @@ pub fn open_broker(
         state.clone(),
         recovered,
         |tx, stamps| net::Net::start(rt, cc, net_state, tx, stamps),
-        node::Hooks { wake_engine, restart, stamps: Arc::new(Stamps::new(system)), behind_us, members },
+        node::Hooks {
+            wake_engine,
+            restart,
+            stamps: Arc::new(Stamps::new(system.clone())),
+            behind_us,
+            members,
+        },
     )?;
-    let replication =
-        crate::broker::Replication { replicator: node.replicator(), sealed, condition: node.condition() };
+    let replication = crate::broker::Replication {
+        replicator: node.replicator(),
+        sealed,
+        condition: node.condition(),
+        fire_clock: clock,
+    };
     let mut bc = cfg.broker_config();
     bc.receipt_secret = Some(cc.secret.clone());
-    let broker = crate::Broker::open_replicated(bc, clock, Some(replication))?;
+    // Due times are stamped by this node's own clock; timers fire by the majority's (never
+    // ahead of it): a correction that varies with each measurement then only ever delays.
+    let broker = crate::Broker::open_replicated(bc, system.clone(), Some(replication))?;
     let _ = waker.set(broker.waker());
     let _ = state.wake_engine.set(broker.waker());
     broker.set_cluster(state.clone());

@@ -86,6 +86,10 @@ pub struct Engine {
     receipts: Receipts,
     /// Queue entries of messages that moved on without their reader passing them.
     left_behind: LeftBehind,
+    /// In a cluster, the clock timers fire by: a majority's, never ahead of `clock` (see
+    /// `cluster::ClusterClock`). Due times are stamped by `clock`, so a correction that varies
+    /// never moves a firing earlier than the delay asked for.
+    fire_clock: Option<Arc<dyn Clock>>,
 }
 
 impl Engine {
@@ -129,6 +133,7 @@ impl Engine {
             durability,
             receipts,
             left_behind: LeftBehind::default(),
+            fire_clock: None,
         };
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
@@ -155,6 +160,21 @@ impl Engine {
 
     fn now(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// Now by the clock timers fire by (the engine's own clock on a single node).
+    fn fire_now(&self) -> u64 {
+        self.fire_clock.as_ref().map_or_else(|| self.now(), |c| c.now_ms().min(self.now()))
+    }
+
+    /// Now in µs by the clock timers fire by, when it is not the engine's own.
+    pub fn fire_now_us(&self) -> Option<u64> {
+        self.fire_clock.as_ref().map(|c| c.now_us().min(self.clock.now_us()))
+    }
+
+    /// Makes timers fire by `clock` (a cluster's majority clock).
+    pub fn set_fire_clock(&mut self, clock: Arc<dyn Clock>) {
+        self.fire_clock = Some(clock);
     }
 
     /// Final messages that became final at or before this time are past `done_retention`.

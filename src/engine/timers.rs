@@ -159,7 +159,7 @@ impl Engine {
     /// Picking the global minimum each time keeps catch-up after downtime in due order.
     pub fn run_due(&mut self, limit: usize) -> Result<usize> {
         self.writable()?;
-        let now = self.now();
+        let now = self.fire_now();
         let mut fired = 0;
         while fired < limit {
             self.fill_schedulers();

@@ -5,6 +5,7 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod jepsen;
 pub mod proxy;
 pub mod raw;
 pub mod tmpfs;
