@@ -184,7 +184,11 @@ pub fn prepare(dir: &Path, segment_bytes: u64, mode: RecoveryMode, cc: &ClusterC
     if !log_dir.is_dir() {
         return Ok(Recovered::default());
     }
-    let (log, _) = CommitLog::open(&log_dir, segment_bytes, u64::MAX, mode, &[], Durability::new(dir))?;
+    // The end lies in the newest segment file or the one before it: the newest may be one made
+    // ahead of need (empty), so scanning only it would take its start for the log's end.
+    let bases = crate::storage::commitlog::list_numbered(&log_dir)?;
+    let scan_from = bases.len().checked_sub(2).map_or(0, |i| bases[i]);
+    let (log, _) = CommitLog::open(&log_dir, segment_bytes, scan_from, mode, &[], Durability::new(dir))?;
     let found = scan(&log, keep)?;
     let (start, end) = (log.start(), log.end());
     drop(log);
