@@ -12,11 +12,10 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::checker::History;
 use common::cluster::Cluster;
 use common::jepsen::*;
 use common::now_ms;
@@ -125,17 +124,6 @@ fn pushed(s: Arc<Shared>, c: &Cluster, mut rng: Rng) -> std::thread::JoinHandle<
     })
 }
 
-fn new_shared(topic: &str) -> Arc<Shared> {
-    Arc::new(Shared {
-        topic: topic.to_string(),
-        history: History::new(),
-        stop: AtomicBool::new(false),
-        last_due: AtomicU64::new(0),
-        statuses: Mutex::new(Default::default()),
-        acked_by: Mutex::new(Default::default()),
-    })
-}
-
 /// One fault, drawn at random, applied and undone.
 fn nemesis(c: &mut Cluster, rng: &mut Rng) -> String {
     let leader = c.wait_leader(ELECTION);
@@ -185,7 +173,7 @@ fn run(length: Duration, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut c = Cluster::start(3, &[("DELAYD_LOG_LEVEL", "info")]);
     c.wait_leader(ELECTION);
-    let push = new_shared("nemesis-push");
+    let push = Shared::new("nemesis-push");
     let (hook, hook_stop) = webhook(push.clone());
     let r = c
         .client()

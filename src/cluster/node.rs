@@ -333,16 +333,7 @@ impl Replicator for StoreSide {
             }
             if req.change == (super::members::Change::Remove { id: raw.raft.id }) {
                 // The leader leaves last: it hands the lead over and the next leader removes it.
-                let best = raw
-                    .raft
-                    .prs()
-                    .iter()
-                    .filter(|(id, _)| **id != raw.raft.id)
-                    .max_by_key(|(_, p)| p.matched)
-                    .map(|(id, _)| *id);
-                if let Some(to) = best {
-                    raw.transfer_leader(to);
-                }
+                hand_over_lead(&mut raw);
                 refuse(
                     "this node leads: the lead is being handed over first; retry on the new leader".into(),
                 );
@@ -843,16 +834,7 @@ impl Driver {
                 if raw.raft.state == StateRole::Leader {
                     state.set_leading(false);
                     // Hand the lead to the node that holds most of the log.
-                    let best = raw
-                        .raft
-                        .prs()
-                        .iter()
-                        .filter(|(id, _)| **id != raw.raft.id)
-                        .max_by_key(|(_, p)| p.matched)
-                        .map(|(id, _)| *id);
-                    if let Some(to) = best {
-                        raw.transfer_leader(to);
-                    }
+                    hand_over_lead(raw);
                 }
             }
         }
@@ -1154,6 +1136,17 @@ impl Driver {
         if let Some(to) = compact_to.map(|to| to.min(stored + 1)) {
             let _ = raw.store().0.wl().compact(to);
         }
+    }
+}
+
+/// Hands the lead to the node that holds most of the log (a leader refused for its clock, or
+/// being removed).
+fn hand_over_lead(raw: &mut RawNode<LogStore>) {
+    let me = raw.raft.id;
+    let best =
+        raw.raft.prs().iter().filter(|(id, _)| **id != me).max_by_key(|(_, p)| p.matched).map(|(id, _)| *id);
+    if let Some(to) = best {
+        raw.transfer_leader(to);
     }
 }
 

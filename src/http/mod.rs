@@ -99,30 +99,22 @@ struct Inner {
 impl AppState {
     /// Wraps a running broker for the router.
     pub fn new(broker: Broker, limits: Limits) -> AppState {
-        let (shutdown, _) = watch::channel(false);
-        AppState {
-            inner: Arc::new(Inner {
-                broker,
-                limits,
-                shutdown,
-                http_metrics: metrics::HttpMetrics::new(),
-                cluster: None,
-            }),
-        }
+        AppState::with_cluster(broker, limits, None)
     }
 
     /// Wraps a cluster node's broker: requests it does not lead for are sent to the leader.
     pub fn clustered(broker: Broker, limits: Limits, cluster: Arc<crate::cluster::ClusterState>) -> AppState {
+        AppState::with_cluster(broker, limits, Some(cluster))
+    }
+
+    fn with_cluster(
+        broker: Broker,
+        limits: Limits,
+        cluster: Option<Arc<crate::cluster::ClusterState>>,
+    ) -> AppState {
         let (shutdown, _) = watch::channel(false);
-        AppState {
-            inner: Arc::new(Inner {
-                broker,
-                limits,
-                shutdown,
-                http_metrics: metrics::HttpMetrics::new(),
-                cluster: Some(cluster),
-            }),
-        }
+        let http_metrics = metrics::HttpMetrics::new();
+        AppState { inner: Arc::new(Inner { broker, limits, shutdown, http_metrics, cluster }) }
     }
 
     /// The cluster's state as this node sees it (`None` on a single node).

@@ -85,6 +85,18 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// An empty history of `topic`, its clients running.
+    pub fn new(topic: &str) -> Arc<Shared> {
+        Arc::new(Shared {
+            topic: topic.to_string(),
+            history: History::new(),
+            stop: AtomicBool::new(false),
+            last_due: AtomicU64::new(0),
+            statuses: Mutex::new(Default::default()),
+            acked_by: Mutex::new(Default::default()),
+        })
+    }
+
     pub fn count(&self, op: &str, r: &Result<Reply, String>) {
         let key = match r {
             Ok(r) if r.status >= 500 => format!("{op} {} {}", r.status, r.body["error"]["message"]),
@@ -108,14 +120,7 @@ pub struct Workload {
 impl Workload {
     /// Starts two producers and two consumers on `topic`, each with its own cluster client.
     pub fn start(c: &Cluster, topic: &str, seed: u64) -> Workload {
-        let shared = Arc::new(Shared {
-            topic: topic.to_string(),
-            history: History::new(),
-            stop: AtomicBool::new(false),
-            last_due: AtomicU64::new(0),
-            statuses: Mutex::new(Default::default()),
-            acked_by: Mutex::new(Default::default()),
-        });
+        let shared = Shared::new(topic);
         let mut threads = Vec::new();
         for who in 0..2u64 {
             let (s, client, rng) = (shared.clone(), c.client(), Rng::new(seed ^ ((who + 1) * 7919)));
