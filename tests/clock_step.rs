@@ -13,18 +13,9 @@ use std::time::{Duration, Instant};
 use common::Server;
 use serde_json::{json, Value};
 
-/// Where distributions install the preload library.
-const LIBFAKETIME: [&str; 5] = [
-    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib64/faketime/libfaketime.so.1",
-    "/usr/lib/faketime/libfaketime.so.1",
-    "/usr/local/lib/faketime/libfaketime.so.1",
-];
-
 /// The test is ignored unless asked for; asked for, a missing libfaketime is a failure.
 fn libfaketime() -> Option<PathBuf> {
-    let found = LIBFAKETIME.iter().map(PathBuf::from).find(|p| p.exists());
+    let found = common::cluster::libfaketime();
     assert!(found.is_some(), "libfaketime is not installed (apt-get install libfaketime)");
     found
 }

@@ -314,6 +314,22 @@ impl Kind for Durations {
     }
 }
 
+/// A list key's TOML value: a string read as text, or an array of strings joined as the text
+/// would give them.
+fn list_from_toml<K: Kind + ?Sized>(value: &toml::Value) -> Result<K::Value, String> {
+    match value {
+        toml::Value::String(s) => K::parse(s),
+        toml::Value::Array(items) => {
+            let names = items
+                .iter()
+                .map(|item| item.as_str().ok_or_else(|| wrong_type::<K>(item)))
+                .collect::<Result<Vec<_>, _>>()?;
+            K::parse(&names.join(" "))
+        }
+        other => Err(wrong_type::<K>(other)),
+    }
+}
+
 /// Host names, lower-cased (hosts compare without case), at least one; unset allows any. Text
 /// separates them with spaces or commas.
 pub(super) struct Hosts;
@@ -335,17 +351,7 @@ impl Kind for Hosts {
         value.as_ref().map(|hosts| hosts.join(" "))
     }
     fn from_toml(value: &toml::Value) -> Result<Option<Vec<String>>, String> {
-        match value {
-            toml::Value::String(s) => Self::parse(s),
-            toml::Value::Array(items) => {
-                let names = items
-                    .iter()
-                    .map(|item| item.as_str().ok_or_else(|| wrong_type::<Self>(item)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Self::parse(&names.join(" "))
-            }
-            other => Err(wrong_type::<Self>(other)),
-        }
+        list_from_toml::<Self>(value)
     }
 }
 
@@ -390,16 +396,6 @@ impl Kind for Peers {
         value.as_ref().map(|items| items.join(" "))
     }
     fn from_toml(value: &toml::Value) -> Result<Option<Vec<String>>, String> {
-        match value {
-            toml::Value::String(s) => Self::parse(s),
-            toml::Value::Array(items) => {
-                let names = items
-                    .iter()
-                    .map(|item| item.as_str().ok_or_else(|| wrong_type::<Self>(item)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Self::parse(&names.join(" "))
-            }
-            other => Err(wrong_type::<Self>(other)),
-        }
+        list_from_toml::<Self>(value)
     }
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::proxy::{LinkProxy, Mode};
 use super::Server;
 
-/// Where distributions install libfaketime (the same list as tests/clock_step.rs).
+/// Where distributions install libfaketime.
 const LIBFAKETIME: [&str; 5] = [
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
     "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
