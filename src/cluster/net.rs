@@ -16,7 +16,10 @@
 //!   u64, len u64`: a snapshot being installed, see `recover`), which it answers on the same
 //!   connection with `n u64` and `n` bytes (`n` = u64::MAX: no such segment); kind 5 (`index u64`)
 //!   says a snapshot's segments were all received; kind 6 (empty) tells a node the leader has
-//!   removed it from the cluster.
+//!   removed it from the cluster; kind 7, from the leader after each durable checkpoint, says how
+//!   far its readers had passed its queues (`index u64, term u64, dispatched u64`, `n u32` level
+//!   queues each `level_ms u64, offset u64`, `m u32` topic queues each `name_len u16, name,
+//!   offset u64`: see `storage::replica::Passed`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +37,7 @@ use super::clock::Sample;
 use super::node::Event;
 use super::{ClusterConfig, ClusterState, Stamps};
 use crate::error::{Error, Result};
+use crate::storage::replica::Passed;
 
 /// Largest frame accepted (a Raft message carries at most about 1 MiB of entries, plus one
 /// entry that may be as large as a record).
@@ -53,6 +57,8 @@ const KIND_FETCHED: u8 = 5;
 /// Kind byte of "you are no longer a member" (sent by the leader to a node it removed).
 const KIND_REMOVED: u8 = 6;
 /// Bytes sent or received at a time while a segment is copied.
+/// Frame kind: how far the leader's readers had passed its queues.
+const KIND_PASSED: u8 = 7;
 const CHUNK: usize = 1 << 20;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
@@ -162,11 +168,75 @@ impl Net {
         self.queue(to, frame(KIND_PROBE, &p));
     }
 
+    /// Sends the leader's queue positions to `to`.
+    pub fn passed(&self, to: u64, p: &Passed) {
+        self.queue(to, frame(KIND_PASSED, &encode_passed(p)));
+    }
+
     fn queue(&self, to: u64, frame: Vec<u8>) {
         if let Some(tx) = self.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
             let _ = tx.try_send(frame);
         }
     }
+}
+
+/// A kind 7 frame's payload (see the module documentation).
+fn encode_passed(p: &Passed) -> Vec<u8> {
+    let mut b = Vec::with_capacity(36 + p.levels.len() * 16 + p.topics.len() * 40);
+    for w in [p.index, p.term, p.dispatched] {
+        b.extend_from_slice(&w.to_le_bytes());
+    }
+    b.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
+    for (ms, offset) in &p.levels {
+        b.extend_from_slice(&ms.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+    }
+    // Topic names are far shorter than u16::MAX bytes (`max_topic_len`); a longer one is left
+    // out, and counts as passing nothing rather than read to its end.
+    let topics: Vec<&(String, u64)> = p.topics.iter().filter(|(n, _)| n.len() <= u16::MAX as usize).collect();
+    b.extend_from_slice(&(topics.len() as u32).to_le_bytes());
+    for (name, offset) in topics {
+        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+    }
+    b
+}
+
+/// Reads a kind 7 frame's payload; `None` when it is malformed.
+fn decode_passed(mut b: &[u8]) -> Option<Passed> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = b.split_at_checked(n)?;
+        *b = rest;
+        Some(head)
+    }
+    fn word(b: &mut &[u8]) -> Option<u64> {
+        take(b, 8).and_then(|w| w.try_into().ok()).map(u64::from_le_bytes)
+    }
+    fn count(b: &mut &[u8]) -> Option<usize> {
+        take(b, 4).and_then(|w| w.try_into().ok()).map(u32::from_le_bytes).map(|n| n as usize)
+    }
+    let mut p =
+        Passed { index: word(&mut b)?, term: word(&mut b)?, dispatched: word(&mut b)?, ..Passed::default() };
+    let n = count(&mut b)?;
+    // Each level takes 16 bytes: a count larger than the frame can hold is malformed, not a
+    // reason to reserve memory for it.
+    if n > b.len() / 16 {
+        return None;
+    }
+    for _ in 0..n {
+        p.levels.push((word(&mut b)?, word(&mut b)?));
+    }
+    let m = count(&mut b)?;
+    if m > b.len() / 10 {
+        return None;
+    }
+    for _ in 0..m {
+        let len = take(&mut b, 2).map(|l| u16::from_le_bytes([l[0], l[1]]) as usize)?;
+        let name = String::from_utf8(take(&mut b, len)?.to_vec()).ok()?;
+        p.topics.push((name, word(&mut b)?));
+    }
+    b.is_empty().then_some(p)
 }
 
 fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
@@ -455,6 +525,10 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
             }
             KIND_FETCHED if frame.len() == 9 => Event::SnapshotFetched { from },
             KIND_REMOVED => Event::Removed { by: from },
+            KIND_PASSED => match decode_passed(&frame[1..]) {
+                Some(p) => Event::Passed { from, p },
+                None => return Err(bad("bad queue positions")),
+            },
             KIND_PROBE if frame.len() == 17 => {
                 answer_probe(ctx, from, &frame[1..]);
                 continue;
@@ -511,5 +585,36 @@ impl slog::Drain for TracingDrain {
             _ => tracing::debug!(target: "delayd::raft", "{msg}"),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_positions_survive_the_wire_and_bad_frames_are_refused() {
+        let p = Passed {
+            index: 42,
+            term: 3,
+            dispatched: 1 << 40,
+            levels: vec![(1_000, 77), (7_200_000, 0)],
+            topics: vec![("orders".into(), 5), ("订单".into(), u64::MAX)],
+        };
+        let b = encode_passed(&p);
+        assert_eq!(decode_passed(&b), Some(p.clone()));
+        for cut in 0..b.len() {
+            assert_eq!(decode_passed(&b[..cut]), None, "a frame cut at {cut} bytes is refused");
+        }
+        let mut longer = b.clone();
+        longer.push(0);
+        assert_eq!(decode_passed(&longer), None, "trailing bytes are refused");
+        let mut huge = b[..24].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_passed(&huge), None, "a count larger than the frame is refused");
+        let mut bad_name = encode_passed(&Passed { topics: vec![("ab".into(), 1)], ..Passed::default() });
+        let at = bad_name.len() - 10;
+        bad_name[at] = 0xff;
+        assert_eq!(decode_passed(&bad_name), None, "a name that is not UTF-8 is refused");
     }
 }

@@ -29,7 +29,7 @@ use super::recover::Recovered;
 use super::{ClusterConfig, ClusterState, Role, Stamps};
 use crate::error::{Error, Result};
 use crate::storage::format::EntryKind;
-use crate::storage::replica::{Diverged, ReplicaEntry, Replicator, Sealed};
+use crate::storage::replica::{Diverged, Passed, ReplicaEntry, Replicator, Sealed};
 use crate::storage::writer::Condition;
 
 /// One tick of the consensus clock.
@@ -82,6 +82,13 @@ pub enum Event {
         sample: super::clock::Sample,
         /// This node's monotonic ms when it came back.
         at_mono_ms: u64,
+    },
+    /// Node `from` says how far its readers had passed its queues (believed only if it leads).
+    Passed {
+        /// The node that says so.
+        from: u64,
+        /// Its positions.
+        p: Passed,
     },
 }
 
@@ -198,6 +205,10 @@ pub struct Shared {
     behind_us: Arc<AtomicU64>,
     max_skew_ms: u64,
     voters: std::sync::atomic::AtomicUsize,
+    /// On a leader: queue positions to send the followers (see [`Passed`]).
+    passed_out: Mutex<Option<Passed>>,
+    /// On a follower: the leader's newest queue positions, not yet applied.
+    passed_in: Mutex<Option<Passed>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -307,6 +318,30 @@ impl Replicator for StoreSide {
 
     fn leading(&self) -> bool {
         self.shared.state.leading()
+    }
+
+    fn passed(&mut self, p: Passed) {
+        *lock(&self.shared.passed_out) = Some(p);
+        self.shared.wake();
+    }
+
+    fn take_passed(&mut self, sealed: Sealed) -> Option<Passed> {
+        // Taken out before Raft's lock: the driver holds that one while it fills this slot.
+        let p = lock(&self.shared.passed_in).take()?;
+        let (committed, term) = {
+            let raw = lock(&self.shared.raw);
+            let log = &raw.raft.raft_log;
+            (log.committed, log.term(p.index).ok())
+        };
+        if p.index > sealed.index || p.index > committed {
+            // Not yet here: kept, unless newer positions arrived meanwhile.
+            lock(&self.shared.passed_in).get_or_insert(p);
+            return None;
+        }
+        // The same entry here (index and term) means the same log up to it: the positions are
+        // of records this node holds, committed. Otherwise (another leader's entry replaced it,
+        // or it left the window) they are dropped.
+        (term == Some(p.term)).then_some(p)
     }
 
     fn committed_end(&self) -> u64 {
@@ -641,6 +676,8 @@ impl Node {
             behind_us,
             max_skew_ms: cfg.max_clock_skew_ms,
             voters: std::sync::atomic::AtomicUsize::new(members.voters.len().max(1)),
+            passed_out: Mutex::new(None),
+            passed_in: Mutex::new(None),
         });
         {
             let mut p = lock(&shared.progress);
@@ -760,9 +797,15 @@ impl Driver {
                             std::process::exit(0);
                         }
                     }
+                    Event::Passed { from, p } => {
+                        if from == raw.raft.leader_id && raw.raft.state != StateRole::Leader {
+                            *lock(&self.shared.passed_in) = Some(p);
+                        }
+                    }
                     Event::Wake => {}
                 }
             }
+            self.send_passed(&raw);
             self.ready(&mut raw);
             self.persisted(&mut raw);
             self.publish(&raw);
@@ -837,6 +880,19 @@ impl Driver {
                     hand_over_lead(raw);
                 }
             }
+        }
+    }
+
+    /// On the leader: sends its newest queue positions to every other node.
+    fn send_passed(&mut self, raw: &RawNode<LogStore>) {
+        let Some(p) = lock(&self.shared.passed_out).take() else { return };
+        if raw.raft.state != StateRole::Leader {
+            return;
+        }
+        let me = raw.raft.id;
+        let ids: Vec<u64> = raw.raft.prs().iter().map(|(id, _)| *id).filter(|id| *id != me).collect();
+        for id in ids {
+            self.net.passed(id, &p);
         }
     }
 

@@ -41,6 +41,15 @@ impl Engine {
         if !self.cfg.reclaim {
             return Ok(());
         }
+        // A follower's readers never move (it fires and pops nothing): the leader's positions
+        // move them, so its queue files are deleted as the leader's are.
+        let moved = self.store.follow_passed();
+        if !moved.is_empty() {
+            for ms in moved {
+                self.schedulers.remove(&ms);
+            }
+            self.sync_schedulers();
+        }
         let now = self.now();
         let r = self.store.expire(self.expired_at(), until);
         self.poison_on_io(r)?;

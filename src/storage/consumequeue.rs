@@ -244,6 +244,21 @@ impl ConsumeQueue {
         self.raw(i.get())
     }
 
+    /// The first index at or after `from` whose entry points at or past `offset` (entries point
+    /// into the log in increasing order: dispatch appends them in log order); the queue's end
+    /// when none does. An entry that cannot be read counts as not passed.
+    pub fn first_at_or_past(&self, from: QueueIndex, offset: LogOffset) -> QueueIndex {
+        let (mut lo, mut hi) = (from.get().max(self.first_index()), self.len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.raw(mid) {
+                Some(e) if e.offset < offset => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        QueueIndex::new(lo.max(from.get()))
+    }
+
     /// Appends an entry and returns its index; reopens the files if closed.
     pub fn append(&mut self, e: Entry) -> Result<QueueIndex> {
         self.prepare_append()?;
@@ -505,6 +520,24 @@ mod tests {
         ConsumeQueue::open(dir, per_file, len, &Durability::new(dir))
     }
     use crate::storage::io::{Fault, Op};
+
+    #[test]
+    fn first_at_or_past_finds_the_first_entry_pointing_at_or_past_an_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = open(dir.path(), 4, None).unwrap();
+        for k in 0..10u64 {
+            q.append(Entry { offset: LogOffset::new(100 * k), size: 10, tag: UnixMs::new(0) }).unwrap();
+        }
+        let at = |from: u64, offset: u64| q.first_at_or_past(QueueIndex::new(from), LogOffset::new(offset)).get();
+        assert_eq!(at(0, 0), 0);
+        assert_eq!(at(0, 250), 3, "the first entry at or past 250 is 300's");
+        assert_eq!(at(0, 300), 3);
+        assert_eq!(at(5, 250), 5, "never before where it starts");
+        assert_eq!(at(0, 5_000), 10, "past every entry: the queue's end");
+        q.drop_before(QueueIndex::new(8)).unwrap();
+        let first = q.first_at_or_past(QueueIndex::new(0), LogOffset::new(0)).get();
+        assert_eq!(first, 8, "entries in deleted files count as passed");
+    }
 
     #[test]
     fn the_next_file_is_made_durable_off_the_appending_thread() {

@@ -50,6 +50,26 @@ pub struct Diverged {
     pub why: &'static str,
 }
 
+/// How far a leader's readers had passed its queues at a durable checkpoint. In each queue
+/// listed, every entry pointing below its offset was handled (fired, popped or stale); in a topic
+/// queue not listed (the leader forgot it, emptied), every entry pointing below `dispatched`. A
+/// follower moves its own cursors there, so its queue files are deleted as the leader's are
+/// (nothing else moves a follower's cursors: it fires and pops nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Passed {
+    /// The entry the checkpoint's state is as of: a follower applies the positions only once it
+    /// holds this very entry (index and term), committed.
+    pub index: u64,
+    /// That entry's term.
+    pub term: u64,
+    /// Log offset one past that entry's mark (the checkpoint's dispatch position).
+    pub dispatched: u64,
+    /// Level queues: (level in ms, log offset).
+    pub levels: Vec<(u64, u64)>,
+    /// Topic queues: (name, log offset).
+    pub topics: Vec<(String, u64)>,
+}
+
 /// What a cluster gives the store (see the module documentation).
 pub trait Replicator: Send {
     /// The entries after `sealed` that the consensus log holds, in order; `Err` when this log's
@@ -72,6 +92,11 @@ pub trait Replicator: Send {
     /// Membership changes asked for since the last commit, proposed now (after the step's own
     /// records, so the log stays in index order): the entries to append.
     fn membership(&mut self) -> Vec<ReplicaEntry>;
+    /// On a leader: its readers' positions at a checkpoint just made durable, for the followers.
+    fn passed(&mut self, p: Passed);
+    /// On a follower: the newest positions the leader sent, once this log (its last entry
+    /// `sealed`) holds their entry and it is committed; `None` until then.
+    fn take_passed(&mut self, sealed: Sealed) -> Option<Passed>;
     /// This node cannot follow the leader at all (its log would not match byte for byte): the
     /// cluster stops the node with `why`.
     fn refuse(&mut self, why: &str);

@@ -141,6 +141,8 @@ impl Store {
     /// restarts such a topic empty whatever is left on disk (see `Store::open`).
     pub fn checkpoint_durable(&mut self, cp: &Checkpoint) -> Result<()> {
         self.durable_serial = self.durable_serial.max(cp.serial);
+        // Before any topic is forgotten below: its last positions (read to its end) go too.
+        self.publish_passed(cp);
         let mut forget = Vec::new();
         for q in &cp.queues {
             let cq = match q.kind {

@@ -44,6 +44,8 @@ impl Store {
             });
         }
         self.snapshots += 1;
+        self.captured_at = (self.replicated() && self.sealed.end == self.dispatched && self.sealed.index > 0)
+            .then_some((self.snapshots, self.sealed));
         let paused = self.paused.iter().map(|(t, o)| (t.clone(), *o)).collect();
         let push = self.push.iter().map(|(t, o)| (t.clone(), *o)).collect();
         Checkpoint { dispatched: self.dispatched, queues, paused, push, serial: self.snapshots }

@@ -180,6 +180,9 @@ pub struct Store {
     replica: Option<Box<dyn super::replica::Replicator>>,
     /// This log's last complete replicated entry.
     sealed: super::replica::Sealed,
+    /// The checkpoint serial last captured, with the entry the log ended with then (when it
+    /// ended with a whole entry): what a leader's followers check its queue positions against.
+    captured_at: Option<(u64, super::replica::Sealed)>,
     /// When a failure to append the replicated log was last logged (`None`: appending works).
     seal_reported: Option<std::time::Instant>,
 }

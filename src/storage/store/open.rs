@@ -110,6 +110,7 @@ impl Store {
             reserve,
             replica: None,
             sealed: Default::default(),
+            captured_at: None,
             seal_reported: None,
         }
     }

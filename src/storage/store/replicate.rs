@@ -2,10 +2,15 @@
 //! consensus log's entries this log lacks, then proposes this step's own records as one entry and
 //! appends its mark.
 
+use std::collections::HashMap;
+
 use super::Store;
 use crate::error::{Error, Result};
+use crate::storage::checkpoint::{Checkpoint, QueueKind, QueueState};
+use crate::storage::consumequeue::ConsumeQueue;
 use crate::storage::format::{self, EntryKind, RaftMark, Record};
-use crate::storage::replica::{Diverged, ReplicaEntry, Replicator, Sealed};
+use crate::storage::replica::{Diverged, Passed, ReplicaEntry, Replicator, Sealed};
+use crate::storage::types::{LogOffset, QueueIndex};
 
 impl Store {
     /// Makes this store a cluster node's: `sealed` is its log's last entry (found before it
@@ -30,6 +35,89 @@ impl Store {
     /// True in a cluster.
     pub fn replicated(&self) -> bool {
         self.replica.is_some()
+    }
+
+    /// On a leader, once checkpoint `cp` is durable: tells the followers how far its readers had
+    /// passed each queue then (see [`Passed`]). Nothing when the checkpoint was not captured at a
+    /// whole entry.
+    pub(crate) fn publish_passed(&mut self, cp: &Checkpoint) {
+        let Some((serial, sealed)) = self.captured_at else { return };
+        if serial != cp.serial || !self.may_act() {
+            return;
+        }
+        let mut p = Passed { index: sealed.index, term: sealed.term, dispatched: cp.dispatched, ..Passed::default() };
+        let at = |cq: &ConsumeQueue, q: &QueueState| {
+            if q.cursor >= q.len {
+                Some(cp.dispatched)
+            } else {
+                cq.get(QueueIndex::new(q.cursor)).map(|e| e.offset.get())
+            }
+        };
+        for q in &cp.queues {
+            match q.kind {
+                QueueKind::Level => {
+                    let ms = q.name.parse::<u64>().ok();
+                    if let Some((ms, l)) = ms.and_then(|ms| self.levels.get(&ms).map(|l| (ms, l))) {
+                        p.levels.extend(at(&l.cq, q).map(|o| (ms, o)));
+                    }
+                }
+                // A closed queue's entries are not mapped: unless it was read to its end, it is
+                // sent as passing nothing (offset 0), for a later checkpoint. A topic made again
+                // since the capture is not the queue it describes; left out, it counts as read
+                // below `dispatched`, true of the one forgotten (its new entries are past that).
+                QueueKind::Topic => {
+                    if let Some(t) = self.topics.get(&q.name).filter(|t| t.created_at < cp.dispatched) {
+                        if q.cursor >= q.len || t.cq.is_open() {
+                            p.topics.extend(at(&t.cq, q).map(|o| (q.name.clone(), o)));
+                        } else {
+                            p.topics.push((q.name.clone(), 0));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(rep) = self.replica.as_mut() {
+            rep.passed(p);
+        }
+    }
+
+    /// On a follower: moves its queues' cursors to the leader's newest positions, once it holds
+    /// what they are as of; returns the levels whose cursor moved (their schedulers start again
+    /// there).
+    pub fn follow_passed(&mut self) -> Vec<u64> {
+        if self.may_act() {
+            return Vec::new();
+        }
+        let sealed = self.sealed;
+        let Some(p) = self.replica.as_mut().and_then(|r| r.take_passed(sealed)) else {
+            return Vec::new();
+        };
+        let mut moved = Vec::new();
+        for (ms, offset) in &p.levels {
+            if let Some(q) = self.levels.get_mut(ms) {
+                let to = q.cq.first_at_or_past(q.cursor, LogOffset::new(*offset));
+                if to > q.cursor {
+                    q.cursor = to;
+                    moved.push(*ms);
+                }
+            }
+        }
+        let listed: HashMap<&str, u64> = p.topics.iter().map(|(n, o)| (n.as_str(), *o)).collect();
+        let names: Vec<String> = self.topics.keys().cloned().collect();
+        for name in names {
+            let offset = listed.get(name.as_str()).copied().unwrap_or(p.dispatched);
+            match self.topics.get(&name) {
+                Some(q) if q.cursor < q.cq.end() && offset > 0 => {}
+                _ => continue,
+            }
+            // A queue that cannot be opened now (no file handle left) is moved at a later
+            // checkpoint's positions.
+            match self.topic_open(&name) {
+                Ok(q) => q.cursor = q.cq.first_at_or_past(q.cursor, LogOffset::new(offset)),
+                Err(e) => tracing::debug!(topic = %name, error = %e, "topic queue not moved to the leader's position"),
+            }
+        }
+        moved
     }
 
     /// Keeps the log framed as the replicated log before a commit (see the module
