@@ -129,6 +129,52 @@ fn a_reservation_and_its_receipt_survive_the_leaders_death() {
     );
 }
 
+/// How many commit-log flushes node `i` has made (its flush-duration histogram's count).
+fn flushes(c: &Cluster, i: usize) -> u64 {
+    let text = short_client(Duration::from_secs(2))
+        .get(format!("{}/metrics", c.url(i)))
+        .send()
+        .and_then(|r| r.text())
+        .expect("metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix("delayd_flush_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no flush count in node {i}'s metrics"))
+}
+
+#[test]
+fn async_answers_once_a_majority_has_a_write_and_flushes_only_periodically() {
+    let mut c = Cluster::start(3, &[("DELAYD_FLUSH", "async"), ("DELAYD_FLUSH_INTERVAL_MS", "2s")]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    let before: Vec<u64> = (1..=3).map(|i| flushes(&c, i)).collect();
+    let started = Instant::now();
+    for k in 0..200 {
+        let r = client.produce("a", &json!({"body": "b", "id": format!("a{k}")})).expect("produce");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    let periods = started.elapsed().as_secs() / 2 + 1;
+    let made: Vec<u64> = (1..=3).map(|i| flushes(&c, i) - before[i - 1]).collect();
+    // In `sync` each of these writes would be flushed on every node: 200 flushes at least.
+    assert!(
+        made.iter().all(|n| *n <= periods + 2),
+        "flushes per node {made:?} for 200 writes in about {periods} flush periods"
+    );
+    // Answered only once a majority had each write: the leader's death, its periodic flush not
+    // yet run, loses none (a killed process leaves its writes in the page cache; what `async`
+    // risks is a power cut).
+    c.kill9(leader);
+    c.wait_leader(Duration::from_secs(15));
+    let mut got = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < 200 && Instant::now() < deadline {
+        for m in client.pop("a", 100, 500, None).expect("pop").messages() {
+            got.insert(m["id"].as_str().expect("id").to_string());
+        }
+    }
+    assert_eq!(got.len(), 200, "every acknowledged write survives the leader's death");
+}
+
 /// Segment files in node `i`'s commit log.
 fn segments(c: &Cluster, i: usize) -> usize {
     std::fs::read_dir(c.node(i).data_dir().join("commitlog")).map_or(0, |d| d.count())

@@ -153,13 +153,19 @@ impl<R: Release> Writer<R> {
     ) -> Self {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob<R>>(FLUSH_QUEUE);
-        let mut conditions: Vec<Box<dyn Condition>> = vec![Box::new(LocalSync::new(durability.clone()))];
         // Every batch must meet every condition: a replicated store never answers from the
-        // inline lone-batch sync (which meets only the local one), and in a cluster `async`
-        // still waits for the majority (each node flushing as its writer does).
+        // inline lone-batch sync (which meets only the local one). In a cluster `async` leaves
+        // the local sync to the periodic flush, and waits only for a majority to have the batch
+        // (each node flushing as its writer does: appended there, not yet synced).
         let replicated = !more.is_empty();
+        let mut conditions: Vec<Box<dyn Condition>> = Vec::new();
+        let syncs = !(replicated && cfg.flush == FlushMode::Async);
+        if syncs {
+            conditions.push(Box::new(LocalSync::new(durability.clone())));
+        }
         conditions.extend(more);
         let flusher = Flusher {
+            syncs,
             durability: durability.clone(),
             conditions,
             on_flush: cfg.on_flush.clone(),
@@ -193,7 +199,7 @@ impl<R: Release> Writer<R> {
             }
         };
         Writer {
-            flush: if replicated { FlushMode::Sync } else { cfg.flush },
+            flush: cfg.flush,
             replicated,
             flush_every: cfg.flush_every,
             durability,
@@ -221,7 +227,6 @@ impl<R: Release> Writer<R> {
     pub fn commit(&mut self, log: &mut CommitLog, replies: &mut Vec<R>, driver: Driver) {
         let end = log.end();
         if self.flush == FlushMode::Async {
-            replies.drain(..).for_each(|r| r.release(None));
             let periodic = match driver {
                 Driver::Engine { .. } => self.last_flush.elapsed() >= self.flush_every,
                 Driver::Stopping => true,
@@ -234,7 +239,12 @@ impl<R: Release> Writer<R> {
                 }
                 self.last_flush = Instant::now();
             }
-            return;
+            // A cluster still answers only once a majority has the batch: the flusher waits
+            // for that (and syncs nothing itself).
+            if !self.replicated {
+                replies.drain(..).for_each(|r| r.release(None));
+                return;
+            }
         }
         if end <= self.handed_off {
             // Nothing appended: answer now, unless a sync on another thread failed meanwhile.
@@ -301,7 +311,7 @@ impl<R: Release> Writer<R> {
     /// True when no batch waits on the flusher (always in `async` mode): a request applied now is
     /// answered by its own step.
     pub fn settled(&self) -> bool {
-        self.flush == FlushMode::Async || self.in_flight.load(Ordering::Acquire) == 0
+        (self.flush == FlushMode::Async && !self.replicated) || self.in_flight.load(Ordering::Acquire) == 0
     }
 
     /// How long until the writer has work of its own: the next checkpoint, or in `async` mode the
@@ -405,6 +415,8 @@ pub fn sync_log(log: &mut CommitLog, durability: &Durability) -> Result<bool> {
 /// queued up meanwhile, then releases their replies. Running it beside the engine lets the engine
 /// apply the next batch while the disk works on the previous one.
 struct Flusher {
+    /// Whether the batches are synced here (not in a cluster's `async` mode).
+    syncs: bool,
     durability: Durability,
     conditions: Vec<Box<dyn Condition>>,
     on_flush: Arc<dyn Fn(Duration) + Send + Sync>,
@@ -423,7 +435,9 @@ impl Flusher {
             let end = jobs.iter().map(|j| j.end).max().unwrap_or(0);
             let owed = jobs.iter().any(|j| !j.replies.is_empty());
             let failure = self.reach(&paths, end, owed).err();
-            (self.on_flush)(started.elapsed());
+            if self.syncs {
+                (self.on_flush)(started.elapsed());
+            }
             let n = jobs.len();
             for job in jobs {
                 job.replies.into_iter().for_each(|r| r.release(failure.as_ref()));
@@ -566,6 +580,34 @@ mod tests {
     ) -> Writer<Reply> {
         let cfg = WriterConfig { flush, flush_every: Duration::from_millis(1), on_flush: Arc::new(|_| {}) };
         Writer::start(cfg, durability.clone(), log.end(), more)
+    }
+
+    #[test]
+    fn replicated_async_replies_wait_for_the_majority_but_not_for_a_local_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let gate = Arc::new((Mutex::new(0u64), std::sync::Condvar::new()));
+        // A period long enough that the periodic flush does not run during the test.
+        let cfg = WriterConfig {
+            flush: FlushMode::Async,
+            flush_every: Duration::from_secs(3600),
+            on_flush: Arc::new(|_| {}),
+        };
+        let more: Vec<Box<dyn Condition>> = vec![Box::new(Gate { open_to: gate.clone() })];
+        let mut w: Writer<Reply> = Writer::start(cfg, durability.clone(), log.end(), more);
+        let (tx, rx) = channel();
+        append_one(&mut log, 1);
+        let mut replies = vec![Reply(tx.clone())];
+        w.commit(&mut log, &mut replies, Driver::Engine { alone: true });
+        assert!(replies.is_empty(), "the reply went to the flusher");
+        assert!(!w.settled(), "a reply waits on the majority");
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "released before the gate opened");
+        let (lock, cv) = &*gate;
+        *lock.lock().unwrap() = log.end();
+        cv.notify_all();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+        assert!(durability.log_durable() < log.end(), "nothing synced the log: the periodic flush will");
+        w.stop();
     }
 
     #[test]
