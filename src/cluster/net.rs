@@ -22,13 +22,14 @@
 //!   offset u64`: see `storage::replica::Passed`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use protobuf::Message as _;
 use raft::prelude::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -63,8 +64,55 @@ const CHUNK: usize = 1 << 20;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
-/// The queues of the links to the other nodes, by node id.
-type Peers = Arc<std::sync::RwLock<HashMap<u64, mpsc::Sender<Vec<u8>>>>>;
+/// The links to the other nodes, by node id.
+type Peers = Arc<std::sync::RwLock<HashMap<u64, PeerLink>>>;
+
+/// One outgoing link as its senders see it. A frame is written straight to the connection by
+/// the thread that sends it when nothing is queued before it (the common case: a hand-off to the
+/// link's task and its wake-up cost more than the write), and queued for the task otherwise
+/// (the connection is down, or its send buffer is full).
+struct PeerLink {
+    tx: mpsc::Sender<Vec<u8>>,
+    out: Arc<Mutex<Outbox>>,
+}
+
+/// What decides, under one lock, whether a frame may be written directly.
+#[derive(Default)]
+struct Outbox {
+    /// The connection's write half while the link is up.
+    writer: Option<Arc<OwnedWriteHalf>>,
+    /// Frames (or the rest of one) in the queue or being written by the link's task: a frame
+    /// is written directly only when this is zero, so frames never interleave or reorder.
+    queued: usize,
+}
+
+fn lock_out(out: &Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
+    out.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl PeerLink {
+    /// Writes `frame` now if nothing waits before it and the connection takes it whole; queues
+    /// what is left otherwise (dropped when the queue is full: Raft resends).
+    fn send(&self, frame: Vec<u8>) {
+        let mut out = lock_out(&self.out);
+        let mut rest = frame.as_slice();
+        if out.queued == 0 {
+            if let Some(w) = out.writer.as_ref() {
+                match w.try_write(rest) {
+                    Ok(n) if n == rest.len() => return,
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    // The link's task notices the broken connection on its read side.
+                    Err(_) => return,
+                }
+            }
+        }
+        let queued = if rest.len() == frame.len() { frame } else { rest.to_vec() };
+        if self.tx.try_send(queued).is_ok() {
+            out.queued += 1;
+        }
+    }
+}
 
 /// The sending half: a queue per peer, drained by its connection task. Peers come and go with
 /// membership changes.
@@ -125,8 +173,10 @@ impl Net {
             return;
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        peers.insert(id, tx);
+        let out = Arc::new(Mutex::new(Outbox::default()));
+        peers.insert(id, PeerLink { tx, out: out.clone() });
         let link = Link {
+            out,
             me: self.me,
             to: id,
             addr: addr.to_string(),
@@ -174,8 +224,8 @@ impl Net {
     }
 
     fn queue(&self, to: u64, frame: Vec<u8>) {
-        if let Some(tx) = self.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
-            let _ = tx.try_send(frame);
+        if let Some(link) = self.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
+            link.send(frame);
         }
     }
 }
@@ -285,6 +335,7 @@ fn challenge() -> [u8; 16] {
 
 /// One outgoing link: connects, proves the secret, then writes the queued frames.
 struct Link {
+    out: Arc<Mutex<Outbox>>,
     me: u64,
     to: u64,
     addr: String,
@@ -304,11 +355,10 @@ impl Link {
                         info!(peer = self.to, addr = %self.addr, "cluster link up");
                         warned = false;
                     }
-                    // Frames queued while down are stale heartbeats and appends: Raft resends.
-                    while rx.try_recv().is_ok() {}
-                    if !Self::pump(stream, &mut rx).await {
+                    if !self.pump(stream, &mut rx).await {
                         return;
                     }
+                    lock_out(&self.out).writer = None;
                     debug!(peer = self.to, "cluster link closed; reconnecting");
                 }
                 Err(e) => {
@@ -330,14 +380,24 @@ impl Link {
     /// node is stopping). The peer never writes on this link after its challenge, so the read
     /// side ending means the peer closed it (it died or restarted): noticed at once, instead of
     /// after the writes that a dead connection still accepts, whose messages (votes) are lost.
-    async fn pump(stream: TcpStream, rx: &mut mpsc::Receiver<Vec<u8>>) -> bool {
-        let (mut reader, mut writer) = stream.into_split();
+    async fn pump(&self, stream: TcpStream, rx: &mut mpsc::Receiver<Vec<u8>>) -> bool {
+        let (mut reader, writer) = stream.into_split();
+        let writer = Arc::new(writer);
+        {
+            // Frames queued while down are stale heartbeats and appends: Raft resends.
+            let mut out = lock_out(&self.out);
+            while rx.try_recv().is_ok() {}
+            out.queued = 0;
+            out.writer = Some(writer.clone());
+        }
         let mut buf = [0u8; 64];
         loop {
             tokio::select! {
                 frame = rx.recv() => {
                     let Some(frame) = frame else { return false };
-                    if writer.write_all(&frame).await.is_err() {
+                    let written = write_whole(&writer, &frame).await;
+                    lock_out(&self.out).queued -= 1;
+                    if written.is_err() {
                         return true;
                     }
                 }
@@ -362,6 +422,21 @@ impl Link {
         s.write_all(&hello(&self.secret, &c, self.me, self.to, &self.url)).await?;
         Ok(s)
     }
+}
+
+/// Writes all of `frame` to a write half that senders may also write to directly (see
+/// [`PeerLink`]: they do not while this frame is counted as queued).
+async fn write_whole(w: &OwnedWriteHalf, mut frame: &[u8]) -> std::io::Result<()> {
+    while !frame.is_empty() {
+        w.writable().await?;
+        match w.try_write(frame) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => frame = &frame[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The connecting side's hello, proving the secret against the accepting side's challenge.
@@ -557,8 +632,8 @@ fn answer_probe(ctx: &Serve, to: u64, probe: &[u8]) {
     a.extend_from_slice(probe);
     a.extend_from_slice(&t1.to_le_bytes());
     a.extend_from_slice(&ctx.stamps.wall_ms().to_le_bytes());
-    if let Some(tx) = ctx.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
-        let _ = tx.try_send(frame(KIND_PROBE_ANSWER, &a));
+    if let Some(link) = ctx.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
+        link.send(frame(KIND_PROBE_ANSWER, &a));
     }
 }
 
@@ -616,5 +691,68 @@ mod tests {
         let at = bad_name.len() - 10;
         bad_name[at] = 0xff;
         assert_eq!(decode_passed(&bad_name), None, "a name that is not UTF-8 is refused");
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Frames sent from a plain thread, straight to the connection or through the link's queue
+    /// as the receiver's pace decides, arrive whole and in order.
+    #[test]
+    fn direct_and_queued_frames_arrive_whole_and_in_order() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let out = Arc::new(Mutex::new(Outbox::default()));
+        let link = PeerLink { tx, out: out.clone() };
+        let task = Link { out, me: 1, to: 2, addr, url: "http://x".into(), secret: Arc::from(&b"s"[..]) };
+        rt.spawn(task.run(rx));
+        let (mut s, _) = listener.accept().unwrap();
+        std::io::Write::write_all(&mut s, &[0u8; 16]).unwrap();
+        let mut hello = [0u8; 8 + 8 + 2 + 8 + 32];
+        s.read_exact(&mut hello).unwrap();
+        while lock_out(&link.out).writer.is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Frames of up to 64 KiB each carry their sequence number: enough to fill the socket's
+        // buffers while the reader sleeps, so later frames queue behind a partly written one.
+        let sender = std::thread::spawn(move || {
+            for n in 0u32..3_000 {
+                let mut body = n.to_le_bytes().to_vec();
+                body.resize(4 + (n as usize * 7919) % (64 << 10), (n % 251) as u8);
+                link.send(frame(KIND_RAFT, &body));
+            }
+            link
+        });
+        let mut last = None;
+        let mut got = 0;
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        loop {
+            if got == 100 {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            let mut len = [0u8; 4];
+            if s.read_exact(&mut len).is_err() {
+                break;
+            }
+            let mut f = vec![0u8; u32::from_le_bytes(len) as usize];
+            s.read_exact(&mut f).unwrap();
+            assert_eq!(f[0], KIND_RAFT);
+            let n = u32::from_le_bytes(f[1..5].try_into().unwrap());
+            assert_eq!(f.len(), 1 + 4 + (n as usize * 7919) % (64 << 10), "frame {n} arrived whole");
+            assert!(f[5..].iter().all(|b| *b == (n % 251) as u8), "frame {n} is not mixed with another");
+            assert!(last.is_none_or(|l| n > l), "frame {n} after {last:?}");
+            last = Some(n);
+            got += 1;
+        }
+        let link = sender.join().unwrap();
+        // The queue holds more frames than were sent: none was dropped.
+        assert_eq!(got, 3_000, "every frame arrives");
+        drop(link);
+        rt.shutdown_timeout(Duration::from_secs(1));
     }
 }

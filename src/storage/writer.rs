@@ -17,7 +17,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -119,8 +119,14 @@ pub struct CheckpointDone {
 /// The store's write path: see the module documentation.
 pub struct Writer<R: Release> {
     flush: FlushMode,
-    /// Conditions past the local sync exist: every batch goes through the flusher.
+    /// Conditions past the local sync exist: every batch that owes replies goes through the
+    /// flusher.
     replicated: bool,
+    /// Whether a batch's conditions include the local sync (all but a cluster's `async`).
+    syncs: bool,
+    /// The batches' durability conditions, run by the flusher, or on the committing thread for a
+    /// cluster batch that owes no reply while the flusher is idle.
+    conditions: Arc<Mutex<Conditions>>,
     flush_every: Duration,
     durability: Durability,
     on_flush: Arc<dyn Fn(Duration) + Send + Sync>,
@@ -164,10 +170,10 @@ impl<R: Release> Writer<R> {
             conditions.push(Box::new(LocalSync::new(durability.clone())));
         }
         conditions.extend(more);
+        let conditions = Arc::new(Mutex::new(Conditions { list: conditions, durability: durability.clone() }));
         let flusher = Flusher {
             syncs,
-            durability: durability.clone(),
-            conditions,
+            conditions: conditions.clone(),
             on_flush: cfg.on_flush.clone(),
             in_flight: in_flight.clone(),
         };
@@ -201,6 +207,8 @@ impl<R: Release> Writer<R> {
         Writer {
             flush: cfg.flush,
             replicated,
+            syncs,
+            conditions,
             flush_every: cfg.flush_every,
             durability,
             on_flush: cfg.on_flush,
@@ -258,7 +266,25 @@ impl<R: Release> Writer<R> {
             }
             Driver::Inline { may_block: false, .. } => false,
             Driver::Stopping => true,
-        } && !self.replicated;
+        };
+        if self.replicated {
+            // A cluster batch that owes no reply (a follower's appends of the leader's entries)
+            // meets its conditions here when nothing else is being flushed: the hand-off to the
+            // flusher thread and back is most of a follower's part in a lone write's latency.
+            // One that owes replies never does: the majority condition may wait for seconds.
+            if lone && replies.is_empty() {
+                let paths = log.paths(self.handed_off, end);
+                let started = Instant::now();
+                let paths: Vec<&PathBuf> = paths.iter().collect();
+                let failure = lock(&self.conditions).reach(&paths, end, false).err();
+                if self.syncs && failure.is_none() {
+                    (self.on_flush)(started.elapsed());
+                }
+                self.handed_off = end;
+                return;
+            }
+        }
+        let lone = lone && !self.replicated;
         match self.sync_tx.as_ref() {
             Some(tx) if !lone => {
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -285,8 +311,8 @@ impl<R: Release> Writer<R> {
     /// lone-batch rule, so a driver asks whether anything is queued behind it (which takes the
     /// request channel's lock) only when the answer matters.
     pub fn lone_batch_possible(&self, replies: usize, end: u64) -> bool {
-        self.flush == FlushMode::Sync
-            && !self.replicated
+        (self.flush == FlushMode::Sync || self.replicated)
+            && (!self.replicated || replies == 0)
             && end > self.handed_off
             && self.lone_small_batch(replies, end)
     }
@@ -417,14 +443,13 @@ pub fn sync_log(log: &mut CommitLog, durability: &Durability) -> Result<bool> {
 struct Flusher {
     /// Whether the batches are synced here (not in a cluster's `async` mode).
     syncs: bool,
-    durability: Durability,
-    conditions: Vec<Box<dyn Condition>>,
+    conditions: Arc<Mutex<Conditions>>,
     on_flush: Arc<dyn Fn(Duration) + Send + Sync>,
     in_flight: Arc<AtomicUsize>,
 }
 
 impl Flusher {
-    fn run<R: Release>(mut self, rx: Receiver<SyncJob<R>>) {
+    fn run<R: Release>(self, rx: Receiver<SyncJob<R>>) {
         while let Ok(first) = rx.recv() {
             let mut jobs = vec![first];
             jobs.extend(rx.try_iter());
@@ -434,7 +459,7 @@ impl Flusher {
             paths.dedup();
             let end = jobs.iter().map(|j| j.end).max().unwrap_or(0);
             let owed = jobs.iter().any(|j| !j.replies.is_empty());
-            let failure = self.reach(&paths, end, owed).err();
+            let failure = lock(&self.conditions).reach(&paths, end, owed).err();
             if self.syncs {
                 (self.on_flush)(started.elapsed());
             }
@@ -446,14 +471,28 @@ impl Flusher {
         }
     }
 
+}
+
+/// A batch's durability conditions, in order.
+struct Conditions {
+    list: Vec<Box<dyn Condition>>,
+    durability: Durability,
+}
+
+impl Conditions {
     /// Every condition, in order; then a last look at the store's health, since another thread's
     /// sync may have failed meanwhile and nothing is acknowledged after that.
     fn reach(&mut self, paths: &[&PathBuf], end: u64, owed: bool) -> Result<()> {
-        for c in &mut self.conditions {
+        for c in &mut self.list {
             c.reach(paths, end, owed)?;
         }
         self.durability.check()
     }
+}
+
+/// Locks the conditions (a panic elsewhere leaves them usable: each reach starts afresh).
+fn lock(c: &Mutex<Conditions>) -> std::sync::MutexGuard<'_, Conditions> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The local condition: fdatasyncs the segment files through open file descriptions of its own (a
@@ -580,6 +619,42 @@ mod tests {
     ) -> Writer<Reply> {
         let cfg = WriterConfig { flush, flush_every: Duration::from_millis(1), on_flush: Arc::new(|_| {}) };
         Writer::start(cfg, durability.clone(), log.end(), more)
+    }
+
+    /// A condition that records the ends it was asked to reach, and on which thread.
+    struct Record(Arc<Mutex<Vec<(u64, bool, std::thread::ThreadId)>>>);
+
+    impl Condition for Record {
+        fn reach(&mut self, _paths: &[&PathBuf], end: u64, owed: bool) -> Result<()> {
+            self.0.lock().unwrap().push((end, owed, std::thread::current().id()));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_replicated_batch_owing_no_reply_meets_its_conditions_on_the_committing_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut w = writer(FlushMode::Sync, &durability, &log, vec![Box::new(Record(seen.clone()))]);
+        // A follower's appends of the leader's entries: no reply owed, nothing in flight.
+        append_one(&mut log, 1);
+        assert!(w.lone_batch_possible(0, log.end()));
+        w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
+        assert!(durability.log_durable() >= log.end(), "synced before commit returned");
+        let me = std::thread::current().id();
+        assert_eq!(seen.lock().unwrap().as_slice(), &[(log.end(), false, me)]);
+        // A batch owing replies never is: the majority condition may wait for long.
+        assert!(!w.lone_batch_possible(1, log.end() + 1));
+        let (tx, rx) = channel();
+        append_one(&mut log, 2);
+        w.commit(&mut log, &mut vec![Reply(tx)], Driver::Engine { alone: true });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert!(seen[1].1 && seen[1].2 != me, "the batch owing a reply went to the flusher");
+        drop(seen);
+        w.stop();
     }
 
     #[test]
