@@ -149,7 +149,7 @@ impl Members {
     pub fn save(&self, dir: &Path) -> Result<()> {
         let path = Members::path(dir);
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::Config(e.to_string()))?;
-        super::node::write_durably(&path, &bytes).map_err(|e| Error::io_at("write", &path, e))
+        super::persist::write_durably(&path, &bytes).map_err(|e| Error::io_at("write", &path, e))
     }
 }
 

@@ -10,10 +10,15 @@
 //! With no `peers` none of this runs: a single node is exactly what it was.
 
 pub mod clock;
+mod driver;
+mod log_store;
 pub mod members;
 pub mod net;
 pub mod node;
+mod persist;
 pub mod recover;
+mod shared;
+mod store_side;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -464,22 +469,7 @@ pub fn open_broker(
     listen: std::net::SocketAddr,
 ) -> Result<(crate::Broker, std::sync::Arc<ClusterState>)> {
     use std::sync::{Arc, OnceLock};
-    // The members last applied here replace `peers` (which names the cluster as it was formed).
-    let members = match members::Members::load(&cfg.data_dir)? {
-        Some(m) => m,
-        // A joining node knows where the others are, but not yet that it is a member.
-        None if cc.join => {
-            members::Members { addrs: cc.peers.iter().cloned().collect(), ..Default::default() }
-        }
-        None => members::Members::from_peers(&cc.peers),
-    };
-    let mut effective = cc.clone();
-    effective.peers = members.peers();
-    if !effective.peers.iter().any(|(id, _)| *id == cc.node_id) {
-        if let Some(own) = cc.peers.iter().find(|(id, _)| *id == cc.node_id) {
-            effective.peers.push(own.clone());
-        }
-    }
+    let (members, effective) = current_members(cfg, cc)?;
     let cc = &effective;
     let recovered = recover::prepare(&cfg.data_dir, cfg.segment_bytes, cfg.recovery, cc)?;
     let sealed = recovered.last;
@@ -496,16 +486,7 @@ pub fn open_broker(
     };
     let restart: Arc<dyn Fn() + Send + Sync> = Arc::new(move || restart_self(listen));
     let net_state = state.clone();
-    let system: Arc<dyn crate::schedule::clock::Clock> = match test_clock_offset_ms() {
-        Some(ms) => {
-            tracing::warn!(
-                offset_ms = ms,
-                "{TEST_CLOCK_OFFSET} is set: this node's clock is shifted (tests only)"
-            );
-            Arc::new(ShiftedClock { ms })
-        }
-        None => Arc::new(crate::schedule::clock::SystemClock),
-    };
+    let system = system_clock();
     let behind_us = Arc::new(AtomicU64::new(0));
     let clock = Arc::new(ClusterClock {
         inner: system.clone(),
@@ -546,6 +527,41 @@ pub fn open_broker(
     // The node lives as long as the process: its threads stop with it.
     std::mem::forget(node);
     Ok((broker, state))
+}
+
+/// The members last applied here, which replace `peers` (naming the cluster as it was formed),
+/// and the configuration with them as its peers (this node's own address kept).
+fn current_members(cfg: &Config, cc: &ClusterConfig) -> Result<(members::Members, ClusterConfig)> {
+    let members = match members::Members::load(&cfg.data_dir)? {
+        Some(m) => m,
+        // A joining node knows where the others are, but not yet that it is a member.
+        None if cc.join => {
+            members::Members { addrs: cc.peers.iter().cloned().collect(), ..Default::default() }
+        }
+        None => members::Members::from_peers(&cc.peers),
+    };
+    let mut effective = cc.clone();
+    effective.peers = members.peers();
+    if !effective.peers.iter().any(|(id, _)| *id == cc.node_id) {
+        if let Some(own) = cc.peers.iter().find(|(id, _)| *id == cc.node_id) {
+            effective.peers.push(own.clone());
+        }
+    }
+    Ok((members, effective))
+}
+
+/// This node's own clock: the system's, or shifted by the tests' offset.
+fn system_clock() -> std::sync::Arc<dyn crate::schedule::clock::Clock> {
+    match test_clock_offset_ms() {
+        Some(ms) => {
+            tracing::warn!(
+                offset_ms = ms,
+                "{TEST_CLOCK_OFFSET} is set: this node's clock is shifted (tests only)"
+            );
+            std::sync::Arc::new(ShiftedClock { ms })
+        }
+        None => std::sync::Arc::new(crate::schedule::clock::SystemClock),
+    }
 }
 
 /// Replaces this process with a fresh start of the same program on the same addresses, so a

@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::clock::Sample;
-use super::node::Event;
+use super::shared::Event;
 use super::{ClusterConfig, ClusterState, Stamps};
 use crate::error::{Error, Result};
 use crate::storage::replica::Passed;

@@ -38,7 +38,7 @@ fn cut_marker(dir: &Path) -> std::path::PathBuf {
 /// Asks the next start to cut the log after entry `keep`.
 pub fn request_cut(dir: &Path, keep: u64) -> Result<()> {
     let path = cut_marker(dir);
-    super::node::write_durably(&path, keep.to_string().as_bytes())
+    super::persist::write_durably(&path, keep.to_string().as_bytes())
         .map_err(|e| Error::io_at("write", &path, e))
 }
 
@@ -56,7 +56,7 @@ pub fn request_snapshot(dir: &Path, leader: u64, index: u64, term: u64, data: &[
         b.extend_from_slice(&v.to_le_bytes());
     }
     b.extend_from_slice(data);
-    super::node::write_durably(&path, &b).map_err(|e| Error::io_at("write", &path, e))
+    super::persist::write_durably(&path, &b).map_err(|e| Error::io_at("write", &path, e))
 }
 
 /// A snapshot to install: where to copy it from and what it holds.
@@ -130,10 +130,10 @@ fn install_snapshot(dir: &Path, cc: &ClusterConfig, plan: &SnapshotPlan) -> Resu
     std::fs::rename(&staging, &log_dir).map_err(|e| Error::io_at("rename", &staging, e))?;
     sync_dir(dir)?;
     // The snapshot's entry is committed: the node starts knowing so.
-    let mut hs = super::node::load_hard_state(dir).unwrap_or_default();
+    let mut hs = super::persist::load_hard_state(dir).unwrap_or_default();
     hs.term = hs.term.max(plan.term);
     hs.commit = hs.commit.max(plan.index);
-    super::node::save_hard_state(dir, &hs)?;
+    super::persist::save_hard_state(dir, &hs)?;
     let _ = fetcher.done(plan.index);
     tracing::info!(index = plan.index, bytes = copied, segments = plan.files.len(), "snapshot installed");
     Ok(())

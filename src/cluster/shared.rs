@@ -1,0 +1,119 @@
+//! What the raft thread, the engine's commit and the writer's flusher share: raft-rs's state
+//! machine behind one lock, how far the log is durable and committed, and the events the raft
+//! thread is woken with.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Condvar, Mutex};
+
+use raft::prelude::Message;
+use raft::RawNode;
+
+use super::clock::ClockView;
+pub(super) use super::log_store::lock;
+use super::log_store::LogStore;
+use super::{ClusterState, Stamps};
+use crate::storage::replica::Passed;
+
+/// What the driver thread is told.
+pub enum Event {
+    /// A message from another node.
+    Msg(Message),
+    /// Something changed (a proposal, the durable end of the log): look again.
+    Wake,
+    /// Node `from` copied every segment of the snapshot it was sent.
+    SnapshotFetched {
+        /// The node.
+        from: u64,
+    },
+    /// Node `by` says it removed this node from the cluster.
+    Removed {
+        /// The node that says so (believed only if it leads).
+        by: u64,
+    },
+    /// A clock probe of node `from` came back.
+    Clock {
+        /// The node probed.
+        from: u64,
+        /// Its four stamps and the round trip.
+        sample: super::clock::Sample,
+        /// This node's monotonic ms when it came back.
+        at_mono_ms: u64,
+    },
+    /// Node `from` says how far its readers had passed its queues (believed only if it leads).
+    Passed {
+        /// The node that says so.
+        from: u64,
+        /// Its positions.
+        p: Passed,
+    },
+}
+
+/// How far the local log is durable and how far a majority has it, in log offsets.
+#[derive(Default)]
+pub(super) struct Progress {
+    pub(super) local_durable: u64,
+    pub(super) committed_end: u64,
+}
+
+/// What the driver, the engine's commit and the writer's flusher share.
+pub struct Shared {
+    pub(super) raw: Mutex<RawNode<LogStore>>,
+    pub(super) state: Arc<ClusterState>,
+    pub(super) progress: Mutex<Progress>,
+    pub(super) changed: Condvar,
+    /// (index, term, end offset of its mark) of entries in the local log not yet both durable
+    /// and committed.
+    pub(super) marks: Mutex<VecDeque<(u64, u64, u64)>>,
+    pub(super) events: flume::Sender<Event>,
+    /// Offsets of the other nodes' clocks.
+    pub(super) clocks: Mutex<ClockView>,
+    pub(super) stamps: Arc<Stamps>,
+    /// How far the engine's clock is held back (see `ClusterClock`).
+    pub(super) behind_us: Arc<AtomicU64>,
+    pub(super) max_skew_ms: u64,
+    pub(super) voters: std::sync::atomic::AtomicUsize,
+    /// On a leader: queue positions to send the followers (see [`Passed`]).
+    pub(super) passed_out: Mutex<Option<Passed>>,
+    /// On a follower: the leader's newest queue positions, not yet applied.
+    pub(super) passed_in: Mutex<Option<Passed>>,
+}
+
+impl Shared {
+    pub(super) fn wake(&self) {
+        let _ = self.events.try_send(Event::Wake);
+    }
+
+    /// The highest entry whose mark ends at or before `offset`.
+    pub(super) fn index_at(&self, offset: u64) -> u64 {
+        lock(&self.marks).iter().take_while(|(_, _, end)| *end <= offset).last().map_or(0, |(i, _, _)| *i)
+    }
+
+    /// The end offset of the highest local entry at or below `index`.
+    pub(super) fn end_of(&self, index: u64) -> Option<u64> {
+        lock(&self.marks).iter().take_while(|(i, _, _)| *i <= index).last().map(|(_, _, end)| *end)
+    }
+
+    /// Whether the local log holds entry (`index`, `term`) durably (its mark ends at or before
+    /// `offset`). The term matters: after a leader change Raft may replace entries this log still
+    /// holds (a deposed leader's own), and those must not count as the new ones being durable.
+    pub(super) fn holds(&self, index: u64, term: u64, offset: u64) -> bool {
+        lock(&self.marks).iter().any(|(i, t, end)| *i == index && *t == term && *end <= offset)
+    }
+}
+
+/// Hands the lead to the node that holds most of the log (a leader refused for its clock, or
+/// being removed).
+pub(super) fn hand_over_lead(raw: &mut RawNode<LogStore>) {
+    let me = raw.raft.id;
+    let best =
+        raw.raft.prs().iter().filter(|(id, _)| **id != me).max_by_key(|(_, p)| p.matched).map(|(id, _)| *id);
+    if let Some(to) = best {
+        raw.transfer_leader(to);
+    }
+}
+
+/// Unix time in milliseconds by this node's clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
