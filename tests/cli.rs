@@ -166,6 +166,45 @@ fn produce_sends_every_flag() {
     assert!(before + 60_000 <= at && at <= now_ms() + 60_000, "{at}");
 }
 
+/// `--delay` needs a unit (ouqiang's `delay` is seconds, delayd's milliseconds), `0` alone is now;
+/// `--at` takes RFC 3339 offsets and fractions.
+#[test]
+fn delay_needs_a_unit_and_at_takes_offsets() {
+    let s = Server::start(&ENV);
+    for args in
+        [&["produce", "units", "x", "--delay", "5"][..], &["produce", "units", "x", "--delay", "1_000"]]
+    {
+        let r = cli(&s, args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stdout);
+        assert!(r.stderr.contains("has no unit") && r.stderr.contains("s for seconds"), "{}", r.stderr);
+    }
+    assert_eq!(cli(&s, &["topics"]).ok().stdout, "no topics\n", "a refused produce stored something");
+    cli(&s, &["produce", "units", "now", "--id", "d0", "--delay", "0"]).ok();
+    assert_eq!(str_of(&get(&s, "d0"), "state"), "ready");
+
+    // An instant a day ahead, whole seconds, written in UTC, at +02:00 and at -05:30.
+    let utc_ms = (now_ms() / 1000 + 86_400) * 1000;
+    let wall = |offset_min: i64, extra_ms: u64| {
+        let local = (utc_ms + extra_ms) as i64 + offset_min * 60_000;
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(local as u64);
+        humantime::format_rfc3339_millis(at).to_string().trim_end_matches('Z').to_string()
+    };
+    let cases = [
+        (format!("{}Z", wall(0, 0)), utc_ms),
+        (format!("{}+02:00", wall(120, 0)), utc_ms),
+        (format!("{}-05:30", wall(-330, 0)), utc_ms),
+        (format!("{}+02:00", wall(120, 250)), utc_ms + 250),
+    ];
+    for (i, (at, want)) in cases.iter().enumerate() {
+        let id = format!("at-{i}");
+        cli(&s, &["produce", "units", "x", "--id", &id, "--at", at]).ok();
+        assert_eq!(u64_of(&get(&s, &id), "deliver_at_ms"), *want, "--at {at}");
+    }
+    let r = cli(&s, &["produce", "units", "x", "--at", "2026-12-01T09:00:00+25:00"]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.stderr.contains("+HH:MM"), "{}", r.stderr);
+}
+
 #[test]
 fn produce_reads_the_body_from_stdin_byte_for_byte() {
     let s = Server::start(&ENV);
@@ -275,10 +314,13 @@ fn stats_and_json_output() {
     assert_eq!(str_of(&produced, "id"), "s-1");
     assert!(produced["deliver_at_ms"].is_u64(), "{produced}");
 
+    cli(&s, &["produce", "metrics", "later", "--id", "s-later", "--delay", "1h"]).ok();
     let r = cli(&s, &["stats"]).ok();
     assert!(r.stdout.starts_with("LEVEL  BACKLOG  NEXT_DUE\n1s "), "{}", r.stdout);
     assert!(
-        r.stdout.contains("TOPIC    READY  RESERVED  DEAD_LETTERED\nmetrics  1      0         0\n"),
+        r.stdout.contains(
+            "TOPIC    READY  RESERVED  DELAYED  DEAD_LETTERED\nmetrics  1      0         1        0\n"
+        ),
         "{}",
         r.stdout
     );
@@ -359,6 +401,9 @@ fn usage_errors_exit_2() {
         &["frobnicate"],
         &["produce", "orders"],
         &["produce", "orders", "x", "--delay", "soon"],
+        &["produce", "orders", "x", "--delay", "5"],
+        &["nack", "r", "--delay", "30"],
+        &["purge", "orders"],
         &["produce", "orders", "x", "--delay", "1s", "--at", "5"],
         &["produce", "orders", "x", "--at", "next tuesday"],
         &["produce", "orders", "x", "--backoff", "1m never"],
@@ -414,7 +459,15 @@ fn topics_pause_and_resume() {
     assert_eq!(row, ["orders", "1", "0", "1", "0", "true"], "{}", r.stdout);
     let r = cli(&s, &["pop", "orders", "--wait", "200ms"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(r.stdout.contains("no messages"), "a paused topic delivered: {}", r.stdout);
+    assert_eq!(r.stdout, "no messages\n", "a paused topic delivered");
+    let paused = "note: topic orders is paused: pops find nothing until `delayd-cli resume orders`\n";
+    assert_eq!(r.stderr, paused);
+    // --json: stdout stays the API's document; the note goes to stderr all the same.
+    let r = cli(&s, &["--json", "pop", "orders"]).ok();
+    assert_eq!((r.json(), r.stderr.as_str()), (json!({"messages": []}), paused));
+    // An empty topic that is not paused gets no note.
+    let r = cli(&s, &["pop", "idle"]).ok();
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("no messages\n", ""));
     let r = cli(&s, &["--json", "resume", "orders"]);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v, json!({"topic": "orders", "paused": false}));
@@ -460,10 +513,23 @@ fn browse_redrive_purge() {
 
     let r = cli(&s, &["redrive", "jobs", "--id", "j0", "--id", "nope"]);
     assert_eq!((r.code, r.stdout.as_str()), (0, "moved 1\n"), "{}", r.stderr);
-    let r = cli(&s, &["--json", "redrive", "jobs"]);
-    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap(), json!({"moved": 1}));
+    // The dead-letter topic's name, as `topics` shows it, means the topic it belongs to.
+    let r = cli(&s, &["--json", "redrive", "jobs.dlq"]);
+    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap(), json!({"moved": 1}), "{}", r.stderr);
+    assert_eq!(r.stderr, "note: jobs.dlq holds the dead letters of jobs: moving them back to jobs\n");
+    assert_eq!(str_of(&get(&s, "j1"), "state"), "ready");
     assert_eq!(cli(&s, &["redrive", "empty"]).stdout, "moved 0\n");
+
+    // purge asks for --yes; without it nothing is cancelled.
     let r = cli(&s, &["purge", "jobs"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("add --yes") && r.stdout.is_empty(), "{}", r.stderr);
+    assert_eq!(str_of(&get(&s, "later"), "state"), "delayed");
+    // A topic that does not exist is an error, not "cancelled 0".
+    let r = cli(&s, &["purge", "jbos", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stderr.starts_with("error: no topic \"jbos\"") && r.stdout.is_empty(), "{}", r.stderr);
+    let r = cli(&s, &["purge", "jobs", "--yes"]);
     assert_eq!((r.code, r.stdout.as_str()), (0, "cancelled 4\n"), "{}", r.stderr);
     assert_eq!(str_of(&get(&s, "later"), "state"), "cancelled");
 }

@@ -152,7 +152,7 @@ fn deliver_at_is_never_before_the_send_time_plus_the_delay() {
         );
     }
     // An absolute time in the past is due now, and the answer says when that is.
-    for at in [0, 1, now_us() / 1000 - 60_000] {
+    for at in [0, 100_000_000_000, now_us() / 1000 - 60_000] {
         let before = now_ms();
         let due =
             s.produce("round", &json!({"body": "p", "deliver_at_ms": at}))["deliver_at_ms"].as_u64().unwrap();
@@ -401,6 +401,34 @@ fn identical_produce_is_idempotent_and_different_content_conflicts() {
     ids.sort();
     assert_eq!(ids, ["at-1", "order-42"], "each id delivered once");
     assert!(s.pop("pay", 10, 300, None).0.is_empty());
+}
+
+/// Unix seconds sent as `deliver_at_ms` would be due in 1970, so delivered at once: every produce
+/// path refuses a nonzero value below 10^11 and says it looks like seconds.
+#[test]
+fn deliver_at_in_seconds_is_refused_on_every_produce_path() {
+    let s = Server::start(&[]);
+    let secs = now_ms() / 1000 + 3600;
+    let says_seconds = |m: &str| {
+        assert!(m.contains("deliver_at_ms") && m.contains("looks like seconds"), "{m}");
+        assert!(m.contains(&secs.to_string()) && m.contains(&(secs * 1000).to_string()), "{m}");
+    };
+    let (st, v) = s.post("/v1/topics/secs/messages", &json!({"body": "x", "deliver_at_ms": secs}));
+    Server::assert_error(st, &v, 400, "invalid_argument");
+    says_seconds(v["error"]["message"].as_str().unwrap_or_default());
+    let (st, v) = s.post(
+        "/v1/topics/secs/messages/batch",
+        &json!({"messages": [{"body": "y", "deliver_at_ms": secs}, {"body": "z", "deliver_at_ms": 99_999_999_999u64}]}),
+    );
+    assert_eq!(st, 201, "{v}");
+    for r in v["results"].as_array().expect("results") {
+        assert_eq!(r["error"]["code"], "invalid_argument", "{v}");
+    }
+    says_seconds(v["results"][0]["error"]["message"].as_str().unwrap_or_default());
+    assert!(s.pop("secs", 5, 300, None).0.is_empty(), "a refused deliver_at_ms must store nothing");
+    // The same instant in ms is taken.
+    let (st, v) = s.post("/v1/topics/secs/messages", &json!({"body": "x", "deliver_at_ms": secs * 1000}));
+    assert_eq!((st, v["deliver_at_ms"].as_u64()), (201, Some(secs * 1000)), "{v}");
 }
 
 #[test]

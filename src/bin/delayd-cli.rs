@@ -82,7 +82,8 @@ struct Cli {
 
 const EXIT_CODES: &str = "Exit codes: 0 success; 1 the API answered with an error (code and message on \
 stderr); 2 usage or input error; 3 the server could not be reached or did not answer.\n\
-Durations: 500ms, 30s, 1h30m, 2d, or a plain number of milliseconds.";
+Durations: 500ms, 30s, 1h30m, 2d, or a plain number of milliseconds; --delay needs a unit (0 alone \
+means now).";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -111,8 +112,8 @@ enum Command {
     Nack {
         /// Receipt from the pop.
         receipt: String,
-        /// Retry after this long instead of the next step of the message's backoff.
-        #[arg(long, value_parser = parse_duration)]
+        /// Retry after this long, with a unit (30s, 500ms), instead of the next backoff step.
+        #[arg(long, value_parser = parse_delay)]
         delay: Option<u64>,
     },
     /// Show one message.
@@ -145,16 +146,19 @@ enum Command {
     },
     /// Move dead-lettered messages of TOPIC back to it.
     Redrive {
-        /// Topic whose dead letters to move back.
+        /// Topic whose dead letters to move back (`orders.dlq` is taken as `orders`).
         topic: String,
         /// Only these message ids (repeatable); all of them when not given.
         #[arg(long = "id")]
         ids: Vec<String>,
     },
-    /// Cancel every message of a topic.
+    /// Cancel every delayed, ready and reserved message of a topic (asks for --yes).
     Purge {
         /// Topic to purge.
         topic: String,
+        /// Do it: without this flag nothing is purged.
+        #[arg(long)]
+        yes: bool,
     },
     /// Stop pops from a topic (messages keep coming due).
     Pause {
@@ -203,10 +207,11 @@ struct Produce {
     /// Message id (the broker makes one when not given).
     #[arg(long)]
     id: Option<String>,
-    /// Deliver after this long.
-    #[arg(long, value_parser = parse_duration, group = "when")]
+    /// Deliver after this long, with a unit: 500ms, 5s, 1h30m (0 alone means now).
+    #[arg(long, value_parser = parse_delay, group = "when")]
     delay: Option<u64>,
-    /// Deliver at this time: unix milliseconds or an RFC 3339 time in UTC (2026-12-01T09:00:00Z).
+    /// Deliver at this time: unix milliseconds or an RFC 3339 time (2026-12-01T09:00:00Z,
+    /// 2026-12-01T09:00:00.250+02:00).
     #[arg(long, value_parser = unix_ms, group = "when")]
     at: Option<u64>,
     /// Deliver after this configured delay level: a 1-based index or its duration (1m).
@@ -235,15 +240,60 @@ fn backoff_ms(s: &str) -> Result<Backoff, String> {
     Ok(Backoff(steps))
 }
 
-/// A plain number is unix ms; anything else must be an RFC 3339 time (UTC).
+/// A delay with a unit. A bare number is refused (except 0, which is now in any unit): ouqiang's
+/// `delay` is seconds and delayd's is milliseconds, so `--delay 5` would silently mean either.
+fn parse_delay(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+        return match parse_u64(t)? {
+            0 => Ok(0),
+            n => Err(format!("{t:?} has no unit: add one, e.g. {n}s for seconds or {n}ms for milliseconds")),
+        };
+    }
+    parse_duration(s)
+}
+
+/// A plain number is unix ms; anything else must be an RFC 3339 time, with `Z`, a `±HH:MM` offset
+/// or none (UTC).
 fn unix_ms(s: &str) -> Result<u64, String> {
-    if s.trim().bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+    let t = s.trim();
+    if t.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
         return parse_u64(s);
     }
-    let t = humantime::parse_rfc3339_weak(s.trim())
+    // humantime reads UTC only: the offset is taken off here and applied after.
+    let (local, offset_s) = split_offset(t).map_err(|e| format!("{s:?}: {e}"))?;
+    let at = humantime::parse_rfc3339_weak(&local.to_ascii_uppercase())
         .map_err(|e| format!("{s:?} is neither unix milliseconds nor an RFC 3339 time ({e})"))?;
-    let d = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{s:?} is before 1970"))?;
+    let utc = if offset_s >= 0 {
+        at.checked_sub(Duration::from_secs(offset_s.unsigned_abs()))
+    } else {
+        at.checked_add(Duration::from_secs(offset_s.unsigned_abs()))
+    };
+    let d =
+        utc.and_then(|u| u.duration_since(UNIX_EPOCH).ok()).ok_or_else(|| format!("{s:?} is before 1970"))?;
     u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too far ahead"))
+}
+
+/// Splits a trailing RFC 3339 `±HH:MM` offset off a date-time: (the rest, the offset in seconds
+/// east of UTC); a time without one is returned whole with 0.
+fn split_offset(t: &str) -> Result<(&str, i64), String> {
+    // The offset follows `YYYY-MM-DDTHH:MM:SS` (19 bytes), so the date's own `-` never matches.
+    let Some(cut) = t.len().checked_sub(6).filter(|c| *c >= 19 && t.is_char_boundary(*c)) else {
+        return Ok((t, 0));
+    };
+    let (rest, off) = t.split_at(cut);
+    let b = off.as_bytes();
+    let sign = match b[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return Ok((t, 0)),
+    };
+    let digits =
+        |x: &[u8]| x.iter().all(u8::is_ascii_digit).then(|| i64::from((x[0] - b'0') * 10 + (x[1] - b'0')));
+    match (digits(&b[1..3]), b[3], digits(&b[4..6])) {
+        (Some(h), b':', Some(m)) if h <= 23 && m <= 59 => Ok((rest, sign * (h * 3600 + m * 60))),
+        _ => Err(format!("{off:?} is not a UTC offset of the form +HH:MM")),
+    }
 }
 
 fn parse_base_url(s: &str) -> Result<Url, String> {
@@ -651,15 +701,7 @@ struct Output {
 fn run(api: &Api, command: Command) -> Result<Output, Failure> {
     let (answer, human): (Answer, fn(&Answer) -> String) = match command {
         Command::Produce(p) => (produce(api, p)?, show_produced),
-        Command::Pop { topic, max, wait, ttr } => {
-            let query: Vec<(&str, String)> = [("max", max), ("wait_ms", wait), ("ttr_ms", ttr)]
-                .into_iter()
-                .filter_map(|(k, v)| v.map(|v| (k, v.to_string())))
-                .collect();
-            // No body: the API takes none for a pop. The server holds the request up to `wait`.
-            let long_poll = Duration::from_millis(wait.unwrap_or(0));
-            (api.call(Method::POST, &["v1", "topics", &topic, "pop"], &query, None, long_poll)?, show_popped)
-        }
+        Command::Pop { topic, max, wait, ttr } => (pop(api, &topic, max, wait, ttr)?, show_popped),
         Command::Ack { receipt } => {
             (api.post(&["v1", "ack"], &json!({ "receipt": receipt }))?, |_| "acked\n".into())
         }
@@ -687,15 +729,12 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
             (api.get(&["v1", "topics", &topic, "messages"], &query)?, show_browse)
         }
         Command::Redrive { topic, ids } => {
-            let body = if ids.is_empty() { json!({}) } else { json!({ "ids": ids }) };
-            (api.post(&["v1", "topics", &topic, "redrive"], &body)?, |a| {
-                format!("moved {}\n", text(&a.value["moved"]))
-            })
+            (redrive(api, &topic, ids)?, |a| format!("moved {}\n", text(&a.value["moved"])))
+        }
+        Command::Purge { topic, yes } => {
+            (purge(api, &topic, yes)?, |a| format!("cancelled {}\n", text(&a.value["cancelled"])))
         }
         // These take no fields; `{}` is sent so a handler that reads a JSON body accepts it too.
-        Command::Purge { topic } => (api.post(&["v1", "topics", &topic, "purge"], &json!({}))?, |a| {
-            format!("cancelled {}\n", text(&a.value["cancelled"]))
-        }),
         Command::Pause { topic } => {
             (api.post(&["v1", "topics", &topic, "pause"], &json!({}))?, |_| "paused\n".into())
         }
@@ -719,6 +758,76 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         }
     };
     Ok(Output { human: human(&answer), text: answer.text })
+}
+
+/// Tells the user something beside the answer, on stderr so `--json` output stays one document.
+fn note(what: &str) {
+    eprintln!("note: {what}");
+}
+
+/// The topic as `GET /v1/topics` lists it (counts and `paused`), or None when it has none.
+fn topic_info(api: &Api, topic: &str) -> Result<Option<Value>, Failure> {
+    let all = api.get(&["v1", "topics"], &[])?;
+    Ok(items(&all.value, "topics").iter().find(|t| t["topic"] == topic).cloned())
+}
+
+fn pop(
+    api: &Api,
+    topic: &str,
+    max: Option<u64>,
+    wait: Option<u64>,
+    ttr: Option<u64>,
+) -> Result<Answer, Failure> {
+    let query: Vec<(&str, String)> = [("max", max), ("wait_ms", wait), ("ttr_ms", ttr)]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v.to_string())))
+        .collect();
+    // No body: the API takes none for a pop. The server holds the request up to `wait`.
+    let long_poll = Duration::from_millis(wait.unwrap_or(0));
+    let answer = api.call(Method::POST, &["v1", "topics", topic, "pop"], &query, None, long_poll)?;
+    // A paused topic answers like an empty one; one more request tells the two apart. The hint is
+    // best effort: the pop itself succeeded, so a failure here is not reported.
+    if items(&answer.value, "messages").is_empty() {
+        if let Ok(Some(info)) = topic_info(api, topic) {
+            if info["paused"] == true {
+                note(&format!(
+                    "topic {topic} is paused: pops find nothing until `delayd-cli resume {topic}`"
+                ));
+            }
+        }
+    }
+    Ok(answer)
+}
+
+/// `redrive X.dlq` is taken as `redrive X`: `topics` and the dashboard show the dead letters under
+/// `X.dlq`, while the API names the topic they go back to.
+fn redrive(api: &Api, topic: &str, ids: Vec<String>) -> Result<Answer, Failure> {
+    let topic = match topic.strip_suffix(".dlq").filter(|t| !t.is_empty()) {
+        Some(origin) => {
+            note(&format!("{topic} holds the dead letters of {origin}: moving them back to {origin}"));
+            origin
+        }
+        None => topic,
+    };
+    let body = if ids.is_empty() { json!({}) } else { json!({ "ids": ids }) };
+    api.post(&["v1", "topics", topic, "redrive"], &body)
+}
+
+/// Purges only with `--yes`, and only a topic that exists: the API answers a purge of a mistyped
+/// name with `cancelled 0`, which reads like success.
+fn purge(api: &Api, topic: &str, yes: bool) -> Result<Answer, Failure> {
+    if !yes {
+        return Err(Failure::Input(format!(
+            "purge cancels every delayed, ready and reserved message of {topic}; add --yes to do it"
+        )));
+    }
+    if topic_info(api, topic)?.is_none() {
+        return Err(Failure::Other(format!(
+            "no topic {topic:?} (`delayd-cli topics` lists them); nothing purged"
+        )));
+    }
+    // The API takes no fields; `{}` is sent so a handler that reads a JSON body accepts it too.
+    api.post(&["v1", "topics", topic, "purge"], &json!({}))
 }
 
 fn produce(api: &Api, p: Produce) -> Result<Answer, Failure> {
@@ -878,14 +987,17 @@ fn show_stats(a: &Answer) -> String {
         .collect();
     let topics: Vec<Vec<String>> = items(v, "topics")
         .iter()
-        .map(|t| vec![text(&t["topic"]), text(&t["ready"]), text(&t["reserved"]), text(&t["dead_lettered"])])
+        .map(|t| {
+            let cells = ["topic", "ready", "reserved", "delayed", "dead_lettered"];
+            cells.iter().map(|k| text(&t[*k])).collect()
+        })
         .collect();
     let mut out = table(&["LEVEL", "BACKLOG", "NEXT_DUE"], &levels);
     out.push('\n');
     if topics.is_empty() {
         out.push_str("no topics\n");
     } else {
-        out.push_str(&table(&["TOPIC", "READY", "RESERVED", "DEAD_LETTERED"], &topics));
+        out.push_str(&table(&["TOPIC", "READY", "RESERVED", "DELAYED", "DEAD_LETTERED"], &topics));
     }
     out.push('\n');
     let store = match v["store_writable"].as_bool() {
@@ -1020,6 +1132,36 @@ mod tests {
         assert!(unix_ms("1969-12-31T23:59:59Z").is_err());
         assert!(unix_ms("tomorrow").is_err());
         assert!(unix_ms("").is_err());
+    }
+
+    #[test]
+    fn at_takes_rfc3339_offsets_and_fractions() {
+        let nine_utc = 1_796_115_600_000;
+        assert_eq!(unix_ms("2026-12-01T11:00:00+02:00"), Ok(nine_utc));
+        assert_eq!(unix_ms("2026-12-01T04:30:00-04:30"), Ok(nine_utc));
+        assert_eq!(unix_ms("2026-12-01T09:00:00+00:00"), Ok(nine_utc));
+        assert_eq!(unix_ms("2026-12-01T09:00:00-00:00"), Ok(nine_utc));
+        assert_eq!(unix_ms("2026-12-01t09:00:00z"), Ok(nine_utc));
+        assert_eq!(unix_ms("2026-12-01T11:00:00.250+02:00"), Ok(nine_utc + 250));
+        assert_eq!(unix_ms("2026-12-01T09:00:00.5Z"), Ok(nine_utc + 500));
+        assert_eq!(unix_ms("1970-01-01T01:00:00+01:00"), Ok(0));
+        assert!(unix_ms("1970-01-01T00:59:59+01:00").is_err());
+        for bad in ["2026-12-01T09:00:00+24:00", "2026-12-01T09:00:00+02:60", "2026-12-01T09:00:00+2:000"] {
+            assert!(unix_ms(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_delay_needs_a_unit() {
+        assert_eq!(parse_delay("5s"), Ok(5000));
+        assert_eq!(parse_delay("500ms"), Ok(500));
+        assert_eq!(parse_delay("1h30m"), Ok(5_400_000));
+        assert_eq!(parse_delay("0"), Ok(0));
+        for bare in ["5", "1_000", " 30 "] {
+            let e = parse_delay(bare).unwrap_err();
+            assert!(e.contains("no unit") && e.contains("s for seconds"), "{bare}: {e}");
+        }
+        assert!(parse_delay("soon").is_err());
     }
 
     // The table shapes of the API answers.

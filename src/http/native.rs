@@ -35,7 +35,8 @@ pub(crate) struct ProduceBody {
     /// Delay from the server's receive time, 0..=`max_delay`. At most one of `delay_ms`,
     /// `deliver_at_ms` and `level`; none means now.
     delay_ms: Option<u64>,
-    /// Absolute due time, unix ms, at most `max_delay` ahead; a past time means now.
+    /// Absolute due time, unix ms, at most `max_delay` ahead; a past time means now. A nonzero value
+    /// below 10^11 is refused: it looks like unix seconds.
     deliver_at_ms: Option<u64>,
     #[schema(value_type = Option<LevelValue>)]
     level: Option<Value>,
@@ -66,14 +67,7 @@ impl ProduceBody {
         let when = if let Some(d) = self.delay_ms {
             When::DelayMs(validate::delay(limits, "delay_ms", d)?)
         } else if let Some(at) = self.deliver_at_ms {
-            let latest = now_ms().saturating_add(limits.max_delay_ms);
-            if at > latest {
-                return Err(ApiError::invalid(
-                    "deliver_at_ms",
-                    format!("{at} is more than max_delay ({}ms) in the future", limits.max_delay_ms),
-                ));
-            }
-            When::AtMs(at)
+            When::AtMs(validate::deliver_at(limits, "deliver_at_ms", at, now_ms())?)
         } else if let Some(level) = &self.level {
             When::LevelIndex(validate::level(limits, level)?)
         } else {
@@ -691,7 +685,9 @@ mod tests {
         assert_eq!(r.backoff_ms, Some(vec![1000, 200]));
         assert_eq!(req(json!({"body": ""})).unwrap().when, When::Now);
         assert_eq!(req(json!({"body": "", "level": "5s"})).unwrap().when, When::LevelIndex(2));
-        assert_eq!(req(json!({"body": "", "deliver_at_ms": 5})).unwrap().when, When::AtMs(5));
+        assert_eq!(req(json!({"body": "", "deliver_at_ms": 0})).unwrap().when, When::AtMs(0));
+        let past = 1_600_000_000_000;
+        assert_eq!(req(json!({"body": "", "deliver_at_ms": past})).unwrap().when, When::AtMs(past));
     }
 
     #[test]
@@ -703,6 +699,7 @@ mod tests {
             (json!({"body": "x", "delay_ms": "10"}), "delay_ms"),
             (json!({"body": "x", "delay_ms": 1, "level": 1}), "delay_ms"),
             (json!({"body": "x", "deliver_at_ms": u64::MAX}), "deliver_at_ms"),
+            (json!({"body": "x", "deliver_at_ms": 1_795_660_000}), "deliver_at_ms"),
             (json!({"body": "x", "level": 3}), "level"),
             (json!({"body": "x", "ttr_ms": 0}), "ttr_ms"),
             (json!({"body": "x", "max_attempts": 0}), "max_attempts"),

@@ -67,6 +67,33 @@ pub fn delay(limits: &Limits, field: &str, ms: u64) -> Result<u64, ApiError> {
     Ok(ms)
 }
 
+/// The smallest `deliver_at_ms` taken as milliseconds (1973-03-03): below it, a nonzero value is
+/// almost surely unix seconds, which would otherwise be delivered at once instead of when meant.
+pub const MIN_DELIVER_AT_MS: u64 = 100_000_000_000;
+
+/// Checks an absolute due time in unix ms: 0 (now) or at least [`MIN_DELIVER_AT_MS`], and at most
+/// `max_delay` after `now_ms`.
+pub fn deliver_at(limits: &Limits, field: &str, at: u64, now_ms: u64) -> Result<u64, ApiError> {
+    if at != 0 && at < MIN_DELIVER_AT_MS {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "{at} looks like seconds, not milliseconds: unix ms is at least {MIN_DELIVER_AT_MS} \
+                 (for {at} seconds send {}); 0 means now",
+                at.saturating_mul(1000)
+            ),
+        ));
+    }
+    let latest = now_ms.saturating_add(limits.max_delay_ms);
+    if at > latest {
+        return Err(ApiError::invalid(
+            field,
+            format!("{at} is more than max_delay ({}ms) in the future", limits.max_delay_ms),
+        ));
+    }
+    Ok(at)
+}
+
 /// Checks a time-to-run in ms: at least 1, at most `max_delay`.
 pub fn ttr(limits: &Limits, field: &str, ms: u64) -> Result<u64, ApiError> {
     if ms == 0 {
@@ -183,6 +210,22 @@ mod tests {
         assert_eq!(delay(&l, "delay_ms", 86_400_000), Ok(86_400_000));
         assert!(delay(&l, "delay_ms", 86_400_001).unwrap_err().message.contains("max_delay"));
         assert!(ttr(&l, "ttr_ms", 0).is_err());
+    }
+
+    #[test]
+    fn deliver_at_refuses_seconds_and_far_futures() {
+        let l = limits();
+        let now = 1_795_660_000_000;
+        assert_eq!(deliver_at(&l, "deliver_at_ms", 0, now), Ok(0));
+        assert_eq!(deliver_at(&l, "deliver_at_ms", MIN_DELIVER_AT_MS, now), Ok(MIN_DELIVER_AT_MS));
+        assert_eq!(deliver_at(&l, "deliver_at_ms", now + 86_400_000, now), Ok(now + 86_400_000));
+        for secs in [1, 1_795_660_000, MIN_DELIVER_AT_MS - 1] {
+            let m = deliver_at(&l, "deliver_at_ms", secs, now).unwrap_err().message;
+            assert!(m.starts_with("invalid deliver_at_ms") && m.contains("looks like seconds"), "{m}");
+            assert!(m.contains(&secs.to_string()) && m.contains(&(secs * 1000).to_string()), "{m}");
+        }
+        let m = deliver_at(&l, "deliver_at_ms", now + 86_400_001, now).unwrap_err().message;
+        assert!(m.contains("max_delay"), "{m}");
     }
 
     #[test]
