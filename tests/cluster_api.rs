@@ -229,6 +229,21 @@ fn reclaim_deletes_old_segments_on_every_node() {
     }
 }
 
+/// Waits until node `behind` has applied every entry node `leader` holds.
+fn wait_caught_up(c: &Cluster, leader: usize, behind: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let views = c.views();
+        let led = views[leader - 1].as_ref().and_then(|v| v["last_index"].as_u64()).unwrap_or(0);
+        let got = views[behind - 1].as_ref().and_then(|v| v["applied_index"].as_u64()).unwrap_or(0);
+        if got >= led && led > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "node {behind} stuck at {got} of {led}:\n{}", c.describe());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Consume-queue files of node `i`: every level queue's, and topic `topic`'s.
 fn queue_files(c: &Cluster, i: usize, topic: &str) -> usize {
     let cq = c.node(i).data_dir().join("cq");
@@ -421,17 +436,7 @@ fn a_follower_down_during_writes_catches_up_and_then_serves_them_as_leader() {
     }
     c.restart(behind);
     // It catches up from the leader's log.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let views = c.views();
-        let led = views[leader - 1].as_ref().and_then(|v| v["last_index"].as_u64()).unwrap_or(0);
-        let got = views[behind - 1].as_ref().and_then(|v| v["applied_index"].as_u64()).unwrap_or(0);
-        if got >= led && led > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "node {behind} stuck at {got} of {led}:\n{}", c.describe());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_caught_up(&c, leader, behind, Duration::from_secs(20));
     // Now the other two die one after the other: the caught-up node and one more must hold all.
     c.kill9(leader);
     let next = c.wait_leader(Duration::from_secs(15));
@@ -462,17 +467,7 @@ fn a_follower_behind_the_leaders_window_catches_up_from_a_snapshot() {
         assert_eq!(r.status, 201, "{:?}", r.body);
     }
     c.restart(behind);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let views = c.views();
-        let led = views[leader - 1].as_ref().and_then(|v| v["last_index"].as_u64()).unwrap_or(0);
-        let got = views[behind - 1].as_ref().and_then(|v| v["applied_index"].as_u64()).unwrap_or(0);
-        if got >= led && led > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "node {behind} stuck at {got} of {led}:\n{}", c.describe());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_caught_up(&c, leader, behind, Duration::from_secs(30));
     assert!(c.node(behind).log().contains("snapshot installed"), "no snapshot:\n{}", c.describe());
     // The node that caught up by snapshot and one other hold every message.
     c.kill9(leader);
