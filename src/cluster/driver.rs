@@ -78,8 +78,8 @@ impl Driver {
                         self.shared.state.update_node(from, |n| n.last_contact_ms = Some(now_ms()));
                         let _ = raw.step(m);
                     }
-                    Event::Clock { from, sample, at_mono_ms } => {
-                        if let Err(e) = lock(&self.shared.clocks).record(from, sample, at_mono_ms) {
+                    Event::Clock { from, sample, at_mono_us } => {
+                        if let Err(e) = lock(&self.shared.clocks).record(from, sample, at_mono_us) {
                             tracing::debug!(peer = from, error = %e, "clock probe not used");
                         }
                     }
@@ -118,7 +118,7 @@ impl Driver {
         let stamps = &self.shared.stamps;
         if Instant::now() >= self.next_probe {
             for peer in &self.peers {
-                self.net.probe(*peer, stamps.wall_ms(), stamps.mono_ms());
+                self.net.probe(*peer, stamps.wall_us(), stamps.mono_us());
             }
             self.next_probe = Instant::now() + PROBE_EVERY;
         }
@@ -153,7 +153,7 @@ impl Driver {
     /// Ticks raft-rs with this node's election priority as its clock allows (see `tick`).
     fn tick_by_clock(&mut self, raw: &mut RawNode<LogStore>) {
         let stamps = &self.shared.stamps;
-        let (mono, local) = (stamps.mono_ms(), stamps.wall_ms());
+        let (mono, local) = (stamps.mono_us(), stamps.wall_us());
         let (verdict, majority) = {
             let view = lock(&self.shared.clocks);
             (
@@ -161,7 +161,7 @@ impl Driver {
                 view.majority_clock(local, mono, self.shared.voters.load(Ordering::Relaxed)),
             )
         };
-        self.shared.behind_us.store((local - majority).max(0) as u64 * 1000, Ordering::Relaxed);
+        self.shared.behind_us.store((local - majority).max(0) as u64, Ordering::Relaxed);
         let state = &self.shared.state;
         match verdict {
             Ok(()) => {

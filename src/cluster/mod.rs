@@ -91,14 +91,14 @@ impl Stamps {
         Stamps { wall, epoch: std::time::Instant::now() }
     }
 
-    /// The wall clock, unix ms.
-    pub fn wall_ms(&self) -> i64 {
-        i64::try_from(self.wall.now_ms()).unwrap_or(i64::MAX)
+    /// The wall clock, unix µs.
+    pub fn wall_us(&self) -> i64 {
+        i64::try_from(self.wall.now_us()).unwrap_or(i64::MAX)
     }
 
-    /// Monotonic ms since the node started.
-    pub fn mono_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+    /// Monotonic µs since the node started.
+    pub fn mono_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 }
 

@@ -9,10 +9,11 @@
 //!   API URL), mac [32]` where `mac` is HMAC-SHA256 under the cluster secret of
 //!   `"delayd-cluster-v1" || challenge || from || to || url`;
 //! - then frames: `len u32` (of what follows), `kind u8`, payload. Kind 1 is a Raft message
-//!   (raft-rs's protobuf encoding); kind 2 a clock probe (`t0 i64` the sender's wall clock, unix
-//!   ms, `mono u64` its monotonic ms); kind 3 the answer to one, on the answering node's own link
-//!   (`t0`, `mono` echoed, `t1 i64` and `t2 i64` its wall clock when the probe arrived and when
-//!   the answer left); kind 4 asks the accepting node for a commit-log segment's bytes (`base
+//!   (raft-rs's protobuf encoding); kinds 2 and 3 were clock probes stamped in milliseconds and
+//!   are ignored now; kind 8 a clock probe (`t0 i64` the sender's wall clock, unix µs, `mono u64`
+//!   its monotonic µs); kind 9 the answer to one, on the answering node's own link (`t0`, `mono`
+//!   echoed, `t1 i64` and `t2 i64` its wall clock, unix µs, when the probe arrived and when the
+//!   answer left); kind 4 asks the accepting node for a commit-log segment's bytes (`base
 //!   u64, len u64`: a snapshot being installed, see `recover`), which it answers on the same
 //!   connection with `n u64` and `n` bytes (`n` = u64::MAX: no such segment); kind 5 (`index u64`)
 //!   says a snapshot's segments were all received; kind 6 (empty) tells a node the leader has
@@ -47,10 +48,11 @@ const MAX_FRAME: usize = 80 << 20;
 const QUEUE: usize = 4096;
 /// Kind byte of a Raft message frame.
 const KIND_RAFT: u8 = 1;
-/// Kind byte of a clock probe.
-const KIND_PROBE: u8 = 2;
+/// Kind byte of a clock probe (stamps in µs: millisecond stamps, kinds 2 and 3, made every
+/// estimate's error bound 3 ms wider, and a leader fires later by that much).
+const KIND_PROBE: u8 = 8;
 /// Kind byte of a clock probe's answer.
-const KIND_PROBE_ANSWER: u8 = 3;
+const KIND_PROBE_ANSWER: u8 = 9;
 /// Kind byte of a request for a segment's bytes.
 const KIND_FETCH: u8 = 4;
 /// Kind byte of "all of a snapshot's segments arrived".
@@ -611,10 +613,10 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
             KIND_PROBE_ANSWER if frame.len() == 33 => {
                 let word =
                     |i: usize| i64::from_le_bytes(frame[1 + i * 8..9 + i * 8].try_into().unwrap_or([0; 8]));
-                let (t3, now_mono) = (ctx.stamps.wall_ms(), ctx.stamps.mono_ms());
-                let rtt_ms = now_mono.saturating_sub(word(1) as u64);
-                let sample = Sample { t0: word(0), t1: word(2), t2: word(3), t3, rtt_ms };
-                Event::Clock { from, sample, at_mono_ms: now_mono }
+                let (t3, now_mono) = (ctx.stamps.wall_us(), ctx.stamps.mono_us());
+                let rtt_us = now_mono.saturating_sub(word(1) as u64);
+                let sample = Sample { t0: word(0), t1: word(2), t2: word(3), t3, rtt_us };
+                Event::Clock { from, sample, at_mono_us: now_mono }
             }
             _ => continue,
         };
@@ -627,11 +629,11 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
 /// Answers a clock probe on this node's own link to its sender, with this node's wall clock when
 /// it arrived and when the answer leaves.
 fn answer_probe(ctx: &Serve, to: u64, probe: &[u8]) {
-    let t1 = ctx.stamps.wall_ms();
+    let t1 = ctx.stamps.wall_us();
     let mut a = Vec::with_capacity(32);
     a.extend_from_slice(probe);
     a.extend_from_slice(&t1.to_le_bytes());
-    a.extend_from_slice(&ctx.stamps.wall_ms().to_le_bytes());
+    a.extend_from_slice(&ctx.stamps.wall_us().to_le_bytes());
     if let Some(link) = ctx.peers.read().unwrap_or_else(|p| p.into_inner()).get(&to) {
         link.send(frame(KIND_PROBE_ANSWER, &a));
     }

@@ -37,8 +37,8 @@ pub enum Event {
         from: u64,
         /// Its four stamps and the round trip.
         sample: super::clock::Sample,
-        /// This node's monotonic ms when it came back.
-        at_mono_ms: u64,
+        /// This node's monotonic µs when it came back.
+        at_mono_us: u64,
     },
     /// Node `from` says how far its readers had passed its queues (believed only if it leads).
     Passed {
