@@ -296,6 +296,14 @@ impl<R: Release> Writer<R> {
                     job.replies.into_iter().for_each(|r| r.release(Some(&e)));
                 }
             }
+            // No flusher thread (it could not be started): a cluster's batch still meets every
+            // condition before its replies go, the majority wait included, here.
+            None if self.replicated => {
+                let paths = log.paths(self.handed_off, end);
+                let paths: Vec<&PathBuf> = paths.iter().collect();
+                let failure = lock(&self.conditions).reach(&paths, end, !replies.is_empty()).err();
+                replies.drain(..).for_each(|r| r.release(failure.as_ref()));
+            }
             _ => {
                 let failure = self.sync_here(log).err();
                 // A sync on another thread may have failed: nothing is answered after that.
@@ -654,6 +662,24 @@ mod tests {
         assert_eq!(seen.len(), 2);
         assert!(seen[1].1 && seen[1].2 != me, "the batch owing a reply went to the flusher");
         drop(seen);
+        w.stop();
+    }
+
+    #[test]
+    fn without_a_flusher_thread_a_replicated_batch_still_meets_every_condition_before_its_replies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut w = writer(FlushMode::Sync, &durability, &log, vec![Box::new(Record(seen.clone()))]);
+        // As if the flusher thread could not be started.
+        w.sync_tx = None;
+        let (tx, rx) = channel();
+        append_one(&mut log, 1);
+        w.commit(&mut log, &mut vec![Reply(tx)], Driver::Engine { alone: false });
+        assert_eq!(rx.try_recv().unwrap(), None, "answered once the conditions were met");
+        assert!(durability.log_durable() >= log.end(), "the local sync ran");
+        let me = std::thread::current().id();
+        assert_eq!(seen.lock().unwrap().as_slice(), &[(log.end(), true, me)], "the majority condition ran, owed");
         w.stop();
     }
 
