@@ -207,6 +207,25 @@ fn reclaim_deletes_old_segments_on_every_node() {
     assert!(peak.iter().all(|n| *n >= 5), "the log should have grown past several segments: {peak:?}");
     // Done messages expire after 1 s; checkpoints every 5 s let reclaim delete what they free.
     // A trickle of traffic goes on: an idle log takes no checkpoint to wait for.
+    trickle_until(
+        &c,
+        "segments not reclaimed on every node",
+        &peak,
+        |i| segments(&c, i),
+        |now| now.iter().all(|n| *n <= 2),
+    );
+}
+
+/// Keeps a trickle of traffic going (an idle log takes no checkpoint, and reclaim waits for
+/// checkpoints) until `done` holds of every node's `count`; fails with `what` after 40 s.
+fn trickle_until(
+    c: &Cluster,
+    what: &str,
+    peak: &[usize],
+    count: impl Fn(usize) -> usize,
+    done: impl Fn(&[usize]) -> bool,
+) {
+    let client = c.client();
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut tick = 0;
     loop {
@@ -216,15 +235,11 @@ fn reclaim_deletes_old_segments_on_every_node() {
         for m in client.pop("trickle", 8, 0, None).expect("pop").messages() {
             client.ack(m["receipt"].as_str().expect("receipt")).expect("ack");
         }
-        let now: Vec<usize> = (1..=3).map(|i| segments(&c, i)).collect();
-        if now.iter().all(|n| *n <= 2) {
-            break;
+        let now: Vec<usize> = (1..=c.size()).map(&count).collect();
+        if done(&now) {
+            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "segments not reclaimed on every node: {peak:?} -> {now:?}\n{}",
-            c.describe()
-        );
+        assert!(Instant::now() < deadline, "{what}: {peak:?} -> {now:?}\n{}", c.describe());
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -283,30 +298,20 @@ fn followers_delete_consume_queue_files_as_the_leader_does() {
     assert!(peak.iter().all(|n| *n >= 10), "the queues should span several files on every node: {peak:?}");
     // The leader deletes files behind its readers at its checkpoints (every 5 s, while the log
     // moves: a trickle of traffic goes on); the followers, whose readers never move, follow it.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let mut tick = 0;
-    loop {
-        tick += 1;
-        let r = client.produce("trickle", &json!({"body": "t", "id": format!("t{tick}")})).expect("produce");
-        assert_eq!(r.status, 201);
-        for m in client.pop("trickle", 8, 0, None).expect("pop").messages() {
-            client.ack(m["receipt"].as_str().expect("receipt")).expect("ack");
-        }
-        let now: Vec<usize> = (1..=3).map(|i| queue_files(&c, i, "q")).collect();
-        // What is left on the leader: each level's file taking the next append (and its
-        // successor made ahead), and the topic's last file unless it was forgotten; a follower
-        // may be a checkpoint behind.
-        let kept = now[leader - 1];
-        if kept * 2 < peak[leader - 1] && now.iter().all(|n| *n <= kept + 2) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "queue files not deleted on every node: {peak:?} -> {now:?} (leader {leader})\n{}",
-            c.describe()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    // What is left on the leader: each level's file taking the next append (and its successor
+    // made ahead), and the topic's last file unless it was forgotten; a follower may be a
+    // checkpoint behind.
+    let what = format!("queue files not deleted on every node (leader {leader})");
+    trickle_until(
+        &c,
+        &what,
+        &peak,
+        |i| queue_files(&c, i, "q"),
+        |now| {
+            let kept = now[leader - 1];
+            kept * 2 < peak[leader - 1] && now.iter().all(|n| *n <= kept + 2)
+        },
+    );
 }
 
 #[test]
