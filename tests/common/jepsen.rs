@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::checker::{History, Report};
+use super::checker::{Event, History, ProduceOutcome, Report};
 use super::cluster::{agreed_leader, Cluster, ClusterClient, Reply};
 use super::now_ms;
 
@@ -302,17 +302,65 @@ pub fn drain(c: &Cluster, w: &Workload) {
         }
         assert!(Instant::now() < deadline, "the drain did not end within a minute\n{}", c.describe());
     }
-    assert_topic_empty(c, &s.topic);
 }
 
-/// The leader's counts of `topic` say nothing is left in it.
-pub fn assert_topic_empty(c: &Cluster, topic: &str) {
+/// What the leader's `GET /v1/topics` counts for `topic` (ready, reserved, delayed); zero when
+/// it does not list it.
+fn topic_left(c: &Cluster, topic: &str) -> Value {
     let r = c.client().request("GET", "/v1/topics", None, 0).expect("GET /v1/topics answered");
     let topics = r.body["topics"].as_array().cloned().unwrap_or_default();
-    if let Some(t) = topics.iter().find(|t| t["topic"] == topic) {
-        let left: u64 = ["ready", "reserved", "delayed"].iter().map(|k| t[k].as_u64().unwrap_or(0)).sum();
-        assert_eq!(left, 0, "the drained topic still counts messages: {t}\n{}", c.describe());
+    topics.iter().find(|t| t["topic"] == topic).cloned().unwrap_or(Value::Null)
+}
+
+/// The leader's counts of `topic` say nothing is left in it. On failure, prints what each node
+/// counts and browses, and every message the leader still holds live, with its history.
+pub fn assert_topic_empty(c: &Cluster, w: &Workload, scenario: &str) {
+    let t = topic_left(c, &w.shared.topic);
+    let left: u64 = ["ready", "reserved", "delayed"].iter().map(|k| t[k].as_u64().unwrap_or(0)).sum();
+    if left == 0 {
+        return;
     }
+    let topic = &w.shared.topic;
+    let probe = super::cluster::short_client(Duration::from_secs(5));
+    for i in (1..=c.size()).filter(|&i| c.is_running(i)) {
+        let base = c.url(i);
+        let counts = probe.get(format!("{base}/v1/topics")).send().and_then(|r| r.text());
+        eprintln!("{scenario}: node {i} /v1/topics: {counts:?}");
+        for state in ["delayed", "ready", "reserved"] {
+            let page = probe
+                .get(format!("{base}/v1/topics/{topic}/messages?state={state}"))
+                .send()
+                .and_then(|r| r.text());
+            eprintln!("{scenario}: node {i} browse {state}: {page:?}");
+        }
+    }
+    // Every message the clients may have stored, asked of the leader: the one counted live and
+    // never delivered again is among those it does not call done or cancelled.
+    let client = c.client();
+    let mut ids: Vec<String> = w
+        .history()
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Produced { id, outcome, .. } if outcome != ProduceOutcome::Refused => Some(id),
+            _ => None,
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    for id in &ids {
+        let Ok(r) = client.get(id) else { continue };
+        let state = r.body["state"].as_str().unwrap_or("");
+        if r.ok() && !matches!(state, "done" | "cancelled") {
+            let history = client
+                .request("GET", &format!("/v1/messages/{id}/history"), None, 0)
+                .map(|r| r.body.to_string());
+            eprintln!("{scenario}: live on the leader: {}\n  history: {history:?}", r.body);
+        }
+    }
+    save_logs(c, scenario);
+    save_data(c, scenario);
+    panic!("the drained topic still counts messages: {t}\n{}", c.describe());
 }
 
 /// Stops the workload, drains, checks the history and prints its counts.
@@ -327,6 +375,7 @@ pub fn finish(c: &Cluster, w: &mut Workload, scenario: &str) -> Report {
     }
     report.assert_ok();
     assert!(report.acked_produces >= 20, "{scenario}: too little was acknowledged to tell anything");
+    assert_topic_empty(c, w, scenario);
     report
 }
 
@@ -356,6 +405,17 @@ pub fn save_logs(c: &Cluster, scenario: &str) {
         eprintln!("{scenario}: the nodes' logs are in {}", dir.display());
     }
     eprintln!("{}", c.describe());
+}
+
+/// Copies every node's data directory next to the saved logs (`cp -a`, while they run: a
+/// snapshot good enough to read the log and the checkpoint).
+fn save_data(c: &Cluster, scenario: &str) {
+    let name = format!("delayd-cluster-{scenario}-{}", std::process::id()).replace(' ', "-");
+    let dir = std::env::temp_dir().join(name);
+    for i in 1..=c.size() {
+        let to = dir.join(format!("node{i}-data"));
+        let _ = std::process::Command::new("cp").arg("-a").arg(c.node(i).data_dir()).arg(&to).status();
+    }
 }
 
 /// A node other than `not`.
