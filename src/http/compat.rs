@@ -92,10 +92,20 @@ impl<S: Send + Sync> FromRequest<S> for CompatBody {
     }
 }
 
-/// A refused bearer token on a compat path: HTTP 401 as on `/v1`, with the compat body shape its
-/// clients parse (`code` 1, the message, `data` null).
-pub(crate) fn unauthorized(denied: ApiError) -> axum::response::Response {
+/// A refused bearer token on a compat path: HTTP 401 (missing or wrong) or 403 (read-only) as on
+/// `/v1`, with the compat body shape its clients parse (`code` 1, the message, `data` null). A 403
+/// also carries the `/v1` `error` object, so either kind of client reads why.
+pub(crate) fn refused(denied: ApiError) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if denied.status == axum::http::StatusCode::FORBIDDEN {
+        let body = serde_json::json!({
+            "code": 1,
+            "message": denied.message,
+            "data": null,
+            "error": {"code": denied.code, "message": denied.message},
+        });
+        return (denied.status, Json(body)).into_response();
+    }
     let mut resp = (denied.status, reply(1, &denied.message, Value::Null)).into_response();
     resp.headers_mut()
         .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));

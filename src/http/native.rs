@@ -644,6 +644,7 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             auth_token: None,
+            read_token: None,
             max_body_bytes: 100,
             max_batch: 50,
             max_wait_ms: 2000,

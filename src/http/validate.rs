@@ -170,6 +170,7 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             auth_token: None,
+            read_token: None,
             max_body_bytes: 10,
             max_batch: 5,
             max_wait_ms: 1000,
