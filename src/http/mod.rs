@@ -13,6 +13,7 @@ mod openapi;
 mod process;
 mod push;
 mod server;
+mod topic_name;
 mod topics;
 mod ui;
 mod validate;
