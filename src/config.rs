@@ -217,6 +217,15 @@ config_keys! {
             }),
             None => Ok(()),
         };
+    read_token: Option<String> [Token] = None, "TOKEN",
+        "Bearer token that may read (stats, metrics, messages, the dashboard) but change nothing; needs auth_token",
+        |v| match v.as_deref() {
+            Some("") => Err(EMPTY_TOKEN.into()),
+            Some(t) => rule(!t.chars().any(|c| c.is_whitespace() || c.is_control()), || {
+                "must contain no whitespace or control characters".into()
+            }),
+            None => Ok(()),
+        };
     max_connections: usize [Count<usize>] = 10_000, "N",
         "Most HTTP connections open at once, lowered to fit the file-handle limit; idle ones make room",
         |v| rule((1..=1_000_000).contains(v), || format!("{v} is outside 1..=1000000"));
@@ -532,7 +541,22 @@ impl Config {
                 ),
             );
         }
+        self.validate_tokens()?;
         self.validate_cluster()
+    }
+
+    /// A read-only token only narrows a full one: alone it would guard nothing, and equal to
+    /// `auth_token` it could not be told apart.
+    fn validate_tokens(&self) -> Result<()> {
+        match (&self.auth_token, &self.read_token) {
+            (None, Some(_)) => Err(Error::Config(
+                "read_token: needs auth_token; without it every client may change everything".into(),
+            )),
+            (Some(a), Some(r)) if a == r => {
+                Err(Error::Config("read_token: must differ from auth_token".into()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The rules between the cluster keys: all of `node_id`, `cluster_listen` and
@@ -983,6 +1007,7 @@ mod tests {
             ("compat_max_wait", "2s"),
             ("compat_max_attempts", "5"),
             ("auth_token", "t"),
+            ("read_token", "r"),
             ("max_connections", "5"),
             ("http_header_timeout", "2s"),
             ("http_idle_timeout", "1m"),
@@ -1034,6 +1059,7 @@ mod tests {
             compat_max_wait: 2000,
             compat_max_attempts: Some(5),
             auth_token: Some("t".into()),
+            read_token: Some("r".into()),
             max_connections: 5,
             http_header_timeout: 2000,
             http_idle_timeout: 60_000,
@@ -1070,6 +1096,7 @@ mod tests {
             ("levels", "1s 1h30m"),
             ("segment_bytes", "4MB"),
             ("auth_token", "t"),
+            ("read_token", "r"),
             ("reclaim", "off"),
             ("push_allowed_hosts", "a.example b.example"),
             ("push_max_in_flight", "12"),
@@ -1088,6 +1115,7 @@ mod tests {
         for original in [Config::default(), changed] {
             let mut c = Config {
                 auth_token: Some("other".into()),
+                read_token: Some("other-read".into()),
                 push_allowed_hosts: Some(vec!["other".into()]),
                 max_connections_per_ip: Some(99),
                 node_id: Some(9),
@@ -1102,6 +1130,7 @@ mod tests {
                 match (original.get(key), key) {
                     (Some(v), _) => c.set(key, &v).unwrap_or_else(|e| panic!("{key}={v:?}: {e}")),
                     (None, "auth_token") => c.auth_token = None,
+                    (None, "read_token") => c.read_token = None,
                     (None, "max_connections_per_ip") => c.max_connections_per_ip = None,
                     (None, "push_allowed_hosts") => c.push_allowed_hosts = None,
                     (None, "node_id") => c.node_id = None,
@@ -1117,6 +1146,20 @@ mod tests {
         assert_eq!(Config::default().get("segment_bytes").as_deref(), Some("64MiB"));
         assert_eq!(Config::default().get("auth_token"), None);
         assert_eq!(Config::default().get("no_such_key"), None);
+    }
+
+    #[test]
+    fn a_read_token_needs_a_different_auth_token() {
+        let only_read = Config { read_token: Some("r".into()), ..Config::default() };
+        let e = only_read.validate().unwrap_err().to_string();
+        assert!(e.contains("read_token") && e.contains("needs auth_token"), "{e}");
+        let same = Config { auth_token: Some("t".into()), read_token: Some("t".into()), ..Config::default() };
+        let e = same.validate().unwrap_err().to_string();
+        assert!(e.contains("read_token") && e.contains("differ"), "{e}");
+        let both = Config { auth_token: Some("t".into()), read_token: Some("r".into()), ..Config::default() };
+        both.validate().unwrap();
+        let e = Config::from_toml("read_token = \"\"\n").unwrap_err().to_string();
+        assert!(e.contains("read_token") && e.contains("must not be empty"), "{e}");
     }
 
     #[test]

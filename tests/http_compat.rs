@@ -319,3 +319,84 @@ fn a_refused_token_on_a_compat_path_answers_in_the_compat_shape() {
     let v: Value = r.json().unwrap();
     assert_eq!(v["code"], 0, "{v}");
 }
+
+/// A compat topic named as ouqiang users name them, driven through every `/v1/topics/{topic}`
+/// route: its name percent-encoded, and as it is where the URL allows (`:` does).
+#[test]
+fn compat_topic_names_work_through_every_v1_route() {
+    let s = Server::start(&[("DELAYD_COMPAT_MAX_WAIT", "1s")]);
+    push(&s, "order:close", "c-now", 0, 60, "now");
+    push(&s, "order:close", "c-later", 3600, 60, "later");
+    let (enc, raw) = ("/v1/topics/order%3Aclose", "/v1/topics/order:close");
+
+    // Listed, counted and measured under the name the client gave.
+    let listed = |s: &Server| {
+        let (st, v) = s.get("/v1/topics");
+        assert_eq!(st, 200, "{v}");
+        v["topics"].as_array().unwrap().clone()
+    };
+    let topics = listed(&s);
+    let t = topics.iter().find(|t| t["topic"] == "order:close").unwrap_or_else(|| panic!("{topics:?}"));
+    assert_eq!((&t["ready"], &t["delayed"]), (&json!(1), &json!(1)), "{t}");
+    assert!(!format!("{topics:?}").contains('%'), "the storage name never shows: {topics:?}");
+    let (_, stats) = s.get("/v1/stats");
+    assert!(stats["topics"].as_array().unwrap().iter().any(|t| t["topic"] == "order:close"), "{stats}");
+    let (_, metrics) = s.get_text("/metrics");
+    assert!(metrics.contains("delayd_topic_ready{topic=\"order:close\"} 1"), "{metrics}");
+    assert_eq!(s.get("/v1/messages/c-now").1["topic"], "order:close");
+
+    // Browse, both spellings.
+    for base in [enc, raw] {
+        let (st, v) = s.get(&format!("{base}/messages?state=delayed"));
+        assert_eq!(st, 200, "{base}: {v}");
+        assert_eq!(v["messages"][0]["id"], "c-later", "{base}: {v}");
+        assert_eq!(v["messages"][0]["topic"], "order:close", "{base}: {v}");
+    }
+
+    // Pause stops the compat pop; resume lets it through.
+    let (st, v) = s.post(&format!("{enc}/pause"), &json!({}));
+    assert_eq!((st, &v), (200, &json!({"topic": "order:close", "paused": true})));
+    assert_eq!(listed(&s).iter().find(|t| t["topic"] == "order:close").unwrap()["paused"], true);
+    assert_eq!(pop(&s, "order:close"), Value::Null, "paused");
+    let (st, v) = s.post(&format!("{raw}/resume"), &json!({}));
+    assert_eq!((st, &v), (200, &json!({"topic": "order:close", "paused": false})));
+    assert_eq!(pop(&s, "order:close")["id"], "c-now");
+    assert_eq!(call(&s, "/finish", JSON, r#"{"id":"c-now"}"#)["code"], 0);
+
+    // Produce, pop and nack natively; the dead letter is redriven back.
+    let (st, v) = s.post(&format!("{enc}/messages"), &json!({"id": "n1", "body": "b", "max_attempts": 1}));
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s.post_raw(&format!("{raw}/pop?max=1"), None, vec![]);
+    assert_eq!((st, &v["messages"][0]["id"]), (200, &json!("n1")), "{v}");
+    let receipt = v["messages"][0]["receipt"].as_str().unwrap().to_string();
+    let (st, v) = s.post("/v1/nack", &json!({ "receipt": receipt }));
+    assert_eq!((st, &v), (200, &json!({"state": "dead", "topic": "order:close.dlq"})));
+    assert!(listed(&s).iter().any(|t| t["topic"] == "order:close.dlq"));
+    assert_eq!(s.get("/v1/messages/n1").1["dead_letter_topic"], "order:close.dlq");
+    let (_, v) = s.get(&format!("{enc}/messages?state=dead"));
+    assert_eq!(v["messages"][0]["id"], "n1", "{v}");
+    let (st, v) = s.post(&format!("{enc}/redrive"), &json!({}));
+    assert_eq!((st, &v), (200, &json!({"moved": 1})));
+    assert_eq!(s.get("/v1/messages/n1").1["state"], "ready");
+
+    // A push subscription on another such topic (no messages, so nothing is delivered).
+    let (st, v) = s
+        .http()
+        .put(s.url("/v1/topics/hook%3Aonly/push"))
+        .json(&json!({"url": "http://127.0.0.1:9/h"}))
+        .send()
+        .map(|r| (r.status().as_u16(), r.json::<Value>().unwrap()))
+        .unwrap();
+    assert_eq!((st, &v["topic"]), (200, &json!("hook:only")), "{v}");
+    assert_eq!(s.get("/v1/topics/hook:only/push").1["topic"], "hook:only");
+    let (st, v) = s.delete("/v1/topics/hook%3Aonly/push");
+    assert_eq!((st, &v), (200, &json!({"topic": "hook:only", "removed": true})));
+
+    // Purge, then the compat API sees it gone.
+    let (st, v) = s.post(&format!("{enc}/purge"), &json!({}));
+    assert_eq!((st, &v), (200, &json!({"cancelled": 2})), "c-later and n1");
+    assert_eq!(call(&s, "/get", JSON, r#"{"id":"c-later"}"#)["data"], Value::Null);
+    // The storage spelling is a name of its own (`%` is escaped too), never the same topic.
+    let (_, v) = s.get("/v1/topics/order%253Aclose/messages?state=delayed");
+    assert_eq!(v["messages"], json!([]), "{v}");
+}

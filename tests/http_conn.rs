@@ -57,7 +57,7 @@ fn early_rejections() -> Vec<Reject> {
         ),
         r(
             "bad topic",
-            request("POST", "/v1/topics/a%20b/messages", &[AUTH, JSON], &body),
+            request("POST", &format!("/v1/topics/{}/messages", "t".repeat(129)), &[AUTH, JSON], &body),
             400,
             "invalid_argument",
         ),

@@ -155,10 +155,18 @@ fn every_route_that_makes_a_topic_obeys_max_topics_across_a_restart() {
 #[test]
 fn bad_topics_are_refused_with_the_json_shape() {
     let s = Server::start(&[]);
-    for path in ["/v1/topics/bad%20name/pause", "/v1/topics/%2E%2E%2Fx/resume"] {
-        let (st, v) = s.post(path, &json!({}));
+    // Any name is a topic; one longer than 128 bytes once escaped is not (`/` takes 3).
+    for path in
+        [format!("/v1/topics/{}/pause", "t".repeat(129)), format!("/v1/topics/{}/resume", "%2F".repeat(43))]
+    {
+        let (st, v) = s.post(&path, &json!({}));
         Server::assert_error(st, &v, 400, "invalid_argument");
     }
+    // `..` and `/` percent-encoded name a topic like any other, stored escaped: no path is walked.
+    let (st, v) = s.post("/v1/topics/%2E%2E%2Fx/pause", &json!({}));
+    assert_eq!((st, &v), (200, &json!({"topic": "../x", "paused": true})));
+    let (_, v) = s.get("/v1/topics");
+    assert!(v["topics"].as_array().unwrap().iter().any(|t| t["topic"] == "../x"), "{v}");
     let (st, v) = s.get("/v1/topics/x/pause");
     Server::assert_error(st, &v, 405, "method_not_allowed");
 }

@@ -75,6 +75,75 @@ fn the_data_directory_and_secret_files_are_private_whatever_the_umask() {
     }
 }
 
+/// Starts delayd on `data` under `umask`, stderr appended to `log`; returns it and its address.
+fn start_under_umask(umask: &str, data: &Path, log: &Path) -> (std::process::Child, String) {
+    let stderr = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+    let mut child = Command::new("sh")
+        .args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
+        .arg(env!("CARGO_BIN_EXE_delayd"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data)
+        .envs(BASE_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("start delayd");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix("delayd listening on ") {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let base = rx.recv_timeout(NEVER_HANG).expect("delayd started");
+    (child, base)
+}
+
+#[test]
+fn secret_files_are_0600_under_umask_022_and_wider_ones_are_narrowed_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, log) = (tmp.path().join("data"), tmp.path().join("stderr.log"));
+    let (mut child, base) = start_under_umask("022", &data, &log);
+    let produced = client()
+        .post(format!("{base}/v1/topics/jobs/messages"))
+        .json(&json!({ "body": "b" }))
+        .send()
+        .unwrap();
+    assert_eq!(produced.status(), 201);
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    let key = data.join("receipt_key");
+    let segment = std::fs::read_dir(data.join("commitlog")).unwrap().next().unwrap().unwrap().path();
+    assert_eq!(mode(&key), 0o600, "the receipt key");
+    assert_eq!(mode(&segment), 0o600, "{}", segment.display());
+    assert!(!std::fs::read_to_string(&log).unwrap().contains("narrowed"));
+
+    // As an older delayd left them, or a copy made them: readable by every user.
+    for f in [&key, &segment] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let (mut child, _) = start_under_umask("022", &data, &log);
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    assert_eq!(mode(&key), 0o600, "the receipt key is narrowed");
+    assert_eq!(mode(&segment), 0o600, "the segment is narrowed");
+    let text = std::fs::read_to_string(&log).unwrap();
+    for (what, file) in [("the receipt key", &key), ("a commit log segment", &segment)] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(what) && l.contains("narrowed to 0600"))
+            .unwrap_or_else(|| panic!("no line for {what}; log:\n{text}"));
+        assert!(
+            line.contains("WARN") && line.contains(&file.display().to_string()) && line.contains("0644"),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn a_receipt_key_lost_from_a_used_data_directory_is_replaced_with_a_warning() {
     let tmp = tempfile::tempdir().unwrap();

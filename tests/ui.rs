@@ -454,6 +454,91 @@ fn with_a_token_the_page_asks_for_it_and_keeps_it_out_of_urls() {
     b.assert_no_errors();
 }
 
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn a_compat_topic_name_is_shown_as_written_and_its_buttons_work() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    for (id, delay) in [("c-1", 600), ("c-2", 900)] {
+        let (st, v) = s
+            .post("/push", &json!({"topic": "order:close", "id": id, "delay": delay, "ttr": 60, "body": id}));
+        assert_eq!((st, &v["code"]), (200, &json!(0)), "{v}");
+    }
+
+    let b = Browser::open("compat-name", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    let row = b.wait_for(
+        "order:close in the topics table",
+        "const r = document.querySelector('#topics tbody tr[data-topic=\"order:close\"]');
+         return r ? Array.from(r.cells).map((c) => c.textContent) : null",
+    );
+    assert_eq!((&row[0], &row[3]), (&json!("order:close"), &json!("2")), "name and delayed count: {row}");
+
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='order:close'] button[aria-label='Browse order:close']");
+    let ids = b.wait_for(
+        "browsed messages of order:close",
+        "const ids = Array.from(document.querySelectorAll('#messages tbody tr')).map((r) => r.dataset.id);
+         return ids.length ? ids : null",
+    );
+    assert_eq!(ids, json!(["c-1", "c-2"]), "browsed ids");
+
+    b.click("#topics tr[data-topic='order:close'] button[aria-label='Pause order:close']");
+    b.wait_for(
+        "order:close shown paused",
+        "return document.querySelector('#topics tr[data-topic=\"order:close\"] .badge.paused') !== null",
+    );
+    let (_, topics) = s.get("/v1/topics");
+    let t = topics["topics"].as_array().unwrap().iter().find(|t| t["topic"] == "order:close").cloned();
+    assert_eq!(t.map(|t| t["paused"].clone()), Some(json!(true)), "{topics}");
+    b.screenshot("dashboard-compat-name.png", 1280, Some(900));
+    b.assert_no_errors();
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn with_the_read_token_the_page_shows_everything_and_changes_nothing() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    const READ: &str = "ui-read-only-5b1e";
+    let s = Server::start(&[("DELAYD_AUTH_TOKEN", TOKEN), ("DELAYD_READ_TOKEN", READ)]);
+    let r = s
+        .http()
+        .post(s.url("/v1/topics/mail/messages"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"id": "m-1", "body": "x", "delay_ms": 60_000}))
+        .send()
+        .expect("produce");
+    assert_eq!(r.status(), 201);
+
+    let b = Browser::open("read-token", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    b.wait_for("the token prompt", "return !document.getElementById('auth').hidden");
+    b.type_into("#token", READ);
+    b.click("#auth-form button[type=submit]");
+    b.wait_for("levels after the token", A_BUSY_LEVEL);
+    b.wait_for(
+        "mail in the topics table",
+        "return document.querySelector('#topics tr[data-topic=\"mail\"]')",
+    );
+    b.click("#topics tr[data-topic='mail'] button[aria-label='Pause mail']");
+    let said = b.wait_for(
+        "the refusal",
+        "const s = document.getElementById('status');
+         return s.classList.contains('error') && s.textContent.includes('read-only') ? s.textContent : null",
+    );
+    assert!(said.as_str().is_some_and(|t| t.contains("pause")), "{said}");
+    let topics: Value =
+        s.http().get(s.url("/v1/topics")).bearer_auth(TOKEN).send().expect("topics").json().expect("json");
+    assert_eq!(topics["topics"][0]["paused"], false, "{topics}");
+    assert_eq!(b.js("return document.getElementById('auth').hidden"), json!(true), "no new token asked for");
+    b.screenshot("dashboard-read-token.png", 1280, Some(700));
+    b.assert_no_errors();
+}
+
 /// The cluster panel's rows as [node id, role] texts, once it lists `n` nodes.
 fn cluster_rows(n: usize) -> String {
     format!(

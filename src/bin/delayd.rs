@@ -72,6 +72,14 @@ async fn run(cfg: Config) -> Result<()> {
     // The port first: a busy port fails the start at once, before recovery runs and before the
     // data directory is created. Connections that arrive during recovery wait in the backlog.
     let addr = cfg.listen_addr().map_err(|e| e.to_string())?;
+    // Said before binding, so it is in the log even when the bind then fails.
+    if cfg.auth_token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            listen = %addr,
+            "listening beyond loopback without auth_token: anyone who reaches {addr} can read, \
+             produce, purge and change every topic; set auth_token (and read_token for readers)"
+        );
+    }
     let listener =
         tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;

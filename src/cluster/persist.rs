@@ -60,6 +60,8 @@ pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    // A temp file left by a crash keeps the mode it was made with; `mode` covers new ones only.
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     f.write_all(bytes)?;
     f.sync_data()?;
     std::fs::rename(&tmp, path)?;

@@ -114,7 +114,7 @@ mod tests {
     #[test]
     fn only_the_secrets_are_kept_out_of_help() {
         let secret: Vec<&str> = KEY_TABLE.iter().filter(|k| k.secret).map(|k| k.name).collect();
-        assert_eq!(secret, ["auth_token", "cluster_secret"]);
+        assert_eq!(secret, ["auth_token", "read_token", "cluster_secret"]);
         for name in secret {
             let arg = Cli::command().get_arguments().find(|a| a.get_id() == name).cloned().unwrap();
             assert!(arg.is_hide_env_values_set(), "{name}");

@@ -92,8 +92,9 @@ impl Kind for Path {
     }
 }
 
-/// What an empty `auth_token` is told, wherever it is written.
-pub(super) const EMPTY_TOKEN: &str = "must not be empty; leave auth_token unset to turn authentication off";
+/// What an empty token is told, wherever it is written.
+pub(super) const EMPTY_TOKEN: &str =
+    "must not be empty; leave it unset instead (auth_token unset turns authentication off)";
 
 /// A secret that may be left unset but never set empty: an empty token must not quietly turn
 /// authentication off.

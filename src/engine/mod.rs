@@ -52,7 +52,7 @@ pub fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
         return Err(Error::invalid("topic", format!("must be 1 to {MAX_TOPIC_LEN} characters")));
     }
-    // '%' appears only in the storage names of compat topics (see `http::compat`), which escape
+    // '%' appears only in the storage names of topics outside this set (see `http::topic_name`), which escape
     // every other byte as %XX; native topics never contain it.
     if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'%')) {
         return Err(Error::invalid("topic", "may only contain A-Z, a-z, 0-9, '.', '_' and '-'"));

@@ -15,62 +15,10 @@ use utoipa::ToSchema;
 use super::error::ApiError;
 use super::extract::RawBody;
 use super::native::pop_or_shutdown;
-use super::{validate, AppState};
+use super::{topic_name, validate, AppState};
 use crate::error::Error;
 use crate::limits::COMPAT_MAX_TTR_S;
 use crate::message::{MessageState, PopRequest, ProduceRequest, When};
-
-/// Longest storage name of a compat topic (it names a directory, `t-<name>.dlq` included).
-const MAX_STORED_TOPIC: usize = crate::limits::MAX_TOPIC_LEN;
-
-/// The name a compat topic is stored under. The original takes any non-empty string; storage
-/// takes `[A-Za-z0-9._-]`. A topic a native client could name is its own storage name (so both
-/// APIs share it); any other has each byte outside `[A-Za-z0-9._-]` written as `%XX`, and `%`
-/// never appears in a native topic, so the two kinds never meet and the mapping is reversible.
-fn stored_topic(topic: &str) -> Result<String, String> {
-    if validate::topic(topic).is_ok() {
-        return Ok(topic.to_string());
-    }
-    let mut out = String::with_capacity(topic.len() * 3);
-    for b in topic.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if out.len() > MAX_STORED_TOPIC {
-        return Err(format!(
-            "topic is too long: {} bytes once stored (each byte outside A-Z a-z 0-9 . _ - takes 3),              the most is {MAX_STORED_TOPIC}",
-            out.len()
-        ));
-    }
-    Ok(out)
-}
-
-/// The topic a client gave, from its storage name.
-fn client_topic(stored: &str) -> String {
-    if !stored.contains('%') {
-        return stored.to_string();
-    }
-    let b = stored.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (other, _) => {
-                out.push(other);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 /// Checks a compat job id: the original takes any non-empty string; storage refuses control
 /// characters and more than 128 bytes.
@@ -92,10 +40,20 @@ impl<S: Send + Sync> FromRequest<S> for CompatBody {
     }
 }
 
-/// A refused bearer token on a compat path: HTTP 401 as on `/v1`, with the compat body shape its
-/// clients parse (`code` 1, the message, `data` null).
-pub(crate) fn unauthorized(denied: ApiError) -> axum::response::Response {
+/// A refused bearer token on a compat path: HTTP 401 (missing or wrong) or 403 (read-only) as on
+/// `/v1`, with the compat body shape its clients parse (`code` 1, the message, `data` null). A 403
+/// also carries the `/v1` `error` object, so either kind of client reads why.
+pub(crate) fn refused(denied: ApiError) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if denied.status == axum::http::StatusCode::FORBIDDEN {
+        let body = serde_json::json!({
+            "code": 1,
+            "message": denied.message,
+            "data": null,
+            "error": {"code": denied.code, "message": denied.message},
+        });
+        return (denied.status, Json(body)).into_response();
+    }
     let mut resp = (denied.status, reply(1, &denied.message, Value::Null)).into_response();
     resp.headers_mut()
         .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
@@ -218,7 +176,7 @@ fn push_request(st: &AppState, m: &Map<String, Value>) -> Result<(String, Produc
     if topic.is_empty() {
         return Err("topic must not be empty".into());
     }
-    let topic = stored_topic(&topic)?;
+    let topic = topic_name::stored(&topic)?;
     compat_id(&id)?;
     validate::body(limits, &body).map_err(api_message)?;
     let delay = int_field(m, "delay")?;
@@ -296,7 +254,7 @@ pub(crate) async fn pop(State(st): State<AppState>, CompatBody(raw): CompatBody)
     if topics.is_empty() {
         return fail("topic must not be empty");
     }
-    let topics = match topics.into_iter().map(stored_topic).collect::<Result<Vec<_>, _>>() {
+    let topics = match topics.into_iter().map(topic_name::stored).collect::<Result<Vec<_>, _>>() {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
@@ -307,7 +265,7 @@ pub(crate) async fn pop(State(st): State<AppState>, CompatBody(raw): CompatBody)
             Some(d) => ok(json!({
                 "id": d.id,
                 "body": String::from_utf8_lossy(&d.body),
-                "topic": client_topic(&d.topic),
+                "topic": topic_name::shown(&d.topic),
             })),
             None => ok(Value::Null),
         },
@@ -406,7 +364,7 @@ pub(crate) async fn get(State(st): State<AppState>, CompatBody(raw): CompatBody)
     };
     match st.broker().get(&id).await {
         Ok(info) if !matches!(info.state, MessageState::Done | MessageState::Cancelled) => ok(json!({
-            "topic": client_topic(&info.topic),
+            "topic": topic_name::shown(&info.topic),
             "id": info.id,
             // Rounded up so a client never computes a time before the real due time.
             "delay": info.deliver_at_ms.div_ceil(1000),
@@ -439,21 +397,5 @@ mod tests {
         assert!(int_field(&m, "ttr").is_err());
         assert!(int_field(&m, "missing").unwrap_err().contains("required"));
         assert!(string_field(&m, "body").is_err());
-    }
-
-    #[test]
-    fn any_topic_maps_to_a_storage_name_and_back() {
-        for t in
-            ["order", "order:close", "订单", "names with spaces", "50%", "a%20b", ".", "emoji 🚀", "x/../y"]
-        {
-            let stored = stored_topic(t).unwrap();
-            assert!(crate::engine::validate_topic(&stored).is_ok(), "{t:?} stored as {stored:?}");
-            assert_eq!(client_topic(&stored), t, "{t:?} stored as {stored:?}");
-        }
-        assert_eq!(stored_topic("order.close").unwrap(), "order.close", "a native name is its own");
-        assert_eq!(stored_topic("order:close").unwrap(), "order%3Aclose");
-        assert_ne!(stored_topic("a%20b").unwrap(), stored_topic("a b").unwrap());
-        assert!(stored_topic(&"订".repeat(43)).is_err(), "129 bytes once escaped");
-        assert!(stored_topic(&"订".repeat(14)).is_ok());
     }
 }

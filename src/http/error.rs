@@ -43,6 +43,11 @@ impl ApiError {
         )
     }
 
+    /// 403 for a valid token that may not call this route (the read-only one on a write).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
     /// 404 for a path that matches no endpoint.
     pub fn no_route(path: &str) -> Self {
         ApiError::new(StatusCode::NOT_FOUND, "no_such_endpoint", format!("no endpoint at {path}"))

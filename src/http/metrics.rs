@@ -350,7 +350,13 @@ fn level_and_topic_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<(
         }),
     ];
     for (name, help, get) in topic_gauges {
-        gauge_by(reg, name, help, "topic", stats.topics.iter().map(|t| (t.topic.clone(), get(t) as f64)))?;
+        gauge_by(
+            reg,
+            name,
+            help,
+            "topic",
+            stats.topics.iter().map(|t| (super::topic_name::shown(&t.topic), get(t) as f64)),
+        )?;
     }
     Ok(())
 }

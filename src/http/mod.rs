@@ -13,13 +13,14 @@ mod openapi;
 mod process;
 mod push;
 mod server;
+mod topic_name;
 mod topics;
 mod ui;
 mod validate;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -47,6 +48,8 @@ use crate::limits::ENVELOPE_BYTES;
 pub struct Limits {
     /// Bearer token required when set.
     pub auth_token: Option<String>,
+    /// Bearer token that may call the routes of [`READ_ROUTES`] only.
+    pub read_token: Option<String>,
     /// Largest message body.
     pub max_body_bytes: usize,
     /// Most messages in one batch.
@@ -70,6 +73,7 @@ impl Limits {
     pub fn from_config(cfg: &Config) -> Limits {
         Limits {
             auth_token: cfg.auth_token.clone(),
+            read_token: cfg.read_token.clone(),
             max_body_bytes: usize::try_from(cfg.max_body_bytes).unwrap_or(usize::MAX),
             max_batch: cfg.max_batch,
             max_wait_ms: cfg.max_wait,
@@ -280,18 +284,82 @@ where
     on(ALL_BUT_HEAD, handler).head(method_not_allowed)
 }
 
-async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &state.limits().auth_token {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            let denied = ApiError::unauthorized();
-            if compat_paths::is_compat_path(req.uri().path()) {
-                return compat::unauthorized(denied);
-            }
-            return denied.into_response();
-        }
+/// The routes `read_token` may call, by method (`None`: any) and route template; every other
+/// route behind the token changes something and answers it 403. A route is a read when it
+/// changes no state: a pop reserves (and a compat `/pop` too), so it is a write. A route left out
+/// of this list is refused to the read-only token, never opened to it by mistake; `HEAD` is
+/// allowed wherever `GET` is.
+pub const READ_ROUTES: &[(Option<&str>, &str)] = &[
+    (Some("GET"), "/v1/topics"),
+    (Some("GET"), "/v1/topics/{topic}/messages"),
+    (Some("GET"), "/v1/topics/{topic}/push"),
+    (Some("GET"), "/v1/messages/{id}"),
+    (Some("GET"), "/v1/messages/{id}/history"),
+    (Some("GET"), "/v1/stats"),
+    (Some("GET"), "/v1/cluster"),
+    (Some("GET"), "/metrics"),
+    // The original serves every path for any method; `/get` only looks a job up.
+    (None, "/get"),
+];
+
+/// Whether `method` on the route `template` only reads.
+fn is_read_route(method: &axum::http::Method, template: &str) -> bool {
+    let method = if method == axum::http::Method::HEAD { "GET" } else { method.as_str() };
+    READ_ROUTES.iter().any(|(m, t)| *t == template && m.is_none_or(|m| m == method))
+}
+
+/// What a bearer token lets its holder do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Everything (`auth_token`, or no token configured).
+    Full,
+    /// The routes of [`READ_ROUTES`] (`read_token`).
+    Read,
+    /// Nothing: missing or wrong.
+    None,
+}
+
+/// The access an `Authorization` header gives under the configured tokens.
+pub(crate) fn access(
+    auth_token: Option<&str>,
+    read_token: Option<&str>,
+    headers: &axum::http::HeaderMap,
+) -> Access {
+    let Some(full) = auth_token else { return Access::Full };
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
+    let Some(given) = given else { return Access::None };
+    // Both compared, so the time taken does not tell which token came close.
+    let is_full = constant_time_eq(given.as_bytes(), full.as_bytes());
+    let is_read = read_token.is_some_and(|r| constant_time_eq(given.as_bytes(), r.as_bytes()));
+    match (is_full, is_read) {
+        (true, _) => Access::Full,
+        (false, true) => Access::Read,
+        (false, false) => Access::None,
     }
-    next.run(req).await
+}
+
+async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let limits = state.limits();
+    let denied = match access(limits.auth_token.as_deref(), limits.read_token.as_deref(), req.headers()) {
+        Access::Full => return next.run(req).await,
+        Access::Read => {
+            // Set by the router before any route layer runs; a request here always has one.
+            let template = req.extensions().get::<MatchedPath>().map_or("", |m| m.as_str());
+            if is_read_route(req.method(), template) {
+                return next.run(req).await;
+            }
+            ApiError::forbidden(format!(
+                "the read-only token cannot call {} {}: it changes state; use auth_token",
+                req.method(),
+                req.uri().path()
+            ))
+        }
+        Access::None => ApiError::unauthorized(),
+    };
+    if compat_paths::is_compat_path(req.uri().path()) {
+        return compat::refused(denied);
+    }
+    denied.into_response()
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme in any case (RFC 7235).

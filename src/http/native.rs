@@ -13,7 +13,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{from_raw, JsonBody, PathParam};
 use super::openapi::{BackoffValue, LevelValue};
 use super::server::{HttpStats, ServerView};
-use super::{now_ms, validate, AppState, Limits};
+use super::{now_ms, topic_name, validate, AppState, Limits};
 use crate::message::{
     Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
     When,
@@ -105,7 +105,8 @@ impl From<&Produced> for ProduceAnswer {
 }
 
 /// The path parameter `{topic}`, as every topic route documents it.
-pub(crate) const TOPIC_PARAM: &str = "1–128 characters of A-Z a-z 0-9 . _ -";
+pub(crate) const TOPIC_PARAM: &str = "The topic, percent-encoded. A name of A-Z a-z 0-9 . _ - (1–128 \
+     characters) or any other (a compat topic such as order:close), stored escaped in at most 128 bytes";
 
 /// `POST /v1/topics/{topic}/messages`
 #[utoipa::path(
@@ -131,7 +132,7 @@ pub(crate) async fn produce(
     PathParam(topic): PathParam,
     JsonBody(body): JsonBody<ProduceBody>,
 ) -> Result<Response, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let req = body.into_request(st.limits())?;
     let produced = st.broker().produce(&topic, req).await?;
     // A repeat of an earlier identical produce is a safe retry: 200 with the original result.
@@ -186,7 +187,7 @@ pub(crate) async fn produce_batch(
     PathParam(topic): PathParam,
     JsonBody(batch): JsonBody<BatchBody>,
 ) -> Result<Response, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let limits = st.limits();
     if batch.messages.len() > limits.max_batch {
         return Err(ApiError::too_large(format!(
@@ -340,7 +341,7 @@ pub(crate) async fn pop(
     PathParam(topic): PathParam,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let q = parse_pop_query(query.as_deref(), st.limits())?;
     let req = PopRequest { topics: vec![topic], max: q.max, wait_ms: q.wait_ms, ttr_ms: q.ttr_ms };
     let deliveries = pop_or_shutdown(&st, req).await?;
@@ -434,9 +435,11 @@ impl From<Nacked> for NackAnswer {
             Nacked::Retry { deliver_at_ms } => {
                 NackAnswer { deliver_at_ms: Some(deliver_at_ms), state: NackState::Retry, topic: None }
             }
-            Nacked::DeadLettered { topic } => {
-                NackAnswer { deliver_at_ms: None, state: NackState::Dead, topic: Some(topic) }
-            }
+            Nacked::DeadLettered { topic } => NackAnswer {
+                deliver_at_ms: None,
+                state: NackState::Dead,
+                topic: Some(topic_name::shown(&topic)),
+            },
         }
     }
 }
@@ -494,11 +497,11 @@ impl From<&MessageInfo> for MessageAnswer {
             attempt: m.attempt,
             body: String::from_utf8_lossy(&m.body).into_owned(),
             created_at_ms: m.created_at_ms,
-            dead_letter_topic: m.dead_letter_topic.clone(),
+            dead_letter_topic: m.dead_letter_topic.as_deref().map(topic_name::shown),
             deliver_at_ms: m.deliver_at_ms,
             id: m.id.clone(),
             state: m.state,
-            topic: m.topic.clone(),
+            topic: topic_name::shown(&m.topic),
         }
     }
 }
@@ -623,7 +626,10 @@ pub(crate) async fn stats(
     State(st): State<AppState>,
     server: Option<Extension<ServerView>>,
 ) -> Result<Json<Value>, ApiError> {
-    let store = st.broker().stats().await?;
+    let mut store = st.broker().stats().await?;
+    for t in &mut store.topics {
+        t.topic = topic_name::shown(&t.topic);
+    }
     let files = super::process::file_limit().ok();
     let answer = StatsAnswer {
         store,
@@ -644,6 +650,7 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             auth_token: None,
+            read_token: None,
             max_body_bytes: 100,
             max_batch: 50,
             max_wait_ms: 2000,

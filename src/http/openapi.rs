@@ -59,6 +59,7 @@ impl Modify for BearerScheme {
 
 /// The shared responses, by name in `components/responses`.
 const UNAUTHORIZED: &str = "Unauthorized";
+const FORBIDDEN: &str = "Forbidden";
 const ERROR: &str = "Error";
 
 /// The whole document: [`Base`] plus the operations of the open router and of the one behind the
@@ -70,6 +71,10 @@ pub(crate) fn document(open: Document, protected: Document) -> Document {
     let components = doc.components.get_or_insert_with(Default::default);
     for (name, description) in [
         (UNAUTHORIZED, "auth_token is set and the Authorization: Bearer header is missing or wrong"),
+        (
+            FORBIDDEN,
+            "The read_token was given, and this operation changes state (only auth_token may call it)",
+        ),
         (
             ERROR,
             "Any other error, e.g. 503 while the store refuses writes or shuts down (with Retry-After: 1), \
@@ -88,9 +93,12 @@ pub(crate) fn document(open: Document, protected: Document) -> Document {
     }
     let mut protected = protected;
     for (path, item) in protected.paths.paths.iter_mut() {
-        for op in operations(item) {
+        for (method, op) in operations_by_method(item) {
             let responses = &mut op.responses.responses;
             responses.entry("401".into()).or_insert_with(|| RefOr::Ref(response_ref(UNAUTHORIZED)));
+            if !super::is_read_route(&method, path) {
+                responses.entry("403".into()).or_insert_with(|| RefOr::Ref(response_ref(FORBIDDEN)));
+            }
             if path.starts_with("/v1/") {
                 responses.entry("default".into()).or_insert_with(|| RefOr::Ref(response_ref(ERROR)));
             }
@@ -103,6 +111,23 @@ pub(crate) fn document(open: Document, protected: Document) -> Document {
 
 fn response_ref(name: &str) -> Ref {
     Ref::new(format!("#/components/responses/{name}"))
+}
+
+/// Every operation of a path item with its method.
+fn operations_by_method(item: &mut PathItem) -> impl Iterator<Item = (axum::http::Method, &mut Operation)> {
+    use axum::http::Method;
+    [
+        (Method::GET, &mut item.get),
+        (Method::PUT, &mut item.put),
+        (Method::POST, &mut item.post),
+        (Method::DELETE, &mut item.delete),
+        (Method::OPTIONS, &mut item.options),
+        (Method::HEAD, &mut item.head),
+        (Method::PATCH, &mut item.patch),
+        (Method::TRACE, &mut item.trace),
+    ]
+    .into_iter()
+    .filter_map(|(m, op)| op.as_mut().map(|op| (m, op)))
 }
 
 /// Every operation of a path item, whatever its method.

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, PathParam};
 use super::native::TOPIC_PARAM;
-use super::{validate, AppState};
+use super::{topic_name, AppState};
 use crate::message::PushConfig;
 use crate::storage::format::{MAX_PUSH_SECRET_BYTES, MAX_PUSH_URL_BYTES};
 
@@ -108,7 +108,7 @@ pub(crate) async fn put(
     PathParam(topic): PathParam,
     JsonBody(body): JsonBody<PushBody>,
 ) -> Result<Json<PushAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let allowed = st.limits().push_allowed_hosts.as_deref();
     let (url, nats_subject) = match (body.url, body.nats) {
         (Some(url), None) => {
@@ -165,7 +165,8 @@ pub(crate) async fn put(
         room_for(&st, &topic).await?;
         st.broker().set_push(&topic, Some(cfg)).await?;
     }
-    let Json(mut answer) = get(State(st), PathParam(topic)).await?;
+    // `get` takes the name as the client wrote it, as every route does.
+    let Json(mut answer) = get(State(st), PathParam(topic_name::shown(&topic))).await?;
     answer.warnings = warnings;
     Ok(Json(answer))
 }
@@ -227,9 +228,12 @@ pub(crate) async fn get(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
 ) -> Result<Json<PushAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let cfg = st.broker().push_of(&topic).await?.ok_or_else(|| {
-        ApiError::from(crate::error::Error::NotFound(format!("topic {topic:?} has no push subscription")))
+        ApiError::from(crate::error::Error::NotFound(format!(
+            "topic {:?} has no push subscription",
+            topic_name::shown(&topic)
+        )))
     })?;
     // Never the secret itself: only whether there is one.
     let (url, nats) = match cfg.nats_subject {
@@ -242,7 +246,7 @@ pub(crate) async fn get(
         max_in_flight: cfg.max_in_flight,
         nats,
         timeout_ms: cfg.timeout_ms,
-        topic: cfg.topic,
+        topic: topic_name::shown(&cfg.topic),
         url,
         warnings: Vec::new(),
     }))
@@ -265,9 +269,9 @@ pub(crate) async fn delete(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
 ) -> Result<Json<RemovedAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     st.broker().set_push(&topic, None).await?;
-    Ok(Json(RemovedAnswer { removed: true, topic }))
+    Ok(Json(RemovedAnswer { removed: true, topic: topic_name::shown(&topic) }))
 }
 
 /// Only absolute URLs of one of `schemes` with a host (one of `allowed`, when set), without

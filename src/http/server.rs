@@ -85,6 +85,9 @@ pub struct ServeConfig {
     /// The bearer token of `auth_token`: a request without it is left to the router, which
     /// refuses it (401) before reading its body wherever a token is needed.
     pub auth_token: Option<String>,
+    /// The bearer token of `read_token`, which also lets a request's body in: the router
+    /// refuses it (403) on a write before reading the body.
+    pub read_token: Option<String>,
 }
 
 impl ServeConfig {
@@ -99,6 +102,7 @@ impl ServeConfig {
             body_limit: cfg.max_body_bytes.saturating_add(crate::limits::ENVELOPE_BYTES as u64),
             max_body_memory: cfg.max_body_memory,
             auth_token: cfg.auth_token.clone(),
+            read_token: cfg.read_token.clone(),
         }
     }
 }
@@ -470,11 +474,10 @@ struct ConnService {
 }
 
 impl ConnService {
-    /// Whether the request carries the bearer token, or none is needed.
+    /// Whether the request carries a bearer token (full or read-only), or none is needed.
     fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
-        let Some(token) = &self.shared.cfg.auth_token else { return true };
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(super::bearer);
-        given.is_some_and(|g| super::constant_time_eq(g.as_bytes(), token.as_bytes()))
+        let cfg = &self.shared.cfg;
+        super::access(cfg.auth_token.as_deref(), cfg.read_token.as_deref(), headers) != super::Access::None
     }
 
     /// Lets a request's body in, reserving its memory, or refuses the request before any of the

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{OptionalJsonBody, PathParam};
 use super::native::{MessageAnswer, TOPIC_PARAM};
-use super::{validate, AppState};
+use super::{topic_name, validate, AppState};
 use crate::engine::WalkPos;
 use crate::message::{MessageState, TopicInfo};
 use crate::storage::store::dead_letter_topic;
@@ -34,7 +34,11 @@ pub(crate) struct TopicsAnswer {
     responses((status = 200, description = "The topics, by name", body = TopicsAnswer))
 )]
 pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<TopicsAnswer>, ApiError> {
-    let topics = st.broker().topics().await?;
+    let mut topics = st.broker().topics().await?;
+    for t in &mut topics {
+        t.topic = topic_name::shown(&t.topic);
+    }
+    topics.sort_by(|a, b| a.topic.cmp(&b.topic));
     Ok(Json(TopicsAnswer { topics }))
 }
 
@@ -87,9 +91,9 @@ async fn set_paused(
     PathParam(topic): PathParam,
     paused: bool,
 ) -> Result<Json<PauseAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     st.broker().set_paused(&topic, paused).await?;
-    Ok(Json(PauseAnswer { paused, topic }))
+    Ok(Json(PauseAnswer { paused, topic: topic_name::shown(&topic) }))
 }
 
 /// Entries per page when `limit` is not given.
@@ -127,7 +131,7 @@ pub(crate) async fn browse(
     PathParam(topic): PathParam,
     RawQuery(query): RawQuery,
 ) -> Result<Json<BrowseAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let (mut state, mut limit, mut at) = (MessageState::Ready, DEFAULT_LIMIT, WalkPos::default());
     let max = st.limits().max_batch;
     for (key, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
@@ -215,7 +219,7 @@ pub(crate) async fn redrive(
     PathParam(topic): PathParam,
     OptionalJsonBody(body): OptionalJsonBody<RedriveBody>,
 ) -> Result<Json<RedriveAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let ids = body.ids;
     if let Some(ids) = &ids {
         if ids.len() > st.limits().max_batch {
@@ -253,7 +257,7 @@ pub(crate) async fn purge(
     State(st): State<AppState>,
     PathParam(topic): PathParam,
 ) -> Result<Json<PurgeAnswer>, ApiError> {
-    validate::topic(&topic)?;
+    let topic = topic_name::stored_or_400(&topic)?;
     let cancelled = st.broker().purge(&topic).await?;
     Ok(Json(PurgeAnswer { cancelled }))
 }

@@ -1,6 +1,7 @@
 //! Field rules shared by the native and compat APIs.
 //!
-//! Topics: 1 to 128 characters from `[A-Za-z0-9._-]`. Ids: 1 to 128 bytes of UTF-8 with no whitespace
+//! Topics: a name of 1 to 128 characters from `[A-Za-z0-9._-]` is stored as it is (any other is
+//! stored escaped, see `topic_name`). Ids: 1 to 128 bytes of UTF-8 with no whitespace
 //! and no control characters (so any printable id, an order number or a UUID, fits in a URL path
 //! segment once percent-encoded, and cannot be confused in logs). `.` and `..` alone are refused:
 //! URL clients treat them as path navigation.
@@ -12,7 +13,7 @@ use super::Limits;
 use crate::limits::{MAX_BACKOFF_STEPS, MAX_ID_BYTES, MAX_TOPIC_LEN};
 use crate::units::{fmt_ms, parse_duration, parse_duration_list};
 
-/// Checks a topic name.
+/// Whether a topic name is its own storage name.
 pub fn topic(t: &str) -> Result<(), ApiError> {
     if t.is_empty() || t.len() > MAX_TOPIC_LEN {
         return Err(ApiError::invalid("topic", format!("must be 1 to {MAX_TOPIC_LEN} characters")));
@@ -170,6 +171,7 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             auth_token: None,
+            read_token: None,
             max_body_bytes: 10,
             max_batch: 5,
             max_wait_ms: 1000,

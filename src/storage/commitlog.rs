@@ -763,6 +763,8 @@ fn open_segments(
     let mut segments = Vec::new();
     for (i, base) in bases.iter().enumerate() {
         let path = dir.join(segment_name(*base));
+        // Segments hold push subscriptions' secrets; new ones are made 0600.
+        super::io::keep_private(&path, "a commit log segment");
         // The newest segment may be short if power failed between its creation and its
         // preallocation: extend it (the tail is zeroes, i.e. unwritten).
         let file = if i + 1 == bases.len() {

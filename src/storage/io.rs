@@ -252,6 +252,30 @@ pub fn open(opts: &OpenOptions, path: &Path) -> io::Result<File> {
     opts.open(path)
 }
 
+/// Narrows an existing file that holds secrets (`what`) to 0600 when other users may read or
+/// write it (made by an older delayd under the umask, or copied in), saying so. A file it cannot
+/// narrow is left as it is, with a warning: the broker still runs.
+pub fn keep_private(path: &Path, what: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else { return };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 == 0 {
+        return;
+    }
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        Ok(()) => tracing::warn!(
+            file = %path.display(),
+            was = format!("{mode:04o}"),
+            "{what} was open to other users; narrowed to 0600"
+        ),
+        Err(e) => tracing::warn!(
+            file = %path.display(),
+            mode = format!("{mode:04o}"),
+            "{what} is open to other users and cannot be narrowed to 0600: {e}"
+        ),
+    }
+}
+
 /// Creates the data directory (and missing parents) readable by its owner alone, whatever the
 /// umask: the log holds push subscriptions' secrets and the directory the receipt key. A directory
 /// that already exists keeps its mode (the operator chose it), with a warning when others can

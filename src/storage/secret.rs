@@ -22,7 +22,7 @@ pub fn load_or_create(path: &Path, holds_log: bool, durability: &Durability) -> 
     match std::fs::read(path) {
         Ok(b) => match decode_receipt_key(&b) {
             Ok(key) => {
-                keep_private(path);
+                super::io::keep_private(path, "the receipt key");
                 return Ok(key);
             }
             Err(_) => warn!(
@@ -56,17 +56,6 @@ pub fn derive_key(secret: &str) -> [u8; KEY_BYTES] {
     let out = mac.finalize().into_bytes();
     key.copy_from_slice(&out[..KEY_BYTES]);
     key
-}
-
-/// Narrows a key file made by an older delayd (under the umask, often 0644) to its owner.
-fn keep_private(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(meta) = std::fs::metadata(path) else { return };
-    if meta.permissions().mode() & 0o077 != 0 {
-        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-            warn!(file = %path.display(), "receipt key is readable by other users and cannot be narrowed to 0600: {e}");
-        }
-    }
 }
 
 /// 32 bytes from the kernel's CSPRNG (getrandom(2), which blocks only before the pool is seeded).
