@@ -175,7 +175,8 @@ pub struct TopicStats {
 }
 
 /// A topic's push subscription: delayd itself consumes the topic and delivers each due message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Its `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
 pub struct PushConfig {
     /// The topic consumed.
     pub topic: String,
@@ -192,6 +193,23 @@ pub struct PushConfig {
     /// When it was set, unix ms.
     pub created_at_ms: u64,
 }
+
+impl std::fmt::Debug for PushConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushConfig")
+            .field("topic", &self.topic)
+            .field("url", &self.url)
+            .field("nats_subject", &self.nats_subject)
+            .field("secret", &self.secret.as_ref().map(|_| REDACTED))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("created_at_ms", &self.created_at_ms)
+            .finish()
+    }
+}
+
+/// What `Debug` shows in place of a secret.
+pub const REDACTED: &str = "<redacted>";
 
 /// A topic as `GET /v1/topics` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]

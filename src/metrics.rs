@@ -215,6 +215,8 @@ pub struct PushMetrics {
     pub(crate) latency: HistogramVec,
     pub(crate) in_flight: IntGaugeVec,
     pub(crate) in_flight_limit: IntGauge,
+    /// Each subscription's recent outcomes, for `GET /v1/topics/{topic}/push`.
+    pub(crate) health: crate::push_health::Health,
 }
 
 impl PushMetrics {
@@ -249,7 +251,7 @@ impl PushMetrics {
             "Most push deliveries under way at once over every topic (push_max_in_flight).",
         )
         .expect("valid gauge");
-        PushMetrics { attempts, latency, in_flight, in_flight_limit }
+        PushMetrics { attempts, latency, in_flight, in_flight_limit, health: Default::default() }
     }
 
     /// Adds the families to `reg` for a scrape.
