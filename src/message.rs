@@ -159,6 +159,19 @@ pub struct LevelStats {
     pub next_due_ms: Option<u64>,
 }
 
+/// What happened to a topic's messages since this process started, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TopicCounts {
+    /// Messages accepted by produce.
+    pub produced: u64,
+    /// Acks accepted.
+    pub acked: u64,
+    /// Nacks accepted.
+    pub nacked: u64,
+    /// Messages moved to the topic's dead-letter topic.
+    pub dead_lettered: u64,
+}
+
 /// Per-topic counters.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct TopicStats {
@@ -172,6 +185,12 @@ pub struct TopicStats {
     pub delayed: u64,
     /// Messages moved to `{topic}.dlq` since the topic was last created (forgetting it resets this).
     pub dead_lettered: u64,
+    /// What happened to its messages since the start (`/metrics` only).
+    #[serde(skip)]
+    pub counts: TopicCounts,
+    /// When its oldest ready message became due, unix ms (`/metrics` only); None without one.
+    #[serde(skip)]
+    pub oldest_ready_ms: Option<u64>,
 }
 
 /// A topic's push subscription: delayd itself consumes the topic and delivers each due message.

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub requests_queued: AtomicU64,
     /// Inline requests that woke the sleeping engine thread for a deadline they moved earlier.
     pub engine_wakeups: AtomicU64,
+    /// When the last checkpoint became durable, unix ms (0: none known).
+    pub last_checkpoint_ms: AtomicU64,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
@@ -152,6 +154,7 @@ impl Default for Metrics {
             requests_inline: AtomicU64::new(0),
             requests_queued: AtomicU64::new(0),
             engine_wakeups: AtomicU64::new(0),
+            last_checkpoint_ms: AtomicU64::new(0),
             lateness_ms: Histogram::new(
                 "delayd_lateness_seconds",
                 "Time from a message's due time until it became ready.",

@@ -1,9 +1,11 @@
 //! Reads that change nothing: a message by id, its history, and the counters.
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 
 use crate::error::Result;
-use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats, TopicStats};
+use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats, TopicCounts, TopicStats};
 use crate::storage::format::{Cause, Home, Record, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::dead_letter_topic;
@@ -133,9 +135,20 @@ impl Engine {
                 reserved: q.reserved,
                 delayed: q.delayed,
                 dead_lettered: q.dead,
+                counts: TopicCounts::default(),
+                oldest_ready_ms: None,
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+        // Counts of topics that went away go with them: the series stay as many as the topics.
+        let names: HashSet<&str> = topics.iter().map(|t| t.topic.as_str()).collect();
+        self.topic_counts.retain(|t, _| names.contains(t.as_str()));
+        for t in &mut topics {
+            t.counts = self.topic_counts.get(&t.topic).copied().unwrap_or_default();
+            if t.ready > 0 {
+                t.oldest_ready_ms = self.oldest_ready_ms(&t.topic);
+            }
+        }
         Stats {
             levels,
             topics,
