@@ -93,6 +93,10 @@ pub struct Engine {
     /// Per-topic counts for `/metrics`; pruned to the topics that have a queue at each stats
     /// read, so topics that go away take their series with them.
     topic_counts: HashMap<String, crate::message::TopicCounts>,
+    /// Each topic's oldest ready time as last found, with the reader position it was found at:
+    /// a stats read reuses it for a queue whose files are closed and whose reader has not moved,
+    /// rather than open every topic's files on every scrape. Pruned with `topic_counts`.
+    oldest_ready: HashMap<String, (u64, Option<u64>)>,
 }
 
 impl Engine {
@@ -138,6 +142,7 @@ impl Engine {
             left_behind: LeftBehind::default(),
             fire_clock: None,
             topic_counts: HashMap::new(),
+            oldest_ready: HashMap::new(),
         };
         // The checkpoint an earlier run left is the last durable one until this run writes one.
         let left = std::fs::metadata(engine.cfg.data_dir.join("checkpoint")).and_then(|m| m.modified());
