@@ -49,6 +49,7 @@ mod limits;
 mod live;
 pub mod message;
 mod push;
+mod push_health;
 #[cfg(test)]
 mod reclaim_tests;
 #[cfg(test)]

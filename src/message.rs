@@ -159,6 +159,19 @@ pub struct LevelStats {
     pub next_due_ms: Option<u64>,
 }
 
+/// What happened to a topic's messages since this process started, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TopicCounts {
+    /// Messages accepted by produce.
+    pub produced: u64,
+    /// Acks accepted.
+    pub acked: u64,
+    /// Nacks accepted.
+    pub nacked: u64,
+    /// Messages moved to the topic's dead-letter topic.
+    pub dead_lettered: u64,
+}
+
 /// Per-topic counters.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct TopicStats {
@@ -172,10 +185,17 @@ pub struct TopicStats {
     pub delayed: u64,
     /// Messages moved to `{topic}.dlq` since the topic was last created (forgetting it resets this).
     pub dead_lettered: u64,
+    /// What happened to its messages since the start (`/metrics` only).
+    #[serde(skip)]
+    pub counts: TopicCounts,
+    /// When its oldest ready message became due, unix ms (`/metrics` only); None without one.
+    #[serde(skip)]
+    pub oldest_ready_ms: Option<u64>,
 }
 
 /// A topic's push subscription: delayd itself consumes the topic and delivers each due message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Its `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
 pub struct PushConfig {
     /// The topic consumed.
     pub topic: String,
@@ -192,6 +212,23 @@ pub struct PushConfig {
     /// When it was set, unix ms.
     pub created_at_ms: u64,
 }
+
+impl std::fmt::Debug for PushConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushConfig")
+            .field("topic", &self.topic)
+            .field("url", &self.url)
+            .field("nats_subject", &self.nats_subject)
+            .field("secret", &self.secret.as_ref().map(|_| REDACTED))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("created_at_ms", &self.created_at_ms)
+            .finish()
+    }
+}
+
+/// What `Debug` shows in place of a secret.
+pub const REDACTED: &str = "<redacted>";
 
 /// A topic as `GET /v1/topics` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]

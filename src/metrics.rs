@@ -124,6 +124,8 @@ pub struct Metrics {
     pub requests_queued: AtomicU64,
     /// Inline requests that woke the sleeping engine thread for a deadline they moved earlier.
     pub engine_wakeups: AtomicU64,
+    /// When the last checkpoint became durable, unix ms (0: none known).
+    pub last_checkpoint_ms: AtomicU64,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
@@ -152,6 +154,7 @@ impl Default for Metrics {
             requests_inline: AtomicU64::new(0),
             requests_queued: AtomicU64::new(0),
             engine_wakeups: AtomicU64::new(0),
+            last_checkpoint_ms: AtomicU64::new(0),
             lateness_ms: Histogram::new(
                 "delayd_lateness_seconds",
                 "Time from a message's due time until it became ready.",
@@ -215,6 +218,8 @@ pub struct PushMetrics {
     pub(crate) latency: HistogramVec,
     pub(crate) in_flight: IntGaugeVec,
     pub(crate) in_flight_limit: IntGauge,
+    /// Each subscription's recent outcomes, for `GET /v1/topics/{topic}/push`.
+    pub(crate) health: crate::push_health::Health,
 }
 
 impl PushMetrics {
@@ -249,7 +254,7 @@ impl PushMetrics {
             "Most push deliveries under way at once over every topic (push_max_in_flight).",
         )
         .expect("valid gauge");
-        PushMetrics { attempts, latency, in_flight, in_flight_limit }
+        PushMetrics { attempts, latency, in_flight, in_flight_limit, health: Default::default() }
     }
 
     /// Adds the families to `reg` for a scrape.

@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::broker::Broker;
 use crate::message::{Delivery, PopRequest, PushConfig};
+use crate::push_health::{self, LogLine};
 
 /// How often the subscriptions are looked at again (one engine call; changes are rare).
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
@@ -92,6 +93,7 @@ pub async fn run(broker: Broker) {
                     "not the cluster's leader: push deliveries stop here"
                 );
                 workers.drain().for_each(|(_, (_, task))| task.abort());
+                broker.push_metrics().health.retain(|_| false);
                 seen = None;
             }
             tokio::time::sleep(RECONCILE_EVERY).await;
@@ -109,8 +111,11 @@ pub async fn run(broker: Broker) {
                     }
                     keep
                 });
+                // A removed or replaced subscription's health goes with it.
+                broker.push_metrics().health.retain(|t| workers.contains_key(t));
                 for (topic, cfg) in wanted {
                     if let std::collections::hash_map::Entry::Vacant(slot) = workers.entry(topic) {
+                        broker.push_metrics().health.start(&cfg.topic);
                         let task = tokio::spawn(worker(
                             broker.clone(),
                             client.clone(),
@@ -598,14 +603,17 @@ async fn deliver(broker: &Broker, sink: &Sink, cfg: &PushConfig, d: Delivery) {
     };
     in_flight.dec();
     m.latency.with_label_values(&[cfg.topic.as_str()]).observe(started.elapsed().as_secs_f64());
-    let (ok, outcome) = match result {
+    let (ok, outcome) = match &result {
         Ok(()) => (true, "ok"),
         Err((outcome, why)) => {
             tracing::debug!(topic = %cfg.topic, id = %d.id, %why, "push delivery failed");
-            (false, outcome)
+            (false, *outcome)
         }
     };
     m.attempts.with_label_values(&[cfg.topic.as_str(), outcome]).inc();
+    let why = result.err().map(|(_, why)| why);
+    let line = m.health.record(&cfg.topic, why.clone().map_or(Ok(()), Err), now_ms(), Instant::now());
+    log_health(cfg, line, why.as_deref());
     let answered =
         if ok { broker.ack(&d.receipt).await } else { broker.nack(&d.receipt, None).await.map(|_| ()) };
     if let Err(e) = answered {
@@ -614,17 +622,80 @@ async fn deliver(broker: &Broker, sink: &Sink, cfg: &PushConfig, d: Delivery) {
     }
 }
 
+/// Logs a subscription's change of health: one WARN when it starts failing, a reminder at most
+/// once per [`push_health::REMIND_EVERY`] while it keeps failing, an INFO when it recovers; never a
+/// line per attempt.
+fn log_health(cfg: &PushConfig, line: LogLine, why: Option<&str>) {
+    let target = log_url(&cfg.url);
+    let why = why.unwrap_or_default();
+    match line {
+        LogLine::Quiet => {}
+        LogLine::StartedFailing => tracing::warn!(
+            topic = %cfg.topic, %target, error = %why,
+            "push deliveries started failing; each message is retried after its backoff (GET /v1/topics/{{topic}}/push shows the subscription's health)"
+        ),
+        LogLine::StillFailing { failures, in_a_row } => tracing::warn!(
+            topic = %cfg.topic, %target, failures_since_last_line = failures, consecutive_failures = in_a_row,
+            last_error = %why, "push deliveries still failing"
+        ),
+        LogLine::Recovered { failures } => tracing::info!(
+            topic = %cfg.topic, %target, after_failures = failures, "push deliveries recovered"
+        ),
+    }
+}
+
+/// A target URL as logs show it: without its query and fragment, which may carry a token.
+fn log_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "(not a URL)".to_string(),
+    }
+}
+
+/// Most bytes of a refusing answer read for its failure message.
+const ANSWER_BYTES: usize = 4 * push_health::MAX_ERROR_CHARS;
+/// Longest wait for those bytes once the status line came.
+const ANSWER_WAIT: Duration = Duration::from_secs(1);
+
 /// POSTs one message: a 2xx is delivered, any other status `refused`, no answer `failed`.
 async fn post(client: &WebhookClient, cfg: &PushConfig, d: &Delivery, timeout: Duration) -> Outcome {
     let req = webhook_request(cfg, d).map_err(|why| ("failed", why))?;
     // The timeout covers everything up to the status line: resolving, connecting, the TLS
-    // handshake, sending, and the endpoint's time to answer. The answer's body is not read.
+    // handshake, sending, and the endpoint's time to answer. Only a refusal's body is read, its
+    // start, for the failure message.
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) if r.status().is_success() => Ok(()),
-        Ok(Ok(r)) => Err(("refused", format!("answered {}", r.status()))),
-        Ok(Err(e)) => Err(("failed", error_chain(&e))),
-        Err(_) => Err(("failed", format!("no answer within {timeout:?}"))),
+        Ok(Ok(r)) => {
+            let status = r.status();
+            let answer = answer_start(r.into_body()).await;
+            let sep = if answer.is_empty() { "" } else { ": " };
+            Err(("refused", format!("HTTP {status}{sep}{answer}")))
+        }
+        Ok(Err(e)) => Err(("failed", format!("connection error: {}", error_chain(&e)))),
+        Err(_) => Err(("failed", format!("timeout: no answer within {timeout:?}"))),
     }
+}
+
+/// The start of an answer's body as a failure message shows it (see [`push_health::sanitize`]).
+async fn answer_start(mut body: hyper::body::Incoming) -> String {
+    use http_body_util::BodyExt;
+    let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+    while buf.len() < ANSWER_BYTES {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    buf.extend_from_slice(&data[..data.len().min(ANSWER_BYTES - buf.len())]);
+                }
+            }
+            _ => break,
+        }
+    }
+    push_health::sanitize(&String::from_utf8_lossy(&buf), push_health::MAX_ERROR_CHARS)
 }
 
 /// The POST for one delivery. The URL goes through the WHATWG parser the subscription was
@@ -683,8 +754,8 @@ async fn publish(
     .await;
     match acked {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(("refused", e.to_string())),
-        Err(_) => Err(("failed", format!("no JetStream ack within {timeout:?}"))),
+        Ok(Err(e)) => Err(("refused", format!("JetStream refused: {e}"))),
+        Err(_) => Err(("failed", format!("timeout: no JetStream ack within {timeout:?}"))),
     }
 }
 
@@ -848,13 +919,14 @@ mod tests {
         let h = hook(StatusCode::INTERNAL_SERVER_ERROR, Duration::ZERO).await;
         let client = client().unwrap();
         let got = post(&client, &cfg(&h.url, None), &delivery("m", b"x"), Duration::from_secs(5)).await;
-        assert_eq!(got.unwrap_err().0, "refused");
+        // The status and the start of the answer say why.
+        assert_eq!(got, Err(("refused", "HTTP 500 Internal Server Error: answer body".to_string())));
 
         let slow = hook(StatusCode::OK, Duration::from_secs(30)).await;
         let started = std::time::Instant::now();
         let got =
             post(&client, &cfg(&slow.url, None), &delivery("m", b"x"), Duration::from_millis(200)).await;
-        assert_eq!(got.unwrap_err().0, "failed");
+        assert_eq!(got, Err(("failed", "timeout: no answer within 200ms".to_string())));
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(5), "{took:?}");
 
@@ -869,6 +941,7 @@ mod tests {
         .await;
         let (outcome, why) = got.unwrap_err();
         assert_eq!(outcome, "failed");
+        assert!(why.starts_with("connection error: "), "{why}");
         assert!(why.to_lowercase().contains("refused"), "the cause is kept: {why}");
     }
 
@@ -979,6 +1052,26 @@ mod tests {
         if let Some(limit) = open_file_limit() {
             assert_eq!(n, (limit / AUTO_IN_FLIGHT_SHARE).clamp(AUTO_IN_FLIGHT_MIN, AUTO_IN_FLIGHT_MAX));
         }
+    }
+
+    #[test]
+    fn logs_show_a_target_without_its_query_and_a_config_without_its_secret() {
+        assert_eq!(log_url("https://h.example/hook?token=abc#frag"), "https://h.example/hook");
+        assert_eq!(log_url("not a url"), "(not a URL)");
+        let shown = format!("{:?}", cfg("http://h/", Some("whsec_do_not_show")));
+        assert!(!shown.contains("whsec_do_not_show") && shown.contains("<redacted>"), "{shown}");
+        let rec = crate::storage::format::Push {
+            target: crate::storage::format::PushTarget::Webhook,
+            time_ms: 1,
+            timeout_ms: 2,
+            max_in_flight: 3,
+            topic: b"t",
+            url: b"http://h/",
+            subject: b"",
+            secret: b"whsec_do_not_show",
+        };
+        let shown = format!("{:?}", crate::storage::format::Record::Push(rec));
+        assert!(!shown.contains("whsec_do_not_show") && shown.contains("<redacted>"), "{shown}");
     }
 
     /// The documented example: anyone can check a receiver's implementation against it.

@@ -319,3 +319,61 @@ fn a_checkpoint_older_than_a_recreated_topic_does_not_touch_it() {
     let want: Vec<String> = (0..6).map(|i| format!("new{i}")).collect();
     assert_eq!(pop_ids(&mut e, "t"), want);
 }
+
+#[test]
+fn topic_counts_go_with_a_forgotten_topic_and_the_oldest_ready_skips_stale_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open_with(dir.path(), &clock, |_| {});
+    let counts =
+        |e: &mut Engine, t: &str| e.stats().topics.into_iter().find(|s| s.topic == t).map(|s| s.counts);
+    let oldest =
+        |e: &mut Engine, t: &str| e.stats().topics.into_iter().find(|s| s.topic == t)?.oldest_ready_ms;
+
+    // Two ready messages, 5 s apart; the older one cancelled leaves a stale entry at the head.
+    e.produce("a", req("a1")).unwrap();
+    clock.advance_ms(5_000);
+    e.produce("a", req("a2")).unwrap();
+    assert_eq!(oldest(&mut e, "a"), Some(T0));
+    e.cancel("a1").unwrap();
+    assert_eq!(oldest(&mut e, "a"), Some(T0 + 5_000), "the cancelled message is not the oldest ready");
+    assert_eq!(pop_ids(&mut e, "a"), ["a2"]);
+    assert_eq!(oldest(&mut e, "a"), None);
+    let c = counts(&mut e, "a").expect("a listed");
+    assert_eq!((c.produced, c.acked, c.nacked, c.dead_lettered), (2, 1, 0, 0));
+
+    // Emptied and checkpointed, "a" is forgotten with its counts; used again, it starts afresh.
+    e.checkpoint().unwrap();
+    assert_eq!(counts(&mut e, "a"), None);
+    e.produce("a", req("a3")).unwrap();
+    assert_eq!(counts(&mut e, "a").map(|c| c.produced), Some(1));
+}
+
+#[test]
+fn a_stats_read_does_not_open_a_closed_queue_whose_reader_has_not_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open_with(dir.path(), &clock, |c| c.open_queues = 1);
+    let oldest = |e: &mut Engine| {
+        let stats = e.stats().topics;
+        stats.iter().map(|t| (t.topic.clone(), t.oldest_ready_ms)).collect::<Vec<_>>()
+    };
+    let open = |e: &Engine, t: &str| e.store_for_tests().topic_queue(t).is_some_and(|q| q.is_open());
+    e.produce("a", req("a1")).unwrap();
+    clock.advance_ms(1_000);
+    e.produce("b", req("b1")).unwrap();
+    let want = vec![("a".to_string(), Some(T0)), ("b".to_string(), Some(T0 + 1_000))];
+    assert_eq!(oldest(&mut e), want);
+    // Another message for "a" opens its queue and closes "b"'s; "b"'s reader has not moved.
+    clock.advance_ms(1_000);
+    e.produce("a", req("a2")).unwrap();
+    assert!(open(&e, "a") && !open(&e, "b"));
+    assert_eq!(oldest(&mut e), want, "b's answer is reused");
+    assert!(open(&e, "a") && !open(&e, "b"), "the read left the open queues as they were");
+    // Once b's reader moves, its answer is found again.
+    assert_eq!(pop_ids(&mut e, "b"), ["b1"]);
+    clock.advance_ms(1_000);
+    e.produce("b", req("b2")).unwrap();
+    e.produce("a", req("a3")).unwrap();
+    assert_eq!(oldest(&mut e)[1], ("b".to_string(), Some(T0 + 3_000)));
+}

@@ -287,3 +287,59 @@ fn stats_and_metrics_leave_out_finished_messages() {
     assert_eq!(m.value("delayd_topic_ready{topic=\"shop\"}"), 1.0);
     assert_eq!(m.value("delayd_cancelled_total"), 2.0);
 }
+
+#[test]
+fn per_topic_counters_oldest_ready_age_free_disk_and_checkpoint_time_follow_real_work() {
+    let s = Server::start(&[]);
+    let topic = |name: &str, t: &str| format!("{name}{{topic=\"{t}\"}}");
+    let t0 = common::now_ms() as f64 / 1000.0;
+    assert!(Scrape::of(&s).value("delayd_data_disk_free_bytes") > 0.0, "free bytes of the data disk");
+    // Three messages due now on "orders" (the first may be tried once only), one on "other".
+    s.produce("orders", &json!({"id": "o1", "body": "x", "max_attempts": 1}));
+    s.produce("orders", &json!({"id": "o2", "body": "x"}));
+    s.produce("orders", &json!({"id": "o3", "body": "x"}));
+    s.produce("other", &json!({"id": "x1", "body": "x", "delay_ms": 60_000}));
+    let m = Scrape::of(&s);
+    assert_eq!(m.value(&topic("delayd_topic_produced_total", "orders")), 3.0, "{}", m.text);
+    assert_eq!(m.value(&topic("delayd_topic_produced_total", "other")), 1.0);
+    // The ready messages wait: the age of the oldest grows; a topic with none ready shows 0.
+    let m = scrape_until(&s, "an oldest ready message a second old", |m| {
+        m.value(&topic("delayd_topic_oldest_ready_age_seconds", "orders")) >= 1.0
+    });
+    assert!(m.value(&topic("delayd_topic_oldest_ready_age_seconds", "orders")) < 30.0, "{}", m.text);
+    assert_eq!(m.value(&topic("delayd_topic_oldest_ready_age_seconds", "other")), 0.0, "{}", m.text);
+    assert!(m.has(&topic("delayd_topic_oldest_ready_age_seconds", "other")));
+
+    // o1 is nacked on its only attempt (dead-lettered), o2 nacked for a retry, o3 acked.
+    let (msgs, _) = s.pop("orders", 3, 0, Some(30_000));
+    assert_eq!(msgs.len(), 3);
+    let receipt = |id: &str| {
+        let m = msgs.iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("{id} popped"));
+        m["receipt"].as_str().unwrap().to_string()
+    };
+    assert_eq!(s.post("/v1/nack", &json!({"receipt": receipt("o1")})).0, 200);
+    assert_eq!(s.post("/v1/nack", &json!({"receipt": receipt("o2"), "delay_ms": 60_000})).0, 200);
+    assert_eq!(s.ack(&receipt("o3")), 200);
+    let m = Scrape::of(&s);
+    for (name, want) in [
+        ("delayd_topic_acked_total", 1.0),
+        ("delayd_topic_nacked_total", 2.0),
+        ("delayd_topic_dead_letters_total", 1.0),
+        ("delayd_topic_produced_total", 3.0),
+        // Nothing of "orders" is ready now.
+        ("delayd_topic_oldest_ready_age_seconds", 0.0),
+    ] {
+        assert_eq!(m.value(&topic(name, "orders")), want, "{name} in\n{}", m.text);
+    }
+    assert_eq!(m.value(&topic("delayd_topic_acked_total", "other")), 0.0);
+    // The per-topic counts add up to the process-wide ones.
+    assert_eq!(m.value("delayd_nacked_total"), 2.0);
+    assert_eq!(m.value("delayd_dead_lettered_total"), 1.0);
+    // The dead letter waits in orders.dlq, ready for an operator.
+    assert!(m.has(&topic("delayd_topic_oldest_ready_age_seconds", "orders.dlq")), "{}", m.text);
+    // The work above is made durable by a checkpoint within its period.
+    let m = scrape_until(&s, "a checkpoint after the work", |m| {
+        m.value("delayd_last_checkpoint_timestamp_seconds") >= t0
+    });
+    assert!(m.value("delayd_last_checkpoint_timestamp_seconds") <= common::now_ms() as f64 / 1000.0 + 1.0);
+}

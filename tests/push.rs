@@ -29,17 +29,24 @@ type Answer = dyn Fn(&str, u32) -> (StatusCode, Duration) + Send + Sync;
 struct Receiver {
     got: Arc<Mutex<Vec<Got>>>,
     answer: Arc<Mutex<Arc<Answer>>>,
+    /// The body of every answer.
+    body: Arc<Mutex<String>>,
 }
 
 impl Receiver {
     /// Starts a webhook receiver on a free 127.0.0.1 port, on its own runtime thread; returns it
     /// and its URL.
     fn start() -> (Receiver, String) {
+        Receiver::start_on(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+    }
+
+    /// Starts a webhook receiver on `listener`.
+    fn start_on(listener: std::net::TcpListener) -> (Receiver, String) {
         let r = Receiver {
             got: Arc::default(),
             answer: Arc::new(Mutex::new(Arc::new(|_: &str, _: u32| (StatusCode::OK, Duration::ZERO)))),
+            body: Arc::default(),
         };
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         listener.set_nonblocking(true).unwrap();
         let state = r.clone();
@@ -79,7 +86,7 @@ impl Receiver {
     }
 }
 
-async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
     let headers: HashMap<String, String> = headers
         .iter()
         .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
@@ -90,7 +97,8 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
     let answer = r.answer.lock().unwrap().clone();
     let (status, wait) = answer(&id, attempt);
     tokio::time::sleep(wait).await;
-    status
+    let body = r.body.lock().unwrap().clone();
+    (status, body)
 }
 
 fn subscribe(s: &Server, topic: &str, body: Value) -> Value {
@@ -122,7 +130,8 @@ fn each_due_message_is_posted_once_with_exact_body_and_headers_and_a_valid_signa
     assert_eq!(
         v,
         json!({"topic": "orders", "url": url, "has_secret": true, "timeout_ms": 5000, "max_in_flight": 16,
-               "created_at_ms": v["created_at_ms"]})
+               "created_at_ms": v["created_at_ms"], "last_success_ms": null, "last_error": null,
+               "consecutive_failures": 0, "delivered_1m": 0, "failed_1m": 0})
     );
     assert!(v.get("secret").is_none());
     let bodies = ["{\"order\":1}", "plain text, ünïcödé ✓", ""];
@@ -161,6 +170,90 @@ fn each_due_message_is_posted_once_with_exact_body_and_headers_and_a_valid_signa
         let t: u64 = t.parse().unwrap();
         assert!(t <= g.at_ms && t + 60_000 > g.at_ms, "{id}: signature time {t} vs arrival {}", g.at_ms);
     }
+}
+
+/// The subscription of `topic` as `GET /v1/topics/{topic}/push` shows it.
+fn push_of(s: &Server, topic: &str) -> Value {
+    let (status, v) = s.get(&format!("/v1/topics/{topic}/push"));
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+/// Lines of `log` that contain `what`.
+fn lines_with(log: &str, what: &str) -> usize {
+    log.lines().filter(|l| l.contains(what)).count()
+}
+
+#[test]
+fn push_health_shows_failures_and_recovery_and_the_log_stays_small_and_secret_free() {
+    const SECRET: &str = "whsec_never_logged_7c1f93";
+    // Debug level: the secret must not appear even there, and per-attempt lines stay below INFO.
+    let s = Server::start(&[("DELAYD_LOG_LEVEL", "debug")]);
+    // A port nobody listens on: bind one, note it, close it (the receiver takes it back later).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let url = format!("http://{addr}/hook?token=in-the-query");
+    subscribe(&s, "flaky", json!({"url": url, "secret": SECRET, "timeout_ms": 500}));
+    let started = now_ms();
+    let produce = |n: usize, tag: &str| {
+        for i in 0..n {
+            s.produce(
+                "flaky",
+                &json!({"id": format!("{tag}{i}"), "body": "x", "max_attempts": 3, "backoff": [50, 50]}),
+            );
+        }
+    };
+    produce(20, "a");
+    // 20 messages, 3 attempts each: 60 failures within seconds.
+    eventually("60 failures", || push_of(&s, "flaky")["consecutive_failures"] == 60);
+    let v = push_of(&s, "flaky");
+    assert_eq!(v["last_success_ms"], Value::Null, "{v}");
+    assert_eq!((v["failed_1m"].as_u64(), v["delivered_1m"].as_u64()), (Some(60), Some(0)), "{v}");
+    let message = v["last_error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("connection error") && message.contains("refused"), "{message}");
+    let at = v["last_error"]["time_ms"].as_u64().unwrap();
+    assert!(at >= started && at <= now_ms(), "{v}");
+
+    // The endpoint comes up, refusing with a long multi-line answer: the message says the status
+    // and the start of the answer, cut and on one line.
+    let (rx, _) = Receiver::start_on(std::net::TcpListener::bind(addr).unwrap());
+    rx.answer(|_, _| (StatusCode::SERVICE_UNAVAILABLE, Duration::ZERO));
+    *rx.body.lock().unwrap() = format!("overloaded\r\nretry later {}", "z".repeat(1000));
+    produce(1, "b");
+    eventually("a 503 recorded", || {
+        push_of(&s, "flaky")["last_error"]["message"].as_str().unwrap().contains("503")
+    });
+    let v = push_of(&s, "flaky");
+    let message = v["last_error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("HTTP 503 Service Unavailable: overloaded retry later zzz"), "{message}");
+    assert!(message.chars().count() <= 240, "{} chars: {message}", message.chars().count());
+    assert!(v["consecutive_failures"].as_u64().unwrap() > 60, "{v}");
+
+    // Then it accepts: the failures in a row reset, the success is stamped.
+    rx.answer(|_, _| (StatusCode::OK, Duration::ZERO));
+    rx.body.lock().unwrap().clear();
+    produce(3, "c");
+    eventually("recovered", || {
+        let v = push_of(&s, "flaky");
+        v["consecutive_failures"] == 0 && v["delivered_1m"].as_u64() >= Some(3)
+    });
+    let v = push_of(&s, "flaky");
+    let ok_at = v["last_success_ms"].as_u64().expect("a success time");
+    assert!(ok_at >= at && ok_at <= now_ms(), "{v}");
+    assert!(v["failed_1m"].as_u64() > Some(60), "failures of the last minute stay counted: {v}");
+    assert!(v["last_error"]["message"].as_str().unwrap().contains("503"), "the last error stays shown: {v}");
+
+    let log = s.log();
+    assert_eq!(lines_with(&log, "push deliveries started failing"), 1, "{log}");
+    // The test runs well under two minutes: at most one reminder.
+    assert!(lines_with(&log, "push deliveries still failing") <= 1, "{log}");
+    assert_eq!(lines_with(&log, "push deliveries recovered"), 1, "{log}");
+    let loud: Vec<&str> = log
+        .lines()
+        .filter(|l| (l.contains(" WARN ") || l.contains(" INFO ")) && l.contains("delayd::push"))
+        .collect();
+    assert!(loud.len() <= 4, "more than a few push lines at INFO or above for 60+ failures: {loud:#?}");
+    assert!(loud.iter().all(|l| !l.contains("in-the-query")), "a URL's query is logged: {loud:#?}");
+    assert!(!log.contains(SECRET), "the push secret is in the log");
 }
 
 #[test]

@@ -210,6 +210,12 @@ fn a_nats_restart_while_delivering_loses_nothing_and_duplicates_nothing() {
             .lines()
             .any(|l| l.starts_with("delayd_push_attempts_total{outcome=\"failed\",topic=\"due\"}"))
     });
+    // The subscription's health says so, with what went wrong.
+    let health = s.get("/v1/topics/due/push").1;
+    assert!(health["consecutive_failures"].as_u64() >= Some(1), "{health}");
+    assert!(health["failed_1m"].as_u64() >= Some(1), "{health}");
+    let why = health["last_error"]["message"].as_str().unwrap_or_default();
+    assert!(why.starts_with("timeout") || why.starts_with("JetStream refused"), "{health}");
     nats.spawn();
     eventually("all ten done", || {
         (0..5).all(|i| {
@@ -217,6 +223,15 @@ fn a_nats_restart_while_delivering_loses_nothing_and_duplicates_nothing() {
                 && s.get(&format!("/v1/messages/b{i}")).1["state"] == "done"
         })
     });
+    let health = s.get("/v1/topics/due/push").1;
+    assert_eq!(health["consecutive_failures"], 0, "{health}");
+    assert!(health["last_success_ms"].as_u64() >= health["last_error"]["time_ms"].as_u64(), "{health}");
+    let log = s.log();
+    let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    // Deliveries under way when the server came back may fail after the first success: a few
+    // streaks at most, never a line per attempt.
+    assert!((1..=3).contains(&lines("push deliveries started failing")), "{log}");
+    assert!(lines("push deliveries recovered") >= 1, "{log}");
     let got = stream_messages(&nats.url());
     let mut ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
     ids.sort();

@@ -16,6 +16,9 @@ use super::timers::Timer;
 use super::transition::{ready_state, Change};
 use super::{validate_id, Engine};
 
+/// Most queue entries a stats read looks at for a topic's oldest ready message.
+const OLDEST_SCAN: u64 = 16;
+
 impl Engine {
     /// Reserves up to `max` ready messages from `topics`, in order; never waits.
     pub fn pop(&mut self, topics: &[String], max: usize, ttr_ms: Option<u64>) -> Result<Vec<Delivery>> {
@@ -82,6 +85,30 @@ impl Engine {
         };
         self.store.advance_cursor(topic, at);
         Ok(Some(delivery))
+    }
+
+    /// Whether `entry` of `topic`'s queue stands for a message that is ready now (a live entry,
+    /// not one its message moved on from).
+    fn is_ready_entry(&self, topic: &str, entry: &Entry) -> bool {
+        if self.store.check_entry(&QueueRef::Topic(topic), entry) != EntryCheck::Valid {
+            return false;
+        }
+        let Ok(Some(Timer { msg_offset, hash, seq, .. })) = self.timer_of(entry.offset) else { return false };
+        self.store
+            .find_offset(hash, msg_offset)
+            .is_some_and(|(_, s)| s.seq == seq && matches!(s.state, State::Ready | State::Dead))
+    }
+
+    /// When `topic`'s oldest ready message became due, unix ms. The first of at most
+    /// [`OLDEST_SCAN`] entries from the reader's position that is live; past that many stale ones
+    /// (acked or cancelled before a pop passed them), the first entry's time: older than the truth,
+    /// never younger.
+    pub(super) fn oldest_ready_ms(&mut self, topic: &str) -> Option<u64> {
+        let queue = QueueRef::Topic(topic);
+        let from = self.store.topic_cursor(topic);
+        let (entries, _) = self.store.read_entries(&queue, from, OLDEST_SCAN).ok()?;
+        let live = entries.iter().find(|(_, e)| self.is_ready_entry(topic, e));
+        live.or(entries.first()).map(|(_, e)| e.tag.get())
     }
 
     fn try_reserve(&mut self, topic: &str, entry: Entry, ttr_ms: Option<u64>) -> Result<Option<Delivery>> {
@@ -164,7 +191,34 @@ impl Engine {
     fn finish(&mut self, slot: &Slot) -> Result<()> {
         self.end(slot, State::Done, Cause::Ack)?;
         inc(&self.metrics.acked);
+        if let Some(queue) = self.queue_of(slot) {
+            self.count_topic(&queue, |c| c.acked += 1);
+        }
         Ok(())
+    }
+
+    /// The queue a message counts in now: its topic, or its dead-letter topic.
+    fn queue_of(&self, slot: &Slot) -> Option<String> {
+        let p = self.store.message_fields_at(slot.msg_offset).ok()?;
+        let topic = String::from_utf8_lossy(p.topic);
+        Some(match slot.home {
+            Home::Main => topic.into_owned(),
+            Home::DeadLetter => dead_letter_topic(&topic),
+        })
+    }
+
+    /// Adds to `topic`'s counts for `/metrics`.
+    pub(super) fn count_topic(&mut self, topic: &str, add: impl FnOnce(&mut crate::message::TopicCounts)) {
+        if let Some(c) = self.topic_counts.get_mut(topic) {
+            return add(c);
+        }
+        // Stats reads prune what went away; topics made and forgotten between two reads are
+        // pruned here, so the map stays within the topics (and dead-letter topics) that exist.
+        if self.topic_counts.len() >= 2 * self.cfg.max_topics.max(1) {
+            let store = &self.store;
+            self.topic_counts.retain(|t, _| store.topic_queue(t).is_some());
+        }
+        add(self.topic_counts.entry(topic.to_string()).or_default());
     }
 
     /// Makes the message final (Done or Cancelled), keeping the due time it had.
@@ -227,6 +281,11 @@ impl Engine {
             )
         };
         inc(&self.metrics.nacked);
+        let queue = match slot.home {
+            Home::Main => topic.clone(),
+            Home::DeadLetter => dead_letter_topic(&topic),
+        };
+        self.count_topic(&queue, |c| c.nacked += 1);
         if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
             self.dead_letter(&slot)?;
             self.note_left_behind(&slot);
@@ -295,6 +354,11 @@ impl Engine {
             },
         )?;
         inc(&self.metrics.dead_lettered);
+        // Counted under the topic it left, as the `dead_lettered` gauge is.
+        if let Ok(p) = self.store.message_fields_at(slot.msg_offset) {
+            let topic = String::from_utf8_lossy(p.topic).into_owned();
+            self.count_topic(&topic, |c| c.dead_lettered += 1);
+        }
         Ok(())
     }
 

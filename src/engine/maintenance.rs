@@ -89,7 +89,14 @@ impl Engine {
     /// Persists queue lengths and cursors (after flushing everything they cover).
     pub fn checkpoint(&mut self) -> Result<()> {
         let cursors = self.level_cursors();
-        self.store.checkpoint(&cursors)
+        self.store.checkpoint(&cursors)?;
+        self.checkpoint_done();
+        Ok(())
+    }
+
+    /// Notes for `/metrics` that a checkpoint is durable now.
+    fn checkpoint_done(&self) {
+        self.metrics.last_checkpoint_ms.store(self.now(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Captures a checkpoint for a background thread to make durable and write. Nothing counts
@@ -109,5 +116,6 @@ impl Engine {
     /// A checkpoint job ran: the files it synced are durable up to what it captured.
     pub fn checkpoint_synced(&mut self, synced: &crate::storage::checkpoint::Captured) {
         self.store.checkpoint_synced(synced);
+        self.checkpoint_done();
     }
 }

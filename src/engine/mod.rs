@@ -29,7 +29,7 @@ pub use reads::HISTORY_MAX;
 pub(crate) use receipts::Receipts;
 pub use walks::WalkPos;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::config::BrokerConfig;
@@ -90,6 +90,13 @@ pub struct Engine {
     /// `cluster::ClusterClock`). Due times are stamped by `clock`, so a correction that varies
     /// never moves a firing earlier than the delay asked for.
     fire_clock: Option<Arc<dyn Clock>>,
+    /// Per-topic counts for `/metrics`; pruned to the topics that have a queue at each stats
+    /// read, so topics that go away take their series with them.
+    topic_counts: HashMap<String, crate::message::TopicCounts>,
+    /// Each topic's oldest ready time as last found, with the reader position it was found at:
+    /// a stats read reuses it for a queue whose files are closed and whose reader has not moved,
+    /// rather than open every topic's files on every scrape. Pruned with `topic_counts`.
+    oldest_ready: HashMap<String, (u64, Option<u64>)>,
 }
 
 impl Engine {
@@ -134,7 +141,14 @@ impl Engine {
             receipts,
             left_behind: LeftBehind::default(),
             fire_clock: None,
+            topic_counts: HashMap::new(),
+            oldest_ready: HashMap::new(),
         };
+        // The checkpoint an earlier run left is the last durable one until this run writes one.
+        let left = std::fs::metadata(engine.cfg.data_dir.join("checkpoint")).and_then(|m| m.modified());
+        if let Ok(ms) = left.map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)) {
+            engine.metrics.last_checkpoint_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+        }
         // Levels removed from the config keep their queue until drained: their entries carry
         // absolute due times, so they fire correctly whatever the current level list is.
         for (ms, q) in engine.store.levels() {

@@ -81,6 +81,7 @@ impl Engine {
         }
         self.append_framed(&bytes, &rec)?;
         inc(&self.metrics.produced);
+        self.count_topic(topic, |c| c.produced += 1);
         Ok(Produced { id, deliver_at_ms, created: true })
     }
 

@@ -1,9 +1,11 @@
 //! Reads that change nothing: a message by id, its history, and the counters.
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 
 use crate::error::Result;
-use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats, TopicStats};
+use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats, TopicCounts, TopicStats};
 use crate::storage::format::{Cause, Home, Record, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::dead_letter_topic;
@@ -104,6 +106,23 @@ impl Engine {
         })
     }
 
+    /// [`oldest_ready_ms`](Self::oldest_ready_ms), reusing the last answer for a queue whose files
+    /// are closed and whose reader has not moved since: its head is where it was (entries behind
+    /// it only get older, and one that went stale makes the answer older, never younger). A
+    /// closed queue is opened only when its reader moved, which a pop does with its files open.
+    fn oldest_ready_cached(&mut self, topic: &str) -> Option<u64> {
+        let cursor = self.store.topic_cursor(topic).get();
+        let open = self.store.topic_queue(topic).is_some_and(|q| q.is_open());
+        match self.oldest_ready.get(topic) {
+            Some(&(at, tag)) if !open && at == cursor => tag,
+            _ => {
+                let tag = self.oldest_ready_ms(topic);
+                self.oldest_ready.insert(topic.to_string(), (cursor, tag));
+                tag
+            }
+        }
+    }
+
     /// Counters per level and topic.
     pub fn stats(&mut self) -> Stats {
         self.next_due();
@@ -133,9 +152,21 @@ impl Engine {
                 reserved: q.reserved,
                 delayed: q.delayed,
                 dead_lettered: q.dead,
+                counts: TopicCounts::default(),
+                oldest_ready_ms: None,
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+        // Counts of topics that went away go with them: the series stay as many as the topics.
+        let names: HashSet<&str> = topics.iter().map(|t| t.topic.as_str()).collect();
+        self.topic_counts.retain(|t, _| names.contains(t.as_str()));
+        self.oldest_ready.retain(|t, _| names.contains(t.as_str()));
+        for t in &mut topics {
+            t.counts = self.topic_counts.get(&t.topic).copied().unwrap_or_default();
+            if t.ready > 0 {
+                t.oldest_ready_ms = self.oldest_ready_cached(&t.topic);
+            }
+        }
         Stats {
             levels,
             topics,

@@ -125,11 +125,22 @@ fn method_label(m: &Method) -> &'static str {
 pub(crate) async fn handler(State(st): State<AppState>) -> Result<Response, ApiError> {
     let stats = st.broker().stats().await?;
     // Reading /proc is file I/O (one entry per open file for the fd count): off the runtime.
-    let proc = tokio::task::spawn_blocking(process::read).await.unwrap_or_default();
+    let dir = st.broker().config().data_dir.clone();
+    let (proc, free) = tokio::task::spawn_blocking(move || (process::read(), process::free_bytes(&dir)))
+        .await
+        .unwrap_or_default();
     let text = scrape(st.broker().metrics(), &stats, st.http_metrics(), &proc).and_then(|text| {
         // Push families come last, from their own registry (they have their own owner).
         let reg = Registry::new();
         st.broker().push_metrics().register(&reg)?;
+        if let Some(free) = free {
+            gauge(
+                &reg,
+                "delayd_data_disk_free_bytes",
+                "Bytes free for delayd on the file system of the data directory.",
+                free as f64,
+            )?;
+        }
         if let Some(c) = st.cluster() {
             cluster_metrics(&reg, c)?;
         }
@@ -272,7 +283,7 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     histogram_with_max(&reg, &m.engine_step_us)?;
     histogram_with_max(&reg, &m.engine_step_cpu_us)?;
     reclaim_counters(&reg, stats)?;
-    store_gauges(&reg, stats)?;
+    store_gauges(&reg, m, stats)?;
     Ok(reg)
 }
 
@@ -341,6 +352,36 @@ fn level_and_topic_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<(
         "level",
         stats.levels.iter().filter_map(|l| Some((fmt_ms(l.level_ms), l.next_due_ms? as f64 / 1000.0))),
     )?;
+    let now_ms = super::now_ms();
+    gauge_by(
+        reg,
+        "delayd_topic_oldest_ready_age_seconds",
+        "How long a topic's oldest ready message has waited since it became due, seconds (0 without one).",
+        "topic",
+        stats.topics.iter().map(|t| {
+            let age_ms = t.oldest_ready_ms.map_or(0, |due| now_ms.saturating_sub(due));
+            (t.topic.clone(), age_ms as f64 / 1000.0)
+        }),
+    )?;
+    let topic_counters: [TopicGauge; 4] = [
+        ("delayd_topic_produced_total", "Messages produced to a topic since the start.", |t| {
+            t.counts.produced
+        }),
+        ("delayd_topic_acked_total", "Acks of a topic's deliveries since the start.", |t| t.counts.acked),
+        ("delayd_topic_nacked_total", "Nacks of a topic's deliveries since the start.", |t| t.counts.nacked),
+        (
+            "delayd_topic_dead_letters_total",
+            "Messages of a topic moved to its dead-letter topic since the start.",
+            |t| t.counts.dead_lettered,
+        ),
+    ];
+    for (name, help, get) in topic_counters {
+        let c = IntCounterVec::new(Opts::new(name, help), &["topic"])?;
+        for t in &stats.topics {
+            c.with_label_values(&[t.topic.as_str()]).inc_by(get(t));
+        }
+        reg.register(Box::new(c))?;
+    }
     let topic_gauges: [TopicGauge; 4] = [
         ("delayd_topic_ready", "Live messages in a topic queue not yet popped.", |t| t.ready),
         ("delayd_topic_reserved", "Messages popped and not yet acked.", |t| t.reserved),
@@ -401,7 +442,7 @@ fn reclaim_counters(reg: &Registry, stats: &Stats) -> prometheus::Result<()> {
 }
 
 /// Disk use, open queues, the id index's size and whether the store takes writes.
-fn store_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<()> {
+fn store_gauges(reg: &Registry, m: &Metrics, stats: &Stats) -> prometheus::Result<()> {
     let load =
         if stats.index_slots == 0 { 0.0 } else { stats.index_entries as f64 / stats.index_slots as f64 };
     let gauges = [
@@ -423,6 +464,11 @@ fn store_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<()> {
             "delayd_index_load_ratio",
             "Id index entries per slot; the index grows before this gets high.",
             load,
+        ),
+        (
+            "delayd_last_checkpoint_timestamp_seconds",
+            "When the last checkpoint became durable, unix seconds (0 before the first one).",
+            m.last_checkpoint_ms.load(Ordering::Relaxed) as f64 / 1000.0,
         ),
         (
             "delayd_store_writable",
@@ -486,13 +532,29 @@ mod tests {
                 LevelStats { level_ms: 60_000, backlog: 0, next_due_ms: None },
             ],
             topics: vec![
-                TopicStats { topic: "orders".into(), ready: 5, reserved: 1, delayed: 3, dead_lettered: 2 },
+                TopicStats {
+                    topic: "orders".into(),
+                    ready: 5,
+                    reserved: 1,
+                    delayed: 3,
+                    dead_lettered: 2,
+                    counts: crate::message::TopicCounts {
+                        produced: 9,
+                        acked: 4,
+                        nacked: 3,
+                        dead_lettered: 2,
+                    },
+                    // Far in the future: the age is never negative, and 0 is exact.
+                    oldest_ready_ms: Some(u64::MAX),
+                },
                 TopicStats {
                     topic: "odd\"name\\".into(),
                     ready: 0,
                     reserved: 0,
                     delayed: 0,
                     dead_lettered: 0,
+                    counts: Default::default(),
+                    oldest_ready_ms: None,
                 },
             ],
             disk_bytes: 4096,
@@ -519,6 +581,7 @@ mod tests {
         m.lateness_ms.observe(99_999);
         m.flush_us.observe(300);
         m.engine_step_us.observe(12_000);
+        m.last_checkpoint_ms.store(1_700_000_000_500, Ordering::Relaxed);
         let text = render(&m, &stats()).unwrap();
         for line in [
             "delayd_produced_total 3",
@@ -533,6 +596,15 @@ mod tests {
             "delayd_topic_reserved{topic=\"orders\"} 1",
             "delayd_topic_delayed{topic=\"orders\"} 3",
             "delayd_topic_dead_lettered{topic=\"orders\"} 2",
+            "delayd_topic_produced_total{topic=\"orders\"} 9",
+            "delayd_topic_acked_total{topic=\"orders\"} 4",
+            "delayd_topic_nacked_total{topic=\"orders\"} 3",
+            "delayd_topic_dead_letters_total{topic=\"orders\"} 2",
+            "delayd_topic_produced_total{topic=\"odd\\\"name\\\\\"} 0",
+            "delayd_topic_oldest_ready_age_seconds{topic=\"orders\"} 0",
+            "# TYPE delayd_topic_acked_total counter",
+            "# TYPE delayd_topic_oldest_ready_age_seconds gauge",
+            "delayd_last_checkpoint_timestamp_seconds 1700000000.5",
             "delayd_open_queues 3",
             "delayd_lateness_seconds_bucket{le=\"0\"} 1",
             "delayd_lateness_seconds_bucket{le=\"0.002\"} 1",

@@ -111,6 +111,26 @@ fn limit(v: libc::rlim_t) -> Option<u64> {
     (v != libc::RLIM_INFINITY).then_some(v)
 }
 
+/// Bytes an unprivileged writer may still use on the file system holding `dir` (statvfs:
+/// available blocks times the fragment size), or None when it cannot be asked.
+pub fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data, valid when zeroed; the call reads a NUL-terminated path
+    // that lives across it and writes one struct through a pointer to a live, writable one.
+    #[allow(unsafe_code)]
+    let (rc, st) = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(path.as_ptr(), &mut st), st)
+    };
+    if rc != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // the field types differ between targets
+    let (avail, frsize) = (st.f_bavail as u64, st.f_frsize as u64);
+    avail.checked_mul(frsize)
+}
+
 fn getrlimit_nofile() -> std::io::Result<libc::rlimit> {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one `rlimit` through a pointer to a live, writable one.

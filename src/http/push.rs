@@ -27,8 +27,9 @@ const MAX_IN_FLIGHT: u32 = 1_024;
 /// both take the last place under `max_push_subscriptions`.
 static SUBSCRIBING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The body of a subscribe: `url` (a webhook) or `nats`, not both.
-#[derive(Debug, Deserialize, ToSchema)]
+/// The body of a subscribe: `url` (a webhook) or `nats`, not both. Its `Debug` never shows the
+/// secret.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PushBody {
     /// The webhook each due message is POSTed to (`http` or `https`).
@@ -41,6 +42,18 @@ pub(crate) struct PushBody {
     max_in_flight: Option<u32>,
     /// A NATS JetStream target instead of a webhook.
     nats: Option<NatsTarget>,
+}
+
+impl std::fmt::Debug for PushBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushBody")
+            .field("url", &self.url)
+            .field("secret", &self.secret.as_ref().map(|_| crate::message::REDACTED))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("nats", &self.nats)
+            .finish()
+    }
 }
 
 /// A NATS JetStream target.
@@ -56,10 +69,22 @@ pub(crate) struct NatsTarget {
 /// A push subscription as shown (never its secret).
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct PushAnswer {
+    /// Failed deliveries since the last success (kept in memory: 0 after a restart).
+    consecutive_failures: u64,
     /// When it was set, unix ms.
     created_at_ms: u64,
+    /// Deliveries the target accepted in the last 60 seconds.
+    delivered_1m: u64,
+    /// Deliveries that failed in the last 60 seconds.
+    failed_1m: u64,
     /// Whether POSTs are signed.
     has_secret: bool,
+    /// The last failed delivery: what happened (HTTP status and the start of the answer, a
+    /// timeout, a connection error) and when; null while none failed since this process started.
+    last_error: Option<crate::push_health::LastError>,
+    /// When the target last accepted a delivery, unix ms; null while none did since this process
+    /// started.
+    last_success_ms: Option<u64>,
     /// Most deliveries under way at once.
     max_in_flight: u32,
     /// The NATS JetStream target, for one.
@@ -240,8 +265,14 @@ pub(crate) async fn get(
         Some(subject) => (None, Some(NatsTarget { url: cfg.url, subject })),
         None => (Some(cfg.url), None),
     };
+    let health = st.broker().push_metrics().health.view(&cfg.topic, super::now_ms());
     Ok(Json(PushAnswer {
+        consecutive_failures: health.consecutive_failures,
         created_at_ms: cfg.created_at_ms,
+        delivered_1m: health.delivered_1m,
+        failed_1m: health.failed_1m,
+        last_error: health.last_error,
+        last_success_ms: health.last_success_ms,
         has_secret: cfg.secret.is_some(),
         max_in_flight: cfg.max_in_flight,
         nats,

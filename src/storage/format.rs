@@ -305,8 +305,9 @@ pub const MAX_PUSH_URL_BYTES: usize = 2048;
 pub const MAX_PUSH_SECRET_BYTES: usize = 1024;
 
 /// A topic's push subscription set or replaced (`target` not None) or removed. The latest one
-/// per topic counts; reclaim copies the one in effect forward, as it does a pause.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// per topic counts; reclaim copies the one in effect forward, as it does a pause. Its `Debug`
+/// (and so a [`Record`]'s) never shows the secret.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Push<'a> {
     /// Where deliveries go; None removes the subscription.
     pub target: PushTarget,
@@ -324,6 +325,22 @@ pub struct Push<'a> {
     pub subject: &'a [u8],
     /// Signing secret (empty for none).
     pub secret: &'a [u8],
+}
+
+impl std::fmt::Debug for Push<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        f.debug_struct("Push")
+            .field("target", &self.target)
+            .field("time_ms", &self.time_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("topic", &text(self.topic))
+            .field("url", &text(self.url))
+            .field("subject", &text(self.subject))
+            .field("secret", &(!self.secret.is_empty()).then_some(crate::message::REDACTED))
+            .finish()
+    }
 }
 
 /// A timer moved on to its next level.

@@ -74,6 +74,11 @@ impl TopicQueue {
         TopicQueue { cq, cursor, reserved, delayed: 0, ready: 0, dead, lru: None, created_at }
     }
 
+    /// Whether its files are open now (it is in the open-queue cache).
+    pub fn is_open(&self) -> bool {
+        self.lru.is_some()
+    }
+
     /// The counter a message in `state` counts in; none for a final one.
     fn counter(&mut self, state: State) -> Option<&mut u64> {
         match state {
