@@ -360,7 +360,7 @@ fn level_and_topic_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<(
         "topic",
         stats.topics.iter().map(|t| {
             let age_ms = t.oldest_ready_ms.map_or(0, |due| now_ms.saturating_sub(due));
-            (t.topic.clone(), age_ms as f64 / 1000.0)
+            (super::topic_name::shown(&t.topic), age_ms as f64 / 1000.0)
         }),
     )?;
     let topic_counters: [TopicGauge; 4] = [
@@ -378,7 +378,7 @@ fn level_and_topic_gauges(reg: &Registry, stats: &Stats) -> prometheus::Result<(
     for (name, help, get) in topic_counters {
         let c = IntCounterVec::new(Opts::new(name, help), &["topic"])?;
         for t in &stats.topics {
-            c.with_label_values(&[t.topic.as_str()]).inc_by(get(t));
+            c.with_label_values(&[super::topic_name::shown(&t.topic).as_str()]).inc_by(get(t));
         }
         reg.register(Box::new(c))?;
     }
