@@ -101,7 +101,10 @@ fn a_reservation_and_its_receipt_survive_the_leaders_death() {
     }
     // Reserve both for 4 s on the first leader.
     let r = client.pop("ttr", 2, 2_000, Some(4_000)).expect("pop");
-    let popped_at = now_ms();
+    // The reservation began after the pop was sent and before its answer came: its time-to-run
+    // ends no earlier than 4 s after the sending (the answer's arrival would be too late a bound
+    // by however long the answer took).
+    let popped_at = r.sent_ms;
     let msgs = r.messages();
     assert_eq!(msgs.len(), 2, "{:?}", r.body);
     let first_leader = c.wait_leader(Duration::from_secs(5));
