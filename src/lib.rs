@@ -54,6 +54,8 @@ mod reclaim_tests;
 #[cfg(test)]
 mod recovery_tests;
 #[cfg(test)]
+mod reschedule_tests;
+#[cfg(test)]
 mod topic_tests;
 pub mod units;
 

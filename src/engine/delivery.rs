@@ -109,7 +109,10 @@ impl Engine {
                 return Err(Error::NotFound(format!("no message at offset {msg_offset}")))
             }
         };
-        let ttr = ttr_ms.unwrap_or(msg_ttr);
+        let ttr = match ttr_ms {
+            Some(t) => t,
+            None => self.store.rescheduled_settings(&slot)?.map_or(msg_ttr, |s| s.ttr_ms),
+        };
         let now = self.now();
         let attempt = u32::from(slot.attempt) + 1;
         let new_seq = self.transition(
@@ -218,10 +221,11 @@ impl Engine {
         }
         let (max_attempts, step, topic) = {
             let p = self.store.message_fields_at(slot.msg_offset)?;
+            let max_attempts = self.store.delivery_settings(&slot, &p)?.max_attempts;
             let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
             let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
             (
-                p.max_attempts,
+                max_attempts,
                 backoff.get(i).copied().unwrap_or(0),
                 String::from_utf8_lossy(p.topic).into_owned(),
             )
@@ -319,7 +323,7 @@ impl Engine {
     /// that entry) leaves behind, so that stats do not count it. A timer already due may have
     /// fired and hopped to a level the slot does not record, so it is not noted: it counts until
     /// its reader reaches it (a hop: at most its level's length).
-    fn note_left_behind(&mut self, old: &Slot) {
+    pub(super) fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
                 let route = match self.store.record_fields_at(old.last_offset) {

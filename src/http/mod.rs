@@ -162,7 +162,7 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(native::pop))
         .routes(routes!(native::ack))
         .routes(routes!(native::nack))
-        .routes(routes!(native::get_message, native::cancel))
+        .routes(routes!(native::get_message, native::cancel, native::reschedule))
         .routes(routes!(native::history))
         .routes(routes!(native::stats))
         .routes(routes!(cluster::status))
