@@ -1,6 +1,6 @@
 //! The cluster as a client meets it, on three real processes: `/v1/cluster` on every node, a
 //! follower's 307 to the leader with the same path and query, `503 no_leader` without a
-//! majority, the cluster's metrics, and reservations and receipts across a leader's death.
+//! majority, the cluster's metrics, and reservations, receipts and reschedules across a leader's death.
 
 mod common;
 
@@ -127,6 +127,35 @@ fn a_reservation_and_its_receipt_survive_the_leaders_death() {
         "came back {} ms before its TTR ran out",
         popped_at + 4_000 - back[0].1
     );
+}
+
+/// A reschedule is one replicated record: after the leader that answered it dies, the new
+/// leader delivers the message at its new time, never before, and not at its old one.
+#[test]
+fn a_rescheduled_message_survives_the_leaders_death() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    let r =
+        client.produce("moved", &json!({"id": "m", "body": "m", "delay_ms": 3_600_000})).expect("produce");
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let r = client.request("PATCH", "/v1/messages/m", Some(&json!({"delay_ms": 5_000})), 0).expect("patch");
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let due = r.body["deliver_at_ms"].as_u64().expect("deliver_at_ms");
+    let first_leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(first_leader);
+    c.wait_leader(Duration::from_secs(15));
+    let m = client.get("m").expect("get");
+    assert_eq!((m.body["state"].as_str(), m.body["deliver_at_ms"].as_u64()), (Some("delayed"), Some(due)));
+    let mut back = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while back.is_empty() && Instant::now() < until {
+        let r = client.pop("moved", 2, 1_000, None).expect("pop");
+        let at = now_ms();
+        back.extend(r.messages().into_iter().map(|m| (m["id"].clone(), at)));
+    }
+    assert_eq!(back.len(), 1, "delivered at its new time, not its old one: {back:?}");
+    assert!(back[0].1 >= due, "came {} ms before its new time", due - back[0].1);
 }
 
 /// How many commit-log flushes node `i` has made (its flush-duration histogram's count).
