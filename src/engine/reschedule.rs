@@ -20,7 +20,9 @@ impl Engine {
         self.writable()?;
         let (_, slot) = self.by_id(id)?;
         match slot.state {
-            State::Done => return Err(Error::Conflict(format!("message {id:?} was already delivered and acked"))),
+            State::Done => {
+                return Err(Error::Conflict(format!("message {id:?} was already delivered and acked")))
+            }
             State::Cancelled => return Err(Error::Conflict(format!("message {id:?} is cancelled"))),
             State::Reserved if !req.force => {
                 return Err(Error::Conflict(format!(
@@ -84,7 +86,8 @@ impl Engine {
             When::DelayMs(d) => (from, d),
             When::AtMs(t) if t <= now => (now, 0),
             When::AtMs(t) if t - now > max => {
-                return Err(Error::invalid("deliver_at_ms", format!("is more than max_delay ({max} ms) ahead")))
+                let why = format!("is more than max_delay ({max} ms) ahead");
+                return Err(Error::invalid("deliver_at_ms", why));
             }
             When::AtMs(t) => (now, t - now),
             When::Now => (now, 0),
