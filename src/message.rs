@@ -154,7 +154,7 @@ pub struct HistoryEntry {
     pub time_ms: u64,
     /// What happened: `produced`, `carried` (reclaim moved it), or the cause of a state change
     /// (`due`, `reserve`, `ack`, `nack`, `expire`, `dead_letter`, `cancel`, `redrive`,
-    /// `reschedule`).
+    /// `reschedule`, `touch`).
     pub event: &'static str,
     /// The state it left the message in.
     pub state: MessageState,

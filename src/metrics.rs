@@ -106,6 +106,8 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Messages moved to a new due time by an operator.
     pub rescheduled: AtomicU64,
+    /// Reservations extended by their consumer.
+    pub touched: AtomicU64,
     /// Messages moved to a dead-letter topic.
     pub dead_lettered: AtomicU64,
     /// Dead letters moved back to their topic by an operator.
@@ -145,6 +147,7 @@ impl Default for Metrics {
             nacked: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             rescheduled: AtomicU64::new(0),
+            touched: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             redriven: AtomicU64::new(0),
             ttr_expired: AtomicU64::new(0),

@@ -1,5 +1,6 @@
-//! Reschedule on a manual clock: the new due time holds (never early, never the old one), across
-//! a restart and a carry, and the settings it sets apply to later deliveries.
+//! Reschedule and touch on a manual clock: the new due time holds (never early, never the old
+//! one), across a restart and a carry, and the settings it sets apply to later deliveries; a
+//! touched reservation ends at its new time and keeps its receipt.
 
 use std::sync::Arc;
 
@@ -201,5 +202,55 @@ fn new_settings_apply_across_a_restart_and_a_carry() {
     assert_eq!(d.attempt, 2);
     // The second delivery was the last one the new limit allows.
     assert!(matches!(e.nack(&d.receipt, Some(0)).unwrap(), Nacked::DeadLettered { .. }));
+    counts(&e);
+}
+
+/// Fires due timers at every millisecond from now to `until`; returns what `t` then pops.
+fn pop_at(e: &mut Engine, clock: &ManualClock, until: u64) -> Vec<crate::message::Delivery> {
+    while clock.now_ms() < until {
+        let next = e.next_due().unwrap_or(until).clamp(clock.now_ms() + 1, until);
+        clock.set_ms(next);
+        while e.run_due(usize::MAX).unwrap() > 0 {}
+        let got = e.pop(&t(), 10, Some(1_000_000)).unwrap();
+        if !got.is_empty() {
+            return got;
+        }
+    }
+    vec![]
+}
+
+#[test]
+fn a_touch_moves_the_reservations_end_and_keeps_its_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    e.produce("t", req("a", When::Now)).unwrap();
+    e.produce("t", req("b", When::Now)).unwrap();
+    let d = e.pop(&t(), 2, Some(10_000)).unwrap();
+    let (a, b) = (d[0].receipt.clone(), d[1].receipt.clone());
+    clock.set_ms(T0 + 5_000);
+    assert_eq!(e.touch(&a, 20_000).unwrap(), T0 + 25_000);
+    assert_eq!(e.touch(&b, 20_000).unwrap(), T0 + 25_000);
+    clock.set_ms(T0 + 6_000);
+    assert_eq!(e.touch(&b, 30_000).unwrap(), T0 + 36_000, "touched twice, same receipt");
+    assert_eq!(e.get("b").unwrap().deliver_at_ms, T0 + 36_000);
+    assert!(matches!(e.touch(&b, 0), Err(Error::Invalid { .. })));
+    counts(&e);
+    // Survives a restart; the old ends (10 s, then 25 s for b) fire nothing.
+    drop(e);
+    let mut e = open(dir.path(), &clock);
+    e.ack(&a).unwrap();
+    assert_eq!(e.get("a").unwrap().deliver_at_ms, T0, "an ack keeps the delivery's due time");
+    assert!(pop_at(&mut e, &clock, T0 + 35_999).is_empty(), "b came back before its touched end");
+    let back = pop_at(&mut e, &clock, T0 + 40_000);
+    assert_eq!((back.len(), back[0].id.as_str(), back[0].attempt), (1, "b", 2));
+    assert_eq!(clock.now_ms(), T0 + 36_000, "back at its new end, not before");
+    // The first delivery's receipt ended with it.
+    assert!(matches!(e.touch(&b, 1_000), Err(Error::NotFound(_))));
+    assert!(matches!(e.ack(&b), Err(Error::NotFound(_))));
+    e.touch(&back[0].receipt, 1_000).unwrap();
+    e.ack(&back[0].receipt).unwrap();
+    let events: Vec<_> = e.history("b").unwrap().0.iter().map(|h| h.event).collect();
+    assert_eq!(events, ["ack", "touch", "reserve", "expire", "touch", "touch", "reserve", "produced"]);
     counts(&e);
 }

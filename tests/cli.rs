@@ -862,3 +862,22 @@ fn reschedule_takes_a_delay_or_a_time_and_says_where_it_went() {
     cli(&s, &["reschedule", "r-1", "--delay", "1m", "--force"]).ok();
     assert_eq!(cli(&s, &["reschedule", "nope", "--delay", "1m"]).code, 1);
 }
+
+#[test]
+fn touch_extends_a_reservation_and_keeps_the_receipt() {
+    let s = Server::start(&ENV);
+    cli(&s, &["produce", "tc", "x", "--id", "t-1"]).ok();
+    let m = pop_one(&s, "tc", &["--ttr", "5s"]);
+    let receipt = str_of(&m, "receipt");
+    let before = now_ms();
+    let out = cli(&s, &["touch", receipt, "--ttr", "1h"]).ok().stdout;
+    assert!(out.starts_with("reserved until 20"), "{out}");
+    let v = cli(&s, &["--json", "touch", receipt, "--ttr", "2h"]).ok().json();
+    assert!(u64_of(&v, "expires_at_ms") >= before + 7_200_000, "{v}");
+    assert_eq!(u64_of(&get(&s, "t-1"), "deliver_at_ms"), u64_of(&v, "expires_at_ms"));
+    assert_eq!(cli(&s, &["touch", receipt]).code, 2, "--ttr is required");
+    cli(&s, &["ack", receipt]).ok();
+    let r = cli(&s, &["touch", receipt, "--ttr", "1m"]);
+    assert_eq!(r.code, 1, "an acked delivery's receipt: {}", r.stdout);
+    assert!(r.stderr.contains("not_found"), "{}", r.stderr);
+}

@@ -108,6 +108,14 @@ enum Command {
         /// Receipt from the pop.
         receipt: String,
     },
+    /// Extend a reservation for a long job; the receipt stays valid.
+    Touch {
+        /// Receipt from the pop.
+        receipt: String,
+        /// The reservation now ends this long from now (30s, 10m).
+        #[arg(long, value_parser = parse_duration)]
+        ttr: u64,
+    },
     /// Give a delivery back for a retry (or dead-lettering once its attempts are used up).
     Nack {
         /// Receipt from the pop.
@@ -759,6 +767,11 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         Command::Pop { topic, max, wait, ttr } => (pop(api, &topic, max, wait, ttr)?, show_popped),
         Command::Ack { receipt } => {
             (api.post(&["v1", "ack"], &json!({ "receipt": receipt }))?, |_| "acked\n".into())
+        }
+        Command::Touch { receipt, ttr } => {
+            (api.post(&["v1", "touch"], &json!({ "receipt": receipt, "ttr_ms": ttr }))?, |a| {
+                format!("reserved until {}\n", time(&a.value["expires_at_ms"]))
+            })
         }
         Command::Nack { receipt, delay } => {
             let mut body = json!({ "receipt": receipt });

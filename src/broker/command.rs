@@ -41,6 +41,11 @@ pub(super) enum Command {
         id: String,
         reply: oneshot::Sender<Result<()>>,
     },
+    Touch {
+        receipt: String,
+        ttr_ms: u64,
+        reply: oneshot::Sender<Result<u64>>,
+    },
     Reschedule {
         id: String,
         req: RescheduleRequest,
@@ -121,6 +126,7 @@ impl Command {
             | Command::SetPush { reply, .. } => drop(reply.send(Err(err()))),
             Command::Nack { reply, .. } => drop(reply.send(Err(err()))),
             Command::Reschedule { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Touch { reply, .. } => drop(reply.send(Err(err()))),
             Command::Walk { reply, .. } => drop(reply.send(Err(err()))),
             read => return Some(read),
         }
@@ -146,6 +152,7 @@ pub(super) enum Pending {
     Unit(oneshot::Sender<Result<()>>, Result<()>),
     Nack(oneshot::Sender<Result<Nacked>>, Result<Nacked>),
     Reschedule(oneshot::Sender<Result<Rescheduled>>, Result<Rescheduled>),
+    Touch(oneshot::Sender<Result<u64>>, Result<u64>),
     Walk(oneshot::Sender<Result<WalkStep>>, Result<WalkStep>),
 }
 
@@ -158,6 +165,7 @@ impl Release for Pending {
             Pending::Unit(tx, r) => answer(tx, r, flush_err),
             Pending::Nack(tx, r) => answer(tx, r, flush_err),
             Pending::Reschedule(tx, r) => answer(tx, r, flush_err),
+            Pending::Touch(tx, r) => answer(tx, r, flush_err),
             Pending::Walk(tx, r) => answer(tx, r, flush_err),
         }
     }

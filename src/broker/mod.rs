@@ -326,6 +326,12 @@ impl Broker {
         self.call(|reply| Command::Nack { receipt, delay_ms, reply }).await
     }
 
+    /// Extends a reservation to `ttr_ms` from now, keeping its receipt; returns its new end.
+    pub async fn touch(&self, receipt: &str, ttr_ms: u64) -> Result<u64> {
+        let receipt = receipt.to_string();
+        self.call(|reply| Command::Touch { receipt, ttr_ms, reply }).await
+    }
+
     /// Cancels a message that has not been acked.
     pub async fn cancel(&self, id: &str) -> Result<()> {
         let id = id.to_string();

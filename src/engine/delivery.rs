@@ -153,8 +153,42 @@ impl Engine {
         };
         match self.store.find_offset(IdHash::new(hash), msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
+            // Touched since the pop: the receipt names the Reserve the Touches follow.
+            Some((_, slot)) if slot.seq > seq && slot.state == State::Reserved => {
+                match self.store.reservation_seq(&slot) {
+                    Ok(Some(reserved)) if reserved == seq => Ok(slot),
+                    _ => Err(gone()),
+                }
+            }
             _ => Err(gone()),
         }
+    }
+
+    /// Extends a reservation: it now ends `ttr_ms` from now, under the same receipt (one Touch
+    /// record, which makes the old expiry timer stale); returns the new end.
+    pub fn touch(&mut self, receipt: &str, ttr_ms: u64) -> Result<u64> {
+        self.writable()?;
+        let max = self.cfg.max_delay_ms;
+        if ttr_ms == 0 || ttr_ms > max {
+            return Err(Error::invalid("ttr_ms", format!("must be 1 to {max} ms")));
+        }
+        let slot = self.reserved_by_receipt(receipt)?;
+        let now = self.now();
+        let change = Change {
+            time_ms: now,
+            state: State::Reserved,
+            cause: Cause::Touch,
+            home: slot.home,
+            attempt: u32::from(slot.attempt),
+            deliver_at_ms: now + ttr_ms,
+            route: plan_hop(&self.cfg.levels_ms, now, ttr_ms),
+            // The delivery's due time, which an ack or cancel keeps.
+            due_ms: Some(self.store.due_at(&slot)?),
+        };
+        self.transition(&slot, change)?;
+        self.note_left_behind(&slot);
+        inc(&self.metrics.touched);
+        Ok(now + ttr_ms)
     }
 
     /// Acknowledges a delivery.

@@ -26,6 +26,7 @@ fn cause_name(c: Cause) -> &'static str {
         Cause::Cancel => "cancel",
         Cause::Redrive => "redrive",
         Cause::Reschedule => "reschedule",
+        Cause::Touch => "touch",
     }
 }
 

@@ -162,6 +162,7 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(native::pop))
         .routes(routes!(native::ack))
         .routes(routes!(native::nack))
+        .routes(routes!(native::touch))
         .routes(routes!(native::get_message, native::cancel, native::reschedule))
         .routes(routes!(native::history))
         .routes(routes!(native::stats))

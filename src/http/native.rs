@@ -395,6 +395,48 @@ pub(crate) async fn ack(
     Ok(Json(AckAnswer { acked: true }))
 }
 
+/// The body of a touch.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TouchBody {
+    /// The receipt the pop returned; it stays valid.
+    receipt: String,
+    /// The reservation now ends this long after the server's receive time, ≥ 1.
+    #[schema(minimum = 1)]
+    ttr_ms: u64,
+}
+
+/// The answer to a touch.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TouchAnswer {
+    /// When the reservation now ends, unix ms.
+    expires_at_ms: u64,
+}
+
+/// `POST /v1/touch`
+#[utoipa::path(
+    post,
+    path = "/v1/touch",
+    tag = "messages",
+    operation_id = "touch",
+    summary = "Extend a reservation for a long job; the receipt stays valid",
+    request_body = TouchBody,
+    responses(
+        (status = 200, description = "Extended", body = TouchAnswer),
+        (status = 400, description = "The receipt is malformed or ttr_ms is invalid", body = ErrorBody),
+        (status = 404, description = "Unknown or expired receipt", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
+pub(crate) async fn touch(
+    State(st): State<AppState>,
+    JsonBody(b): JsonBody<TouchBody>,
+) -> Result<Json<TouchAnswer>, ApiError> {
+    receipt(&b.receipt)?;
+    let ttr = validate::ttr(st.limits(), "ttr_ms", b.ttr_ms)?;
+    Ok(Json(TouchAnswer { expires_at_ms: st.broker().touch(&b.receipt, ttr).await? }))
+}
+
 /// The body of a nack.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

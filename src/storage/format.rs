@@ -34,6 +34,9 @@ pub const RECORD_VERSION_RAFT: u8 = 4;
 /// settings from then on (`ttr_ms`, `max_attempts`). A delayd that does not know it refuses to
 /// start instead of delivering the message at its old time.
 pub const RECORD_VERSION_RESCHEDULE: u8 = 5;
+/// Version of a Touch Transition (the version 3 layout): a delayd that does not know it refuses to
+/// start instead of expiring the reservation at its old time.
+pub const RECORD_VERSION_TOUCH: u8 = 6;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
 /// Largest record the log accepts (a frame must also fit in one segment).
@@ -156,6 +159,9 @@ pub enum Cause {
     /// An operator moved a pending message to a new due time, possibly with a new time-to-run and
     /// attempt limit (written only in Transitions of version 5, which hold those settings).
     Reschedule = 9,
+    /// A consumer extended its reservation (written only in Transitions of version 6). The
+    /// message stays reserved under the same receipt.
+    Touch = 10,
 }
 
 impl Cause {
@@ -171,6 +177,7 @@ impl Cause {
             7 => Some(Cause::Cancel),
             8 => Some(Cause::Redrive),
             9 => Some(Cause::Reschedule),
+            10 => Some(Cause::Touch),
             _ => None,
         }
     }
@@ -787,6 +794,7 @@ pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
 pub fn encode_transition(t: &Transition) -> Vec<u8> {
     let (version, extra) = match (t.settings, t.prev_offset, t.due_ms) {
         (Some(_), _, _) => (RECORD_VERSION_RESCHEDULE, 16 + 12),
+        (None, Some(_), _) if t.cause == Cause::Touch => (RECORD_VERSION_TOUCH, 16),
         (None, Some(_), _) => (RECORD_VERSION_LINKED, 16),
         (None, None, Some(_)) => (RECORD_VERSION_CARRY, 8),
         (None, None, None) => (RECORD_VERSION, 0),
@@ -928,21 +936,28 @@ fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeE
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
-    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED, RECORD_VERSION_RAFT, RECORD_VERSION_RESCHEDULE]
-        .contains(&h.version)
-    {
+    let known = [
+        RECORD_VERSION,
+        RECORD_VERSION_CARRY,
+        RECORD_VERSION_LINKED,
+        RECORD_VERSION_RAFT,
+        RECORD_VERSION_RESCHEDULE,
+        RECORD_VERSION_TOUCH,
+    ];
+    if !known.contains(&h.version) {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(h.kind).ok_or(DecodeError::Invalid("unknown record kind"))?;
     // Carry, Pause and Push exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
     // 1, 2 (it ends with a due time), 3 (a due time and a link to the record before it) or 5 (a
-    // Reschedule: version 3 and the settings it sets); the rest only 1.
+    // Reschedule: version 3 and the settings it sets) or 6 (a Touch, as version 3); the rest only 1.
     let v2 = h.version == RECORD_VERSION_CARRY;
     let only_v2 = matches!(kind, Kind::Carry | Kind::Pause | Kind::Push);
     let v3 = h.version == RECORD_VERSION_LINKED;
     if (only_v2 && !v2)
         || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Push | Kind::Put | Kind::Transition))
-        || ((v3 || h.version == RECORD_VERSION_RESCHEDULE) && kind != Kind::Transition)
+        || ((v3 || h.version == RECORD_VERSION_RESCHEDULE || h.version == RECORD_VERSION_TOUCH)
+            && kind != Kind::Transition)
         || ((h.version == RECORD_VERSION_RAFT) != (kind == Kind::Raft))
     {
         return Err(DecodeError::Invalid("record kind and version do not match"));
@@ -1000,7 +1015,7 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
             route: d.route()?,
         }),
         Kind::Transition => {
-            let linked = matches!(buf[6], RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE);
+            let linked = matches!(buf[6], RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE | RECORD_VERSION_TOUCH);
             let t = Transition {
                 msg_offset: d.u64()?,
                 id_hash: d.u64()?,
@@ -1025,8 +1040,11 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
                     None
                 },
             };
-            // A Reschedule exists only as version 5, and version 5 only as a Reschedule.
-            if (t.cause == Cause::Reschedule) != (buf[6] == RECORD_VERSION_RESCHEDULE) {
+            // A Reschedule exists only as version 5 and a Touch only as version 6, and those
+            // versions only as them.
+            if (t.cause == Cause::Reschedule) != (buf[6] == RECORD_VERSION_RESCHEDULE)
+                || (t.cause == Cause::Touch) != (buf[6] == RECORD_VERSION_TOUCH)
+            {
                 return Err(DecodeError::Invalid("transition cause and version do not match"));
             }
             Record::Transition(t)
@@ -1231,14 +1249,15 @@ mod tests {
         #[test]
         fn transition_round_trips(
             mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
-            c in 1u8..=9, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
+            c in 1u8..=10, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
             due in proptest::option::of(1..u64::MAX), prev in proptest::option::of(any::<u64>()),
             ttr in any::<u64>(), max in any::<u32>(),
         ) {
             let cause = Cause::from_u8(c).unwrap();
             // A Reschedule always links back and holds its settings (version 5).
             let resched = cause == Cause::Reschedule;
-            let prev = if resched { Some(prev.unwrap_or(0)) } else { prev };
+            let touch = cause == Cause::Touch;
+            let prev = if resched || touch { Some(prev.unwrap_or(0)) } else { prev };
             let settings = resched.then_some(DeliverySettings { ttr_ms: ttr, max_attempts: max });
             let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,
                 cause, home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
@@ -1246,6 +1265,7 @@ mod tests {
             let buf = encode_transition(&tr);
             let (len, version) = match (resched, prev, due) {
                 (true, _, _) => (101, 5),
+                (false, _, _) if touch => (89, 6),
                 (false, Some(_), _) => (89, 3),
                 (false, None, Some(_)) => (81, 2),
                 (false, None, None) => (73, 1),

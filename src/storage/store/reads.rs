@@ -7,7 +7,7 @@ use tracing::error;
 
 use super::{dead_letter_topic, Store};
 use crate::error::{Error, Result};
-use crate::storage::format::{self, DeliverySettings, Home, Put, Record, State};
+use crate::storage::format::{self, Cause, DeliverySettings, Home, Put, Record, State};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::types::{IdHash, LogOffset};
 
@@ -104,6 +104,24 @@ impl Store {
                         _ => break,
                     }
                 }
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The `seq` of the Reserve that began the reservation the message in `slot` is in: its last
+    /// record's, or after Touches (which keep the receipt) the one they follow; `None` when its
+    /// records do not lead back to one.
+    pub fn reservation_seq(&self, slot: &Slot) -> Result<Option<u32>> {
+        let mut at = slot.last_offset.get();
+        while at >= self.log.start() {
+            match self.log.read_fields(at)?.0 {
+                Record::Transition(t) if t.cause == Cause::Touch => match t.prev_offset {
+                    Some(prev) if prev < at => at = prev,
+                    _ => break,
+                },
+                Record::Transition(t) if t.cause == Cause::Reserve => return Ok(Some(t.seq)),
                 _ => break,
             }
         }
