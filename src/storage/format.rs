@@ -1015,7 +1015,8 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
             route: d.route()?,
         }),
         Kind::Transition => {
-            let linked = matches!(buf[6], RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE | RECORD_VERSION_TOUCH);
+            let linked =
+                matches!(buf[6], RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE | RECORD_VERSION_TOUCH);
             let t = Transition {
                 msg_offset: d.u64()?,
                 id_hash: d.u64()?,
