@@ -51,7 +51,7 @@ fn a_touched_reservation_ends_at_its_new_time_across_sigkill() {
     Server::assert_error(st, &v, 404, "not_found");
     let (st_ack, v_ack) = s.post("/v1/ack", &json!({"receipt": rb}));
     assert_eq!((st_ack, &v_ack["error"]["code"]), (404, &v["error"]["code"]));
-    for bad in ["nope", "0123"] {
+    for bad in ["", "nope", "0123"] {
         let (st, v) = s.post("/v1/touch", &json!({"receipt": bad, "ttr_ms": 1_000}));
         let (st_ack, v_ack) = s.post("/v1/ack", &json!({"receipt": bad}));
         assert_eq!((st, &v["error"]["code"]), (st_ack, &v_ack["error"]["code"]), "{v} vs {v_ack}");
