@@ -176,7 +176,7 @@ fn an_isolated_leader_acknowledges_nothing_and_rejoins_as_follower() {
         "isolated leader: node {old} follows node {leader} again (pid {pid} -> {}, restarted itself {rejoins} times)",
         c.pid(old)
     );
-    wait_caught_up(&c, old, Duration::from_secs(15));
+    wait_caught_up(&c, old, Duration::from_secs(30));
     sleep(Duration::from_secs(1));
     finish(&c, &mut w, "isolated leader");
 }
@@ -196,7 +196,7 @@ fn a_paused_leader_resumes_as_follower_and_nothing_acknowledged_is_lost() {
     c.cont(old);
     let leader = wait_follows(&c, old, Duration::from_secs(20));
     eprintln!("paused leader: node {new} led while node {old} was stopped; node {leader} leads now");
-    wait_caught_up(&c, old, Duration::from_secs(15));
+    wait_caught_up(&c, old, Duration::from_secs(30));
     sleep(Duration::from_secs(1));
     finish(&c, &mut w, "paused leader");
 }
@@ -232,7 +232,7 @@ fn a_deposed_leader_with_entries_of_its_own_acknowledges_none_and_rejoins() {
     assert!(produced.ok(), "{produced:?}");
     c.heal();
     let leader = wait_follows(&c, old, Duration::from_secs(20));
-    wait_caught_up(&c, old, Duration::from_secs(15));
+    wait_caught_up(&c, old, Duration::from_secs(30));
     let rejoins = c.node(old).log().matches("restarting this node to rejoin").count();
     eprintln!(
         "deposed leader: node {old} follows node {leader} (elected {new}), restarted itself {rejoins} times"
