@@ -747,3 +747,302 @@ fn with_a_token_a_follower_asks_for_it_and_says_the_leader_will_ask_again() {
     b.wait_for("the cluster panel", &cluster_rows(3));
     b.assert_no_errors();
 }
+
+/// Ids of the browsed messages, in the order shown.
+const BROWSED_IDS: &str =
+    "const ids = Array.from(document.querySelectorAll('#messages tbody tr')).map((r) => r.dataset.id);
+     return ids.length ? ids : null";
+
+/// The health strip's facts as {key: text}, once it shows.
+const HEALTH: &str = "if (document.getElementById('health').hidden) return null;
+    const o = {}; for (const d of document.querySelectorAll('#health-facts dd')) o[d.dataset.fact] = d.textContent;
+    return o";
+
+/// The cells of a topic's row, once it shows.
+fn topic_row(topic: &str) -> String {
+    format!(
+        "const r = document.querySelector('#topics tbody tr[data-topic=\"{topic}\"]');
+         return r ? Array.from(r.cells).map((c) => c.textContent) : null"
+    )
+}
+
+/// A loopback port nothing listens on: bound, then let go.
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port()
+}
+
+/// Waits until the server's history has a sample in which something was produced.
+fn wait_for_a_busy_sample(s: &Server) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (status, h) = s.get("/v1/stats/history");
+        assert_eq!(status, 200, "{h}");
+        let busy = h["samples"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["produced_per_s"].as_f64() > Some(0.0)));
+        if busy {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "no sample with traffic after 40 s: {h}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn the_dashboard_monitors_health_rates_lateness_and_topics() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    // Traffic for the charts: produced, popped, acked, nacked to the dead-letter topic; and
+    // messages due in a second, whose lateness is measured when they become ready.
+    for i in 0..12 {
+        s.produce(
+            "work",
+            &json!({"id": format!("w-{i}"), "body": "x", "max_attempts": 1, "delay_ms": 1_000}),
+        );
+    }
+    let deadline = Instant::now() + NEVER_HANG;
+    let mut popped = Vec::new();
+    while popped.len() < 12 {
+        assert!(Instant::now() < deadline, "popped only {}", popped.len());
+        popped.extend(s.pop("work", 12, 2_000, None).0);
+    }
+    for (i, m) in popped.iter().enumerate() {
+        let receipt = m["receipt"].as_str().expect("receipt");
+        let (st, v) = if i < 9 {
+            s.post("/v1/ack", &json!({"receipt": receipt}))
+        } else {
+            s.post("/v1/nack", &json!({"receipt": receipt}))
+        };
+        assert_eq!(st, 200, "{v}");
+    }
+    s.produce("backlog", &json!({"id": "b-1", "body": "waiting"}));
+    // A push subscription to a port nothing listens on: its health says it fails.
+    let hook = json!({"url": format!("http://127.0.0.1:{}/hook", closed_port()), "timeout_ms": 500});
+    let (st, v) = common::answer(s.http().put(s.url("/v1/topics/hooks/push")).json(&hook).send());
+    assert!(st == 200 || st == 201, "{v}");
+    s.produce("hooks", &json!({"id": "h-1", "body": "ping"}));
+    let history = wait_for_a_busy_sample(&s);
+    assert_eq!(history["capacity"], 360, "{history}");
+    assert_eq!(history["interval_ms"], 10_000, "{history}");
+
+    let b = Browser::open("monitor", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    let health = b.wait_for("the health strip", HEALTH);
+    assert_eq!(health["store"], "writable", "{health}");
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"), "{health}");
+    assert!(
+        health["uptime"].as_str().is_some_and(|t| t.contains(" s · since 20") && t.ends_with('Z')),
+        "{health}"
+    );
+    assert!(health["disk-free"].as_str().is_some_and(|t| t.ends_with("iB") || t.ends_with(" B")), "{health}");
+    assert!(health["updated"].as_str().is_some_and(|t| t.len() == 9 && t.ends_with('Z')), "{health}");
+
+    // Every rate and lateness line is drawn; produced, delivered and acked rose above the axis.
+    let lines = b.wait_for(
+        "the chart lines",
+        "const base = 200 - 22;
+         const o = {};
+         for (const l of document.querySelectorAll('svg.chart [data-series]')) {
+           const ys = l.tagName === 'circle' ? [Number(l.getAttribute('cy'))]
+             : l.getAttribute('points').split(' ').map((p) => Number(p.split(',')[1]));
+           o[l.dataset.series] = Math.max(o[l.dataset.series] || 0, base - Math.min(...ys));
+         }
+         return Object.keys(o).length >= 7 ? o : null",
+    );
+    for series in ["produced", "delivered", "acked", "nacked", "dead-lettered"] {
+        assert!(lines[series].as_f64().is_some_and(|h| h > 0.0), "{series} stays on the axis: {lines}");
+    }
+    assert!(lines.get("p50").is_some() && lines.get("p99").is_some(), "{lines}");
+    let ticks = b.js(
+        "return Array.from(document.querySelectorAll('#chart-rates text.axis')).map((t) => t.textContent)",
+    );
+    assert!(
+        ticks
+            .as_array()
+            .is_some_and(|t| t.iter().any(|x| x.as_str().is_some_and(|x| x.len() == 6 && x.ends_with('Z')))),
+        "time ticks in UTC: {ticks}"
+    );
+
+    // Per topic: the oldest ready message's age, and the failing push subscription.
+    let backlog = b.wait_for("backlog's oldest ready age", &topic_row("backlog"));
+    assert!(backlog[5].as_str().is_some_and(|t| t.ends_with(" s") || t.ends_with(" ms")), "{backlog}");
+    let hooks = b.wait_for(
+        "hooks failing",
+        "const c = document.querySelector('#topics tr[data-topic=\"hooks\"] [data-push=\"failing\"]');
+         return c ? c.closest('td').textContent : null",
+    );
+    assert!(hooks.as_str().is_some_and(|t| t.contains("last error")), "{hooks}");
+    assert_eq!(backlog[6], "—", "no push subscription on backlog: {backlog}");
+
+    // No local 12-hour time anywhere: every time is UTC.
+    let text = b.js("return document.body.innerText").as_str().unwrap_or_default().to_string();
+    assert!(!text.contains(" AM") && !text.contains(" PM"), "{text}");
+    b.screenshot("dashboard-monitor.png", 1280, None);
+    b.screenshot("dashboard-monitor-phone.png", 390, Some(844));
+    let (page_w, view_w) = (
+        b.js("return document.documentElement.scrollWidth"),
+        b.js("return document.documentElement.clientWidth"),
+    );
+    assert!(page_w.as_u64() <= view_w.as_u64(), "page is {page_w} px wide in a {view_w} px viewport");
+    b.assert_no_errors();
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn messages_are_sorted_filtered_acted_on_and_linked() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    // Produced out of due order, on different levels.
+    for (id, delay_ms) in [("d-3", 3_600_000), ("d-1", 90_000), ("d-4", 7_200_000), ("d-2", 600_000)] {
+        s.produce("orders", &json!({"id": id, "body": id, "delay_ms": delay_ms}));
+    }
+    for i in 1..=4 {
+        s.produce("orders", &json!({"id": format!("x-{i}"), "body": "fails", "max_attempts": 1}));
+    }
+    let (popped, _) = s.pop("orders", 4, 5_000, None);
+    assert_eq!(popped.len(), 4);
+    for m in &popped {
+        let (st, v) = s.post("/v1/nack", &json!({"receipt": m["receipt"]}));
+        assert_eq!((st, &v["state"]), (200, &json!("dead")), "{v}");
+    }
+    s.produce("mail", &json!({"id": "m-1", "body": "x", "delay_ms": 60_000}));
+    s.produce("order-archive", &json!({"id": "a-1", "body": "x"}));
+
+    let b = Browser::open("messages", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    b.wait_for("mail listed", &topic_row("mail"));
+
+    // The filter keeps the matching topics and totals them.
+    b.type_into("#topic-filter", "order");
+    let shown = b.wait_for(
+        "three topics left by the filter",
+        "const r = Array.from(document.querySelectorAll('#topics tbody tr')).map((r) => r.dataset.topic);
+         return r.length === 3 ? r : null",
+    );
+    assert_eq!(shown, json!(["order-archive", "orders", "orders.dlq"]));
+    let total = b
+        .js("return Array.from(document.getElementById('topics-total-row').cells).map((c) => c.textContent)");
+    assert_eq!(total[0], "Total (3 of 4 topics)", "{total}");
+    let (_, topics) = s.get("/v1/topics");
+    let sum = |k: &str| -> u64 {
+        let t = topics["topics"].as_array().expect("topics");
+        t.iter().filter(|t| t["topic"] != "mail").map(|t| t[k].as_u64().expect("count")).sum()
+    };
+    let want =
+        [sum("ready"), sum("reserved"), sum("delayed"), sum("dead_lettered")].map(|n| json!(n.to_string()));
+    assert_eq!(total.as_array().expect("cells")[1..5], want, "the filtered topics summed: {total} {topics}");
+    assert_eq!(want[2], "4", "{topics}");
+
+    // Delayed messages are listed by due time, in UTC.
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    assert_eq!(b.wait_for("the delayed messages", BROWSED_IDS), json!(["d-1", "d-2", "d-3", "d-4"]));
+    let due = b.js("return Array.from(document.querySelectorAll('#messages tbody td[data-due]')).map((c) => c.textContent)");
+    for t in due.as_array().expect("cells") {
+        let t = t.as_str().expect("text");
+        let at = t.split(" · ").nth(1).unwrap_or_default();
+        assert!(at.len() == 20 && at.ends_with('Z') && at.as_bytes()[10] == b' ', "a UTC time: {t}");
+    }
+
+    // Cancel one from its row.
+    b.click("#messages tr[data-id='d-2'] button[data-action='cancel']");
+    b.accept_confirm();
+    b.wait_for(
+        "d-2 gone",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && !ids.includes('d-2')"),
+    );
+    assert_eq!(s.get("/v1/messages/d-2").1["state"], "cancelled");
+
+    // Bulk: select two, cancel both.
+    b.click("#messages tr[data-id='d-3'] input.pick");
+    b.click("#messages tr[data-id='d-4'] input.pick");
+    assert_eq!(b.js("return document.getElementById('bulk-count').textContent"), json!("2 of 3 selected"));
+    b.screenshot("dashboard-bulk-select.png", 1280, None);
+    b.click("#bulk-cancel");
+    b.accept_confirm();
+    b.wait_for(
+        "the bulk result",
+        "return document.getElementById('status').textContent.startsWith('Cancel: 2 of 2')",
+    );
+    for id in ["d-3", "d-4"] {
+        assert_eq!(s.get(&format!("/v1/messages/{id}")).1["state"], "cancelled", "{id}");
+    }
+    assert_eq!(s.get("/v1/messages/d-1").1["state"], "delayed");
+
+    // Dead letters: redrive one from its row, then two selected.
+    b.js("document.getElementById('browse-state').value = 'dead'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    let dead = b.wait_for(
+        "four dead letters",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids.length === 4 && ids.every((i) => i.startsWith('x-')) ? ids : null"),
+    );
+    let first = dead[0].as_str().expect("id").to_string();
+    b.click(&format!("#messages tr[data-id='{first}'] button[data-action='redrive']"));
+    b.wait_for(
+        "the redrive of one",
+        "return document.getElementById('status').textContent.startsWith('Redrive: 1 moved')",
+    );
+    let (_, m) = s.get(&format!("/v1/messages/{first}"));
+    assert_eq!(m["topic"], "orders", "{m}");
+    assert_ne!(m["state"], "dead", "{m}");
+    b.wait_for(
+        "three dead letters",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids.length === 3"),
+    );
+    b.click("#select-all");
+    b.wait_for(
+        "all three selected",
+        "return document.getElementById('bulk-count').textContent === '3 of 3 selected'",
+    );
+    b.click("#bulk-redrive");
+    b.wait_for(
+        "the bulk redrive",
+        "return document.getElementById('status').textContent.startsWith('Redrive: 3 of 3 moved')",
+    );
+    for id in dead.as_array().expect("ids") {
+        let (_, m) = s.get(&format!("/v1/messages/{}", id.as_str().expect("id")));
+        assert_ne!(m["state"], "dead", "{m}");
+    }
+
+    // A link restores the view: filter, topic, state and looked-up message, none of it the token.
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    b.wait_for(
+        "d-1 listed again",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids[0] === 'd-1'"),
+    );
+    b.click("#messages tr[data-id='d-1'] button[aria-label='Look up d-1']");
+    b.wait_for(
+        "d-1 looked up",
+        "const e = document.getElementById('lookup-state'); return e && e.textContent === 'delayed'",
+    );
+    let link = b.js("return location.href").as_str().expect("href").to_string();
+    assert!(
+        link.contains("filter=order")
+            && link.contains("topic=orders")
+            && link.contains("state=delayed")
+            && link.contains("message=d-1"),
+        "{link}"
+    );
+    b.goto(&s.url("/ui"));
+    b.wait_for("a fresh page", &topic_row("mail"));
+    b.goto(&link);
+    b.watch_errors();
+    assert_eq!(b.wait_for("the linked list", BROWSED_IDS), json!(["d-1"]));
+    b.wait_for(
+        "the linked message",
+        "const e = document.getElementById('lookup-state'); return e && e.textContent === 'delayed'",
+    );
+    assert_eq!(b.js("return [document.getElementById('topic-filter').value, document.getElementById('browse-state').value]"), json!(["order", "delayed"]));
+    b.wait_for(
+        "the linked filter applied",
+        "return document.querySelectorAll('#topics tbody tr').length === 3",
+    );
+    b.screenshot("dashboard-shared-link.png", 1280, None);
+    b.assert_no_errors();
+}
