@@ -55,6 +55,8 @@ mod reclaim_tests;
 #[cfg(test)]
 mod recovery_tests;
 #[cfg(test)]
+mod reschedule_tests;
+#[cfg(test)]
 mod topic_tests;
 pub mod units;
 

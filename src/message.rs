@@ -80,6 +80,31 @@ pub struct Delivery {
     pub ttr_ms: u64,
 }
 
+/// What a reschedule asks for: a new due time and, optionally, new delivery settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RescheduleRequest {
+    /// The new due time: [`When::DelayMs`] from the broker's receive time, or [`When::AtMs`]
+    /// (a past time, or 0, means now).
+    pub when: When,
+    /// A new time-to-run for later deliveries.
+    pub ttr_ms: Option<u64>,
+    /// A new attempt limit.
+    pub max_attempts: Option<u32>,
+    /// Also move a reserved message (its receipt stops working).
+    pub force: bool,
+}
+
+/// Where a reschedule moved a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rescheduled {
+    /// The message id.
+    pub id: String,
+    /// `Delayed`, or `Ready` (`Dead` in a dead-letter topic) when due at once.
+    pub state: MessageState,
+    /// Its new due time, unix ms.
+    pub deliver_at_ms: u64,
+}
+
 /// Where a message is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -128,7 +153,8 @@ pub struct HistoryEntry {
     /// Unix ms of the change (for `produced`, of the produce).
     pub time_ms: u64,
     /// What happened: `produced`, `carried` (reclaim moved it), or the cause of a state change
-    /// (`due`, `reserve`, `ack`, `nack`, `expire`, `dead_letter`, `cancel`, `redrive`).
+    /// (`due`, `reserve`, `ack`, `nack`, `expire`, `dead_letter`, `cancel`, `redrive`,
+    /// `reschedule`, `touch`).
     pub event: &'static str,
     /// The state it left the message in.
     pub state: MessageState,

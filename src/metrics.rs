@@ -104,6 +104,10 @@ pub struct Metrics {
     pub nacked: AtomicU64,
     /// Cancels accepted.
     pub cancelled: AtomicU64,
+    /// Messages moved to a new due time by an operator.
+    pub rescheduled: AtomicU64,
+    /// Reservations extended by their consumer.
+    pub touched: AtomicU64,
     /// Messages moved to a dead-letter topic.
     pub dead_lettered: AtomicU64,
     /// Dead letters moved back to their topic by an operator.
@@ -144,6 +148,8 @@ impl Default for Metrics {
             acked: AtomicU64::new(0),
             nacked: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            rescheduled: AtomicU64::new(0),
+            touched: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             redriven: AtomicU64::new(0),
             ttr_expired: AtomicU64::new(0),

@@ -869,3 +869,55 @@ fn cluster_status_without_a_leader() {
          3     candidate*  http://127.0.0.1:9277  127.0.0.1:9300\n"
     );
 }
+
+#[test]
+fn reschedule_takes_a_delay_or_a_time_and_says_where_it_went() {
+    let s = Server::start(&ENV);
+    cli(&s, &["produce", "rs", "x", "--id", "r-1", "--delay", "1h"]).ok();
+    // A bare number has no unit, as for produce; one of --delay and --at is required.
+    for args in [&["reschedule", "r-1", "--delay", "5"][..], &["reschedule", "r-1"]] {
+        assert_eq!(cli(&s, args).code, 2, "{args:?}");
+    }
+    let before = now_ms();
+    let out = cli(&s, &["reschedule", "r-1", "--delay", "2h"]).ok().stdout;
+    assert!(out.contains("r-1") && out.contains("delayed"), "{out}");
+    let due = u64_of(&get(&s, "r-1"), "deliver_at_ms");
+    assert!(due >= before + 7_200_000 && due <= now_ms() + 7_200_001, "{due}");
+
+    let at = (now_ms() / 1000 + 3_600) * 1000;
+    let local = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at + 2 * 3_600_000);
+    let text = humantime::format_rfc3339_seconds(local).to_string().replace('Z', "+02:00");
+    let v = cli(&s, &["--json", "reschedule", "r-1", "--at", &text, "--ttr", "30s", "--max-attempts", "3"])
+        .ok()
+        .json();
+    assert_eq!((str_of(&v, "state"), u64_of(&v, "deliver_at_ms")), ("delayed", at), "{v}");
+
+    let v = cli(&s, &["--json", "reschedule", "r-1", "--delay", "0"]).ok().json();
+    assert_eq!(str_of(&v, "state"), "ready");
+    let m = pop_one(&s, "rs", &[]);
+    assert_eq!(str_of(&m, "id"), "r-1");
+    let r = cli(&s, &["reschedule", "r-1", "--delay", "1m"]);
+    assert_eq!(r.code, 1, "reserved without --force: {}", r.stdout);
+    assert!(r.stderr.contains("conflict"), "{}", r.stderr);
+    cli(&s, &["reschedule", "r-1", "--delay", "1m", "--force"]).ok();
+    assert_eq!(cli(&s, &["reschedule", "nope", "--delay", "1m"]).code, 1);
+}
+
+#[test]
+fn touch_extends_a_reservation_and_keeps_the_receipt() {
+    let s = Server::start(&ENV);
+    cli(&s, &["produce", "tc", "x", "--id", "t-1"]).ok();
+    let m = pop_one(&s, "tc", &["--ttr", "5s"]);
+    let receipt = str_of(&m, "receipt");
+    let before = now_ms();
+    let out = cli(&s, &["touch", receipt, "--ttr", "1h"]).ok().stdout;
+    assert!(out.starts_with("reserved until 20"), "{out}");
+    let v = cli(&s, &["--json", "touch", receipt, "--ttr", "2h"]).ok().json();
+    assert!(u64_of(&v, "expires_at_ms") >= before + 7_200_000, "{v}");
+    assert_eq!(u64_of(&get(&s, "t-1"), "deliver_at_ms"), u64_of(&v, "expires_at_ms"));
+    assert_eq!(cli(&s, &["touch", receipt]).code, 2, "--ttr is required");
+    cli(&s, &["ack", receipt]).ok();
+    let r = cli(&s, &["touch", receipt, "--ttr", "1m"]);
+    assert_eq!(r.code, 1, "an acked delivery's receipt: {}", r.stdout);
+    assert!(r.stderr.contains("not_found"), "{}", r.stderr);
+}

@@ -1,6 +1,7 @@
 //! The cluster as a client meets it, on three real processes: `/v1/cluster` on every node, a
 //! follower's 307 to the leader with the same path and query, `503 no_leader` without a
-//! majority, the cluster's metrics, and reservations and receipts across a leader's death.
+//! majority, the cluster's metrics, and reservations, receipts, touches and reschedules across a
+//! leader's death.
 
 mod common;
 
@@ -101,7 +102,10 @@ fn a_reservation_and_its_receipt_survive_the_leaders_death() {
     }
     // Reserve both for 4 s on the first leader.
     let r = client.pop("ttr", 2, 2_000, Some(4_000)).expect("pop");
-    let popped_at = now_ms();
+    // The reservation began after the pop was sent and before its answer came: its time-to-run
+    // ends no earlier than 4 s after the sending (the answer's arrival would be too late a bound
+    // by however long the answer took).
+    let popped_at = r.sent_ms;
     let msgs = r.messages();
     assert_eq!(msgs.len(), 2, "{:?}", r.body);
     let first_leader = c.wait_leader(Duration::from_secs(5));
@@ -127,6 +131,73 @@ fn a_reservation_and_its_receipt_survive_the_leaders_death() {
         "came back {} ms before its TTR ran out",
         popped_at + 4_000 - back[0].1
     );
+}
+
+/// A reschedule is one replicated record: after the leader that answered it dies, the new
+/// leader delivers the message at its new time, never before, and not at its old one.
+#[test]
+fn a_rescheduled_message_survives_the_leaders_death() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    let r =
+        client.produce("moved", &json!({"id": "m", "body": "m", "delay_ms": 3_600_000})).expect("produce");
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let r = client.request("PATCH", "/v1/messages/m", Some(&json!({"delay_ms": 5_000})), 0).expect("patch");
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let due = r.body["deliver_at_ms"].as_u64().expect("deliver_at_ms");
+    let first_leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(first_leader);
+    c.wait_leader(Duration::from_secs(15));
+    let m = client.get("m").expect("get");
+    assert_eq!((m.body["state"].as_str(), m.body["deliver_at_ms"].as_u64()), (Some("delayed"), Some(due)));
+    let mut back = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while back.is_empty() && Instant::now() < until {
+        let r = client.pop("moved", 2, 1_000, None).expect("pop");
+        let at = now_ms();
+        back.extend(r.messages().into_iter().map(|m| (m["id"].clone(), at)));
+    }
+    assert_eq!(back.len(), 1, "delivered at its new time, not its old one: {back:?}");
+    assert!(back[0].1 >= due, "came {} ms before its new time", due - back[0].1);
+}
+
+/// A touch is one replicated record: after the leader that answered it dies, the reservation
+/// still ends at its new time on the new leader, and the receipt still acks it.
+#[test]
+fn a_touched_reservation_survives_the_leaders_death() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    for id in ["t1", "t2"] {
+        let r = client.produce("touch", &json!({"id": id, "body": id})).expect("produce");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    let msgs = client.pop("touch", 2, 2_000, Some(2_000)).expect("pop").messages();
+    assert_eq!(msgs.len(), 2);
+    let mut expires = 0;
+    for m in &msgs {
+        let r = client
+            .request("POST", "/v1/touch", Some(&json!({"receipt": m["receipt"], "ttr_ms": 8_000})), 0)
+            .expect("touch");
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        expires = r.body["expires_at_ms"].as_u64().expect("expires_at_ms");
+    }
+    let first_leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(first_leader);
+    c.wait_leader(Duration::from_secs(15));
+    let acked = client.ack(msgs[0]["receipt"].as_str().expect("receipt")).expect("ack");
+    assert!(acked.ok(), "the touched receipt acks on the new leader: {} {:?}", acked.status, acked.body);
+    let mut back = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while back.is_empty() && Instant::now() < until {
+        let r = client.pop("touch", 2, 1_000, None).expect("pop");
+        let at = now_ms();
+        back.extend(r.messages().into_iter().map(|m| (m["id"].clone(), at)));
+    }
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].0, msgs[1]["id"]);
+    assert!(back[0].1 >= expires, "came back {} ms before its touched end", expires - back[0].1);
 }
 
 /// How many commit-log flushes node `i` has made (its flush-duration histogram's count).

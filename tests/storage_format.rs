@@ -20,7 +20,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use delayd::broker::{Broker, BrokerConfig, MessageState, Nacked, PopRequest, ProduceRequest, When};
+use delayd::broker::{
+    Broker, BrokerConfig, MessageState, Nacked, PopRequest, ProduceRequest, RescheduleRequest, When,
+};
 use serde_json::json;
 
 /// An independent reader of a delayd data directory, per `storage-format.md`.
@@ -165,8 +167,10 @@ mod reader {
             route: Route,
             /// Versions 2 and 3 (a Reserve or a Redrive): the due time it records.
             due_ms: Option<u64>,
-            /// Version 3: the message's record this change follows.
+            /// Versions 3 and 5: the message's record this change follows.
             prev_offset: Option<u64>,
+            /// Version 5 (a Reschedule): the message's `ttr_ms` and `max_attempts` from then on.
+            settings: Option<(u64, u32)>,
         },
         Hop {
             msg_offset: u64,
@@ -213,10 +217,13 @@ mod reader {
 
     /// Record versions (validity rules 7 and 8): Carry, Pause and Push are version 2; Put is 1 or 2
     /// (2 replaces); Transition 1, 2 (ends with a due time) or 3 (a due time and a link; delayd
-    /// writes every Transition so); Hop and EndOfSegment 1.
+    /// writes every Transition so), 5 (a Reschedule: version 3 and the settings it sets) or 6 (a
+    /// Touch, as version 3); Hop and EndOfSegment 1.
     pub const VERSION: u8 = 1;
     pub const VERSION_CARRY: u8 = 2;
     pub const VERSION_LINKED: u8 = 3;
+    pub const VERSION_RESCHEDULE: u8 = 5;
+    pub const VERSION_TOUCH: u8 = 6;
 
     pub const STATE_DELAYED: u8 = 1;
     pub const STATE_READY: u8 = 2;
@@ -228,6 +235,8 @@ mod reader {
     pub const CAUSE_RESERVE: u8 = 2;
     pub const CAUSE_DEAD_LETTER: u8 = 6;
     pub const CAUSE_REDRIVE: u8 = 8;
+    pub const CAUSE_RESCHEDULE: u8 = 9;
+    pub const CAUSE_TOUCH: u8 = 10;
     pub const HOME_DEAD_LETTER: u8 = 1;
 
     fn is_final(state: u8) -> bool {
@@ -366,7 +375,7 @@ mod reader {
         }
         // 7-8: a version this reader knows, a known kind, and the version that kind is written with.
         let (version, kind) = (rec[6], rec[7]);
-        if ![VERSION, VERSION_CARRY, VERSION_LINKED].contains(&version) {
+        if ![VERSION, VERSION_CARRY, VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version) {
             return Err(format!("unknown version {version}"));
         }
         if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_EOS].contains(&kind)
@@ -376,11 +385,12 @@ mod reader {
         if ([KIND_CARRY, KIND_PAUSE, KIND_PUSH].contains(&kind) && version != VERSION_CARRY)
             || (version == VERSION_CARRY
                 && ![KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_PUT, KIND_TRANSITION].contains(&kind))
-            || (version == VERSION_LINKED && kind != KIND_TRANSITION)
+            || ([VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version)
+                && kind != KIND_TRANSITION)
         {
             return Err(format!(
                 "kind {kind} with record version {version} (Carry, Pause and Push are 2, Put 1 or 2, \
-                 Transition 1 to 3, Hop and EndOfSegment 1)"
+                 Transition 1 to 3 or 5, Hop and EndOfSegment 1)"
             ));
         }
         // 9: the payload decodes exactly.
@@ -388,25 +398,39 @@ mod reader {
         let out = match kind {
             KIND_EOS => Rec::EndOfSegment,
             KIND_PUT => Rec::Put(Msg { replaces: version == VERSION_CARRY, ..c.msg()? }),
-            KIND_TRANSITION => Rec::Transition {
-                msg_offset: c.u64()?,
-                id_hash: c.u64()?,
-                seq: c.u32()?,
-                prev_state: c.enum_u8("state", 1..=6)?,
-                state: c.enum_u8("state", 1..=6)?,
-                cause: c.enum_u8("cause", 1..=8)?,
-                home: c.enum_u8("home", 0..=1)?,
-                attempt: c.u32()?,
-                time_ms: c.u64()?,
-                deliver_at_ms: c.u64()?,
-                route: c.route()?,
-                due_ms: match version {
-                    VERSION_CARRY => Some(c.u64()?),
-                    VERSION_LINKED => Some(c.u64()?).filter(|d| *d != 0),
-                    _ => None,
-                },
-                prev_offset: if version == VERSION_LINKED { Some(c.u64()?) } else { None },
-            },
+            KIND_TRANSITION => {
+                let linked = [VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version);
+                let t = Rec::Transition {
+                    msg_offset: c.u64()?,
+                    id_hash: c.u64()?,
+                    seq: c.u32()?,
+                    prev_state: c.enum_u8("state", 1..=6)?,
+                    state: c.enum_u8("state", 1..=6)?,
+                    cause: c.enum_u8("cause", 1..=10)?,
+                    home: c.enum_u8("home", 0..=1)?,
+                    attempt: c.u32()?,
+                    time_ms: c.u64()?,
+                    deliver_at_ms: c.u64()?,
+                    route: c.route()?,
+                    due_ms: match version {
+                        VERSION_CARRY => Some(c.u64()?),
+                        _ if linked => Some(c.u64()?).filter(|d| *d != 0),
+                        _ => None,
+                    },
+                    prev_offset: if linked { Some(c.u64()?) } else { None },
+                    settings: if version == VERSION_RESCHEDULE { Some((c.u64()?, c.u32()?)) } else { None },
+                };
+                if let Rec::Transition { cause, .. } = t {
+                    if (cause == CAUSE_RESCHEDULE) != (version == VERSION_RESCHEDULE)
+                        || (cause == CAUSE_TOUCH) != (version == VERSION_TOUCH)
+                    {
+                        return Err(format!(
+                            "cause {cause} with record version {version} (a Reschedule is 5, a Touch 6)"
+                        ));
+                    }
+                }
+                t
+            }
             KIND_HOP => Rec::Hop {
                 msg_offset: c.u64()?,
                 id_hash: c.u64()?,
@@ -728,21 +752,22 @@ mod reader {
     ) {
         let (t, d) = (time_ms, deliver_at_ms);
         match (cause, state) {
-            (CAUSE_RESERVE, _) => {
+            (CAUSE_RESERVE | CAUSE_TOUCH, _) => {
                 assert!(d > t, "reserve at {o}: expires after it was made");
                 assert_eq!(route, plan_hop(levels, t, d - t), "reserve at {o}: the expiry timer's route");
             }
-            // Only a nack with a delay makes a message Delayed; the delay counts from the clock
-            // rounded up.
+            // Only a nack with a delay or a reschedule makes a message Delayed; a delay counts
+            // from the clock rounded up (a reschedule to a time, from the clock itself).
             (_, STATE_DELAYED) => assert!(
                 [t, t + 1].iter().any(|&from| d > from && route == plan_hop(levels, from, d - from)),
-                "nack at {o}: due {d} by {route:?} is no delay counted from {t} rounded up"
+                "transition at {o}: due {d} by {route:?} is no delay counted from {t} rounded up"
             ),
             (CAUSE_DUE, _) => {
                 assert!(d <= t, "due at {o}: fired before its time");
                 assert_eq!(route, Route::Topic, "due at {o}");
             }
-            // A nack without delay, an expiry, a dead-lettering, a redrive: due at the change.
+            // A nack without delay, an expiry, a dead-lettering, a redrive, a reschedule to now: due
+            // at the change.
             (_, STATE_READY | STATE_DEAD) => {
                 assert_eq!((d, route), (t, Route::Topic), "transition at {o}: ready at its time_ms")
             }
@@ -801,11 +826,15 @@ mod reader {
                     route,
                     due_ms,
                     prev_offset,
+                    settings,
                 } => {
                     assert!(msg_offset < &o, "transition at {o} points forward");
+                    if let Some((ttr, max)) = settings {
+                        assert!(*ttr >= 1 && *max >= 1, "reschedule at {o}: settings {settings:?}");
+                    }
                     assert_eq!(
                         due_ms.is_some(),
-                        [CAUSE_RESERVE, CAUSE_REDRIVE].contains(cause),
+                        [CAUSE_RESERVE, CAUSE_REDRIVE, CAUSE_TOUCH].contains(cause),
                         "transition at {o}: a due time exactly for a Reserve or a Redrive (record version 2)"
                     );
                     if *cause == CAUSE_REDRIVE {
@@ -1833,6 +1862,18 @@ async fn write_scenario(dir: &Path) {
         .unwrap();
     assert_eq!(g.len(), 1);
     assert_eq!(b.purge("gone").await.unwrap(), 3);
+    // Reschedules (Transitions of version 5): one later with new settings, one to now.
+    let resched = |when, ttr_ms| RescheduleRequest { when, ttr_ms, max_attempts: Some(3), force: false };
+    b.produce("moved", req(Some("m-later".into()), vec![4], When::DelayMs(60_000))).await.unwrap();
+    b.produce("moved", req(Some("m-now".into()), vec![5], When::DelayMs(3_600_000))).await.unwrap();
+    b.reschedule("m-later", resched(When::DelayMs(7_200_000), Some(5_000))).await.unwrap();
+    b.reschedule("m-now", resched(When::AtMs(0), None)).await.unwrap();
+    // A Touch (version 6) extends a reservation; the receipt still acks it.
+    b.produce("touched", req(Some("t-1".into()), vec![6], When::Now)).await.unwrap();
+    wait_state(&b, "t-1", MessageState::Ready).await;
+    let held = pop(&b, "touched", 1, Some(60_000)).await;
+    assert!(b.touch(&held[0].receipt, 120_000).await.unwrap() > 0);
+    b.ack(&held[0].receipt).await.unwrap();
 
     // Let timers fire: reservations expire, chained delays arrive after their hops.
     wait_state(&b, &expiring, MessageState::Ready).await;
@@ -1927,9 +1968,23 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert!(r.model.queues.contains_key(&QKey::Topic("dl".into())));
     assert!(!r.queues.contains_key(&QKey::Topic("dl".into())), "the emptied topic dl still has a directory");
     assert!(r.model.hops > 0, "hop records were written");
-    assert_eq!(r.model.causes_seen.iter().copied().collect::<Vec<_>>(), (1..=8).collect::<Vec<u8>>());
+    assert_eq!(r.model.causes_seen.iter().copied().collect::<Vec<_>>(), (1..=10).collect::<Vec<u8>>());
     let kinds = |f: fn(&Rec) -> bool| r.log.records.iter().filter(|x| f(&x.rec)).count();
     assert!(kinds(|x| matches!(x, Rec::Transition { .. })) > 0);
+    assert_eq!(kinds(|x| matches!(x, Rec::Transition { settings: Some((5_000, 3)), state: 1, .. })), 1);
+    assert_eq!(kinds(|x| matches!(x, Rec::Transition { settings: Some((_, 3)), state: 2, .. })), 1);
+    // A Reschedule is version 5 only (its settings are 12 bytes past version 3's layout).
+    let moved =
+        r.log.records.iter().find(|x| matches!(x.rec, Rec::Transition { settings: Some(_), .. })).unwrap();
+    let moved = record_bytes(&dir, &r.log, moved.offset, moved.len);
+    let err = reader::parse_record(&reframe(&moved, 3)).err();
+    assert!(err.as_deref().is_some_and(|e| e.contains("a Reschedule is 5")), "{err:?}");
+    // A Touch is version 6 only, with the version 3 layout.
+    let touch = r.log.records.iter().find(|x| matches!(x.rec, Rec::Transition { cause: 10, .. })).unwrap();
+    let touch = record_bytes(&dir, &r.log, touch.offset, touch.len);
+    assert_eq!((touch.len(), touch[6]), (89, 6));
+    let err = reader::parse_record(&reframe(&touch, 3)).err();
+    assert!(err.as_deref().is_some_and(|e| e.contains("a Touch 6")), "{err:?}");
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 2)) == 1);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 3)) == 1);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.max_attempts == 1 && m.backoff_ms == [100, 200])) == 5);
@@ -2257,6 +2312,7 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         (reframe(&transition, 1), "16 trailing bytes"),
         (reframe(&transition, 2), "8 trailing bytes"),
         (reframe(&carry, 4), "unknown version 4"),
+        (reframe(&hop, 5), "kind 3 with record version 5"),
     ] {
         let err = reader::parse_record(&bytes).err();
         assert!(err.as_deref().is_some_and(|e| e.contains(want)), "expected {want:?}, got {err:?}");

@@ -108,6 +108,14 @@ enum Command {
         /// Receipt from the pop.
         receipt: String,
     },
+    /// Extend a reservation for a long job; the receipt stays valid.
+    Touch {
+        /// Receipt from the pop.
+        receipt: String,
+        /// The reservation now ends this long from now (30s, 10m).
+        #[arg(long, value_parser = parse_duration)]
+        ttr: u64,
+    },
     /// Give a delivery back for a retry (or dead-lettering once its attempts are used up).
     Nack {
         /// Receipt from the pop.
@@ -121,6 +129,8 @@ enum Command {
         /// Message id.
         id: String,
     },
+    /// Move a pending message to a new due time, keeping its id (--delay 0 delivers it now).
+    Reschedule(Reschedule),
     /// Cancel a message that has not been acked.
     Cancel {
         /// Message id.
@@ -226,6 +236,59 @@ struct Produce {
     /// Retry delays after each nack, e.g. "1m 5m 30m".
     #[arg(long, value_parser = backoff_ms)]
     backoff: Option<Backoff>,
+}
+
+/// Arguments of `reschedule`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("when").required(true)))]
+struct Reschedule {
+    /// Message id.
+    id: String,
+    /// Deliver after this long from now, with a unit: 500ms, 5s, 1h30m (0 alone means now).
+    #[arg(long, value_parser = parse_delay, group = "when")]
+    delay: Option<u64>,
+    /// Deliver at this time: unix milliseconds or an RFC 3339 time (2026-12-01T09:00:00Z,
+    /// 2026-12-01T09:00:00.250+02:00).
+    #[arg(long, value_parser = unix_ms, group = "when")]
+    at: Option<u64>,
+    /// A new time-to-run for its later deliveries.
+    #[arg(long, value_parser = parse_duration)]
+    ttr: Option<u64>,
+    /// A new limit of deliveries before it is dead-lettered.
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Also move a message a consumer holds reserved (its receipt stops working).
+    #[arg(long)]
+    force: bool,
+}
+
+/// `PATCH /v1/messages/{id}` with the fields `r` gives.
+fn reschedule(api: &Api, r: Reschedule) -> Result<Answer, Failure> {
+    let mut body = json!({});
+    if let Some(d) = r.delay {
+        body["delay_ms"] = json!(d);
+    }
+    if let Some(at) = r.at {
+        body["deliver_at_ms"] = json!(at);
+    }
+    if let Some(t) = r.ttr {
+        body["ttr_ms"] = json!(t);
+    }
+    if let Some(m) = r.max_attempts {
+        body["max_attempts"] = json!(m);
+    }
+    if r.force {
+        body["force"] = json!(true);
+    }
+    api.call(Method::PATCH, &["v1", "messages", &r.id], &[], Some(&body), Duration::ZERO)
+}
+
+fn show_rescheduled(a: &Answer) -> String {
+    let v = &a.value;
+    table(
+        &["ID", "STATE", "DELIVER_AT"],
+        &[vec![text(&v["id"]), text(&v["state"]), time(&v["deliver_at_ms"])]],
+    )
 }
 
 /// `--backoff` as milliseconds; a newtype, as clap would take a bare `Vec` for a repeatable flag.
@@ -705,6 +768,11 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         Command::Ack { receipt } => {
             (api.post(&["v1", "ack"], &json!({ "receipt": receipt }))?, |_| "acked\n".into())
         }
+        Command::Touch { receipt, ttr } => {
+            (api.post(&["v1", "touch"], &json!({ "receipt": receipt, "ttr_ms": ttr }))?, |a| {
+                format!("reserved until {}\n", time(&a.value["expires_at_ms"]))
+            })
+        }
         Command::Nack { receipt, delay } => {
             let mut body = json!({ "receipt": receipt });
             if let Some(d) = delay {
@@ -713,6 +781,7 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
             (api.post(&["v1", "nack"], &body)?, show_nacked)
         }
         Command::Get { id } => (api.get(&["v1", "messages", &id], &[])?, show_message),
+        Command::Reschedule(r) => (reschedule(api, r)?, show_rescheduled),
         Command::Cancel { id } => {
             (api.call(Method::DELETE, &["v1", "messages", &id], &[], None, Duration::ZERO)?, |a| {
                 format!("cancelled {}\n", text(&a.value["id"]))

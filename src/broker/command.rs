@@ -6,8 +6,8 @@ use tokio::sync::oneshot;
 use crate::engine::WalkPos;
 use crate::error::{Error, Result};
 use crate::message::{
-    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, PushConfig, Stats,
-    TopicInfo,
+    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, PushConfig,
+    RescheduleRequest, Rescheduled, Stats, TopicInfo,
 };
 use crate::storage::writer::Release;
 
@@ -40,6 +40,16 @@ pub(super) enum Command {
     Cancel {
         id: String,
         reply: oneshot::Sender<Result<()>>,
+    },
+    Touch {
+        receipt: String,
+        ttr_ms: u64,
+        reply: oneshot::Sender<Result<u64>>,
+    },
+    Reschedule {
+        id: String,
+        req: RescheduleRequest,
+        reply: oneshot::Sender<Result<Rescheduled>>,
     },
     Replace {
         topic: String,
@@ -115,6 +125,8 @@ impl Command {
             | Command::Pause { reply, .. }
             | Command::SetPush { reply, .. } => drop(reply.send(Err(err()))),
             Command::Nack { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Reschedule { reply, .. } => drop(reply.send(Err(err()))),
+            Command::Touch { reply, .. } => drop(reply.send(Err(err()))),
             Command::Walk { reply, .. } => drop(reply.send(Err(err()))),
             read => return Some(read),
         }
@@ -139,6 +151,8 @@ pub(super) enum Pending {
     Pop(oneshot::Sender<Result<Vec<Delivery>>>, Result<Vec<Delivery>>),
     Unit(oneshot::Sender<Result<()>>, Result<()>),
     Nack(oneshot::Sender<Result<Nacked>>, Result<Nacked>),
+    Reschedule(oneshot::Sender<Result<Rescheduled>>, Result<Rescheduled>),
+    Touch(oneshot::Sender<Result<u64>>, Result<u64>),
     Walk(oneshot::Sender<Result<WalkStep>>, Result<WalkStep>),
 }
 
@@ -150,6 +164,8 @@ impl Release for Pending {
             Pending::Pop(tx, r) => answer(tx, r, flush_err),
             Pending::Unit(tx, r) => answer(tx, r, flush_err),
             Pending::Nack(tx, r) => answer(tx, r, flush_err),
+            Pending::Reschedule(tx, r) => answer(tx, r, flush_err),
+            Pending::Touch(tx, r) => answer(tx, r, flush_err),
             Pending::Walk(tx, r) => answer(tx, r, flush_err),
         }
     }

@@ -346,6 +346,12 @@ impl Core {
                 self.pending.push(Pending::Nack(reply, engine.nack(&receipt, delay_ms)))
             }
             Command::Cancel { id, reply } => self.pending.push(Pending::Unit(reply, engine.cancel(&id))),
+            Command::Touch { receipt, ttr_ms, reply } => {
+                self.pending.push(Pending::Touch(reply, engine.touch(&receipt, ttr_ms)))
+            }
+            Command::Reschedule { id, req, reply } => {
+                self.pending.push(Pending::Reschedule(reply, engine.reschedule(&id, &req)))
+            }
             Command::Replace { topic, req, reply } => {
                 self.pending.push(Pending::Unit(reply, engine.replace(&topic, req).map(|_| ())))
             }

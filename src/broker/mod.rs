@@ -38,7 +38,7 @@ use crate::engine::{Engine, WalkPos};
 use crate::error::{Error, Result};
 pub use crate::message::{
     Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest,
-    Produced, PushConfig, Stats, TopicInfo, TopicStats, When,
+    Produced, PushConfig, RescheduleRequest, Rescheduled, Stats, TopicInfo, TopicStats, When,
 };
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
@@ -326,10 +326,22 @@ impl Broker {
         self.call(|reply| Command::Nack { receipt, delay_ms, reply }).await
     }
 
+    /// Extends a reservation to `ttr_ms` from now, keeping its receipt; returns its new end.
+    pub async fn touch(&self, receipt: &str, ttr_ms: u64) -> Result<u64> {
+        let receipt = receipt.to_string();
+        self.call(|reply| Command::Touch { receipt, ttr_ms, reply }).await
+    }
+
     /// Cancels a message that has not been acked.
     pub async fn cancel(&self, id: &str) -> Result<()> {
         let id = id.to_string();
         self.call(|reply| Command::Cancel { id, reply }).await
+    }
+
+    /// Moves a pending message to a new due time in one durable record, keeping its id.
+    pub async fn reschedule(&self, id: &str, req: RescheduleRequest) -> Result<Rescheduled> {
+        let id = id.to_string();
+        self.call(|reply| Command::Reschedule { id, req, reply }).await
     }
 
     /// Produces a message that its id names from now on, replacing a pending, reserved or dead one

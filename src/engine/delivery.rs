@@ -136,7 +136,10 @@ impl Engine {
                 return Err(Error::NotFound(format!("no message at offset {msg_offset}")))
             }
         };
-        let ttr = ttr_ms.unwrap_or(msg_ttr);
+        let ttr = match ttr_ms {
+            Some(t) => t,
+            None => self.store.rescheduled_settings(&slot)?.map_or(msg_ttr, |s| s.ttr_ms),
+        };
         let now = self.now();
         let attempt = u32::from(slot.attempt) + 1;
         let new_seq = self.transition(
@@ -177,8 +180,42 @@ impl Engine {
         };
         match self.store.find_offset(IdHash::new(hash), msg_offset) {
             Some((_, slot)) if slot.seq == seq && slot.state == State::Reserved => Ok(slot),
+            // Touched since the pop: the receipt names the Reserve the Touches follow.
+            Some((_, slot)) if slot.seq > seq && slot.state == State::Reserved => {
+                match self.store.reservation_seq(&slot) {
+                    Ok(Some(reserved)) if reserved == seq => Ok(slot),
+                    _ => Err(gone()),
+                }
+            }
             _ => Err(gone()),
         }
+    }
+
+    /// Extends a reservation: it now ends `ttr_ms` from now, under the same receipt (one Touch
+    /// record, which makes the old expiry timer stale); returns the new end.
+    pub fn touch(&mut self, receipt: &str, ttr_ms: u64) -> Result<u64> {
+        self.writable()?;
+        let max = self.cfg.max_delay_ms;
+        if ttr_ms == 0 || ttr_ms > max {
+            return Err(Error::invalid("ttr_ms", format!("must be 1 to {max} ms")));
+        }
+        let slot = self.reserved_by_receipt(receipt)?;
+        let now = self.now();
+        let change = Change {
+            time_ms: now,
+            state: State::Reserved,
+            cause: Cause::Touch,
+            home: slot.home,
+            attempt: u32::from(slot.attempt),
+            deliver_at_ms: now + ttr_ms,
+            route: plan_hop(&self.cfg.levels_ms, now, ttr_ms),
+            // The delivery's due time, which an ack or cancel keeps.
+            due_ms: Some(self.store.due_at(&slot)?),
+        };
+        self.transition(&slot, change)?;
+        self.note_left_behind(&slot);
+        inc(&self.metrics.touched);
+        Ok(now + ttr_ms)
     }
 
     /// Acknowledges a delivery.
@@ -272,10 +309,11 @@ impl Engine {
         }
         let (max_attempts, step, topic) = {
             let p = self.store.message_fields_at(slot.msg_offset)?;
+            let max_attempts = self.store.delivery_settings(&slot, &p)?.max_attempts;
             let backoff = if p.backoff_ms.is_empty() { &self.cfg.default_backoff_ms } else { &p.backoff_ms };
             let i = (slot.attempt as usize).saturating_sub(1).min(backoff.len().saturating_sub(1));
             (
-                p.max_attempts,
+                max_attempts,
                 backoff.get(i).copied().unwrap_or(0),
                 String::from_utf8_lossy(p.topic).into_owned(),
             )
@@ -383,7 +421,7 @@ impl Engine {
     /// that entry) leaves behind, so that stats do not count it. A timer already due may have
     /// fired and hopped to a level the slot does not record, so it is not noted: it counts until
     /// its reader reaches it (a hop: at most its level's length).
-    fn note_left_behind(&mut self, old: &Slot) {
+    pub(super) fn note_left_behind(&mut self, old: &Slot) {
         match old.state {
             State::Delayed | State::Reserved => {
                 let route = match self.store.record_fields_at(old.last_offset) {

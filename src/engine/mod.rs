@@ -12,6 +12,7 @@
 //! - `timers.rs`: the level schedulers and what a due timer does (hop, ready, expire).
 //! - `walks.rs`: browse, purge and redrive, in bounded slices over a topic's queues.
 //! - `topics.rs`: pause, push subscriptions, `max_topics` and the topic listing.
+//! - `reschedule.rs`: a pending message moved to a new due time (one Transition).
 //! - `reads.rs`: look-ups by id, history and stats.
 //! - `maintenance.rs`: index resize steps, reclaim and checkpoints.
 
@@ -20,6 +21,7 @@ mod maintenance;
 mod produce;
 mod reads;
 mod receipts;
+mod reschedule;
 mod timers;
 mod transition;
 mod topics;

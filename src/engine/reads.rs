@@ -27,6 +27,8 @@ fn cause_name(c: Cause) -> &'static str {
         Cause::DeadLetter => "dead_letter",
         Cause::Cancel => "cancel",
         Cause::Redrive => "redrive",
+        Cause::Reschedule => "reschedule",
+        Cause::Touch => "touch",
     }
 }
 
@@ -101,7 +103,7 @@ impl Engine {
             deliver_at_ms,
             attempt: u32::from(slot.attempt),
             body: Bytes::copy_from_slice(p.body),
-            ttr_ms: p.ttr_ms,
+            ttr_ms: self.store.delivery_settings(slot, &p)?.ttr_ms,
             created_at_ms: p.created_ms,
         })
     }

@@ -260,7 +260,8 @@ impl Engine {
             }
             TimerAction::Expire => {
                 inc(&self.metrics.ttr_expired);
-                let max_attempts = self.store.message_fields_at(msg_offset)?.max_attempts;
+                let put = self.store.message_fields_at(msg_offset)?;
+                let max_attempts = self.store.delivery_settings(&slot, &put)?.max_attempts;
                 if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
                     self.dead_letter(&slot)?;
                 } else {

@@ -2,7 +2,7 @@
 
 use super::Engine;
 use crate::error::Result;
-use crate::storage::format::{Cause, Home, Record, Route, State, Transition};
+use crate::storage::format::{Cause, DeliverySettings, Home, Record, Route, State, Transition};
 use crate::storage::index::Slot;
 
 /// The state of a message in `home` that a consumer can pop: ready, or dead in its dead-letter queue.
@@ -30,6 +30,17 @@ pub(super) struct Change {
 
 impl Engine {
     pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
+        self.transition_with(slot, change, None)
+    }
+
+    /// A [`transition`](Self::transition) that also sets the message's delivery settings from
+    /// now on (a Reschedule, record version 5).
+    pub(super) fn transition_with(
+        &mut self,
+        slot: &Slot,
+        change: Change,
+        settings: Option<DeliverySettings>,
+    ) -> Result<u32> {
         let seq = slot.seq + 1;
         self.append(&Record::Transition(Transition {
             msg_offset: slot.msg_offset.get(),
@@ -45,6 +56,7 @@ impl Engine {
             route: change.route,
             due_ms: change.due_ms,
             prev_offset: Some(slot.last_offset.get()),
+            settings,
         }))?;
         Ok(seq)
     }

@@ -295,6 +295,8 @@ fn request_metrics(reg: &Registry, m: &Metrics) -> prometheus::Result<()> {
         ("delayd_acked_total", "Acks accepted.", &m.acked),
         ("delayd_nacked_total", "Nacks accepted.", &m.nacked),
         ("delayd_cancelled_total", "Cancels accepted.", &m.cancelled),
+        ("delayd_rescheduled_total", "Reschedules accepted.", &m.rescheduled),
+        ("delayd_touched_total", "Reservations extended by a touch.", &m.touched),
         ("delayd_redriven_total", "Dead letters moved back to their topic by an operator.", &m.redriven),
         ("delayd_dead_lettered_total", "Messages moved to a dead-letter topic.", &m.dead_lettered),
         ("delayd_ttr_expired_total", "Reservations whose time-to-run expired.", &m.ttr_expired),

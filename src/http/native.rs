@@ -15,8 +15,8 @@ use super::openapi::{BackoffValue, LevelValue};
 use super::server::{HttpStats, ServerView};
 use super::{now_ms, topic_name, validate, AppState, Limits};
 use crate::message::{
-    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced, Stats,
-    When,
+    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced,
+    RescheduleRequest, Rescheduled, Stats, When,
 };
 
 // The answers below are structs rather than `json!` so that the OpenAPI schemas are derived from
@@ -396,6 +396,48 @@ pub(crate) async fn ack(
     Ok(Json(AckAnswer { acked: true }))
 }
 
+/// The body of a touch.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TouchBody {
+    /// The receipt the pop returned; it stays valid.
+    receipt: String,
+    /// The reservation now ends this long after the server's receive time, ≥ 1.
+    #[schema(minimum = 1)]
+    ttr_ms: u64,
+}
+
+/// The answer to a touch.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TouchAnswer {
+    /// When the reservation now ends, unix ms.
+    expires_at_ms: u64,
+}
+
+/// `POST /v1/touch`
+#[utoipa::path(
+    post,
+    path = "/v1/touch",
+    tag = "messages",
+    operation_id = "touch",
+    summary = "Extend a reservation for a long job; the receipt stays valid",
+    request_body = TouchBody,
+    responses(
+        (status = 200, description = "Extended", body = TouchAnswer),
+        (status = 400, description = "The receipt is malformed or ttr_ms is invalid", body = ErrorBody),
+        (status = 404, description = "Unknown or expired receipt", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
+pub(crate) async fn touch(
+    State(st): State<AppState>,
+    JsonBody(b): JsonBody<TouchBody>,
+) -> Result<Json<TouchAnswer>, ApiError> {
+    receipt(&b.receipt)?;
+    let ttr = validate::ttr(st.limits(), "ttr_ms", b.ttr_ms)?;
+    Ok(Json(TouchAnswer { expires_at_ms: st.broker().touch(&b.receipt, ttr).await? }))
+}
+
 /// The body of a nack.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -596,6 +638,94 @@ pub(crate) async fn cancel(
     validate::id("id", &id)?;
     st.broker().cancel(&id).await?;
     Ok(Json(CancelAnswer { id, state: MessageState::Cancelled }))
+}
+
+/// The body of a reschedule: exactly one of `delay_ms` and `deliver_at_ms`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RescheduleBody {
+    /// New due time: this long after the server's receive time, 0..=`max_delay` (0: now).
+    delay_ms: Option<u64>,
+    /// New due time, unix ms, at most `max_delay` ahead; 0 or a past time means now. A nonzero
+    /// value below 10^11 is refused: it looks like unix seconds.
+    deliver_at_ms: Option<u64>,
+    /// A new time-to-run for its later deliveries, ≥ 1.
+    #[schema(minimum = 1)]
+    ttr_ms: Option<u64>,
+    /// A new limit of deliveries before it is dead-lettered, ≥ 1.
+    #[schema(minimum = 1)]
+    max_attempts: Option<u32>,
+    /// Also move a reserved message; its consumer's receipt then stops working.
+    #[serde(default)]
+    force: bool,
+}
+
+impl RescheduleBody {
+    /// Checks every field and builds the broker request.
+    fn into_request(self, limits: &Limits) -> Result<RescheduleRequest, ApiError> {
+        let when = match (self.delay_ms, self.deliver_at_ms) {
+            (Some(d), None) => When::DelayMs(validate::delay(limits, "delay_ms", d)?),
+            (None, Some(at)) => When::AtMs(validate::deliver_at(limits, "deliver_at_ms", at, now_ms())?),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid("delay_ms", "give only one of delay_ms and deliver_at_ms"))
+            }
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    "delay_ms",
+                    "give the new due time: delay_ms, or deliver_at_ms (0 for now)",
+                ))
+            }
+        };
+        let ttr_ms = self.ttr_ms.map(|t| validate::ttr(limits, "ttr_ms", t)).transpose()?;
+        if self.max_attempts == Some(0) {
+            return Err(ApiError::invalid("max_attempts", "must be at least 1"));
+        }
+        Ok(RescheduleRequest { when, ttr_ms, max_attempts: self.max_attempts, force: self.force })
+    }
+}
+
+/// Where a reschedule moved the message.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RescheduleAnswer {
+    /// Its new due time, unix ms.
+    deliver_at_ms: u64,
+    /// The message.
+    id: String,
+    /// `delayed`, or `ready` (`dead` in a dead-letter topic) when due at once.
+    state: MessageState,
+}
+
+impl From<Rescheduled> for RescheduleAnswer {
+    fn from(r: Rescheduled) -> Self {
+        RescheduleAnswer { deliver_at_ms: r.deliver_at_ms, id: r.id, state: r.state }
+    }
+}
+
+/// `PATCH /v1/messages/{id}`
+#[utoipa::path(
+    patch,
+    path = "/v1/messages/{id}",
+    tag = "messages",
+    operation_id = "reschedule",
+    summary = "Move a pending message to a new due time, keeping its id (one durable record)",
+    params(("id" = String, Path, description = ID_PARAM)),
+    request_body = RescheduleBody,
+    responses(
+        (status = 200, description = "Moved", body = RescheduleAnswer),
+        (status = 400, description = "A field is invalid; the message names it", body = ErrorBody),
+        (status = 404, description = "Unknown id", body = ErrorBody),
+        (status = 409, description = "Done or cancelled, or reserved without \"force\": true", body = ErrorBody),
+        (status = 415, description = "Not sent as application/json", body = ErrorBody),
+    )
+)]
+pub(crate) async fn reschedule(
+    State(st): State<AppState>,
+    PathParam(id): PathParam,
+    JsonBody(b): JsonBody<RescheduleBody>,
+) -> Result<Json<RescheduleAnswer>, ApiError> {
+    validate::id("id", &id)?;
+    let req = b.into_request(st.limits())?;
+    Ok(Json(RescheduleAnswer::from(st.broker().reschedule(&id, req).await?)))
 }
 
 /// The answer of `/v1/stats`: the store's figures, and the HTTP server's.

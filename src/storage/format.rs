@@ -30,6 +30,13 @@ pub const RECORD_VERSION_LINKED: u8 = 3;
 /// Version of a Raft mark, the kind a cluster adds: a delayd from before clusters refuses to start
 /// on a replicated log ("written by a newer delayd") instead of taking its marks for damage.
 pub const RECORD_VERSION_RAFT: u8 = 4;
+/// Version of a Reschedule Transition: the version 3 layout followed by the message's delivery
+/// settings from then on (`ttr_ms`, `max_attempts`). A delayd that does not know it refuses to
+/// start instead of delivering the message at its old time.
+pub const RECORD_VERSION_RESCHEDULE: u8 = 5;
+/// Version of a Touch Transition (the version 3 layout): a delayd that does not know it refuses to
+/// start instead of expiring the reservation at its old time.
+pub const RECORD_VERSION_TOUCH: u8 = 6;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
 /// Largest record the log accepts (a frame must also fit in one segment).
@@ -149,6 +156,12 @@ pub enum Cause {
     /// of version 2 or later, today always 3, so a delayd that knows only version 1 refuses the
     /// log instead of taking it for damage).
     Redrive = 8,
+    /// An operator moved a pending message to a new due time, possibly with a new time-to-run and
+    /// attempt limit (written only in Transitions of version 5, which hold those settings).
+    Reschedule = 9,
+    /// A consumer extended its reservation (written only in Transitions of version 6). The
+    /// message stays reserved under the same receipt.
+    Touch = 10,
 }
 
 impl Cause {
@@ -163,6 +176,8 @@ impl Cause {
             6 => Some(Cause::DeadLetter),
             7 => Some(Cause::Cancel),
             8 => Some(Cause::Redrive),
+            9 => Some(Cause::Reschedule),
+            10 => Some(Cause::Touch),
             _ => None,
         }
     }
@@ -243,6 +258,18 @@ pub struct Transition {
     /// The message's record this change follows (its Put, Carry or previous Transition), for its
     /// history (version 3); `None` in older records.
     pub prev_offset: Option<u64>,
+    /// Reschedule only (version 5): the message's delivery settings from this change on, in place
+    /// of its Put's.
+    pub settings: Option<DeliverySettings>,
+}
+
+/// A message's time-to-run and attempt limit, as a Reschedule sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliverySettings {
+    /// Time-to-run of each delivery, ms.
+    pub ttr_ms: u64,
+    /// Deliveries before dead-lettering (`u32::MAX`: never).
+    pub max_attempts: u32,
 }
 
 /// A topic paused (pops on it find nothing) or resumed. The latest one per topic counts; reclaim
@@ -782,10 +809,12 @@ pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
 
 /// Encodes a Transition record.
 pub fn encode_transition(t: &Transition) -> Vec<u8> {
-    let (version, extra) = match (t.prev_offset, t.due_ms) {
-        (Some(_), _) => (RECORD_VERSION_LINKED, 16),
-        (None, Some(_)) => (RECORD_VERSION_CARRY, 8),
-        (None, None) => (RECORD_VERSION, 0),
+    let (version, extra) = match (t.settings, t.prev_offset, t.due_ms) {
+        (Some(_), _, _) => (RECORD_VERSION_RESCHEDULE, 16 + 12),
+        (None, Some(_), _) if t.cause == Cause::Touch => (RECORD_VERSION_TOUCH, 16),
+        (None, Some(_), _) => (RECORD_VERSION_LINKED, 16),
+        (None, None, Some(_)) => (RECORD_VERSION_CARRY, 8),
+        (None, None, None) => (RECORD_VERSION, 0),
     };
     frame_v(Kind::Transition, version, 8 + 8 + 4 + 4 + 4 + 8 + 8 + ROUTE_BYTES + extra, |e| {
         e.u64(t.msg_offset);
@@ -799,13 +828,19 @@ pub fn encode_transition(t: &Transition) -> Vec<u8> {
         e.u64(t.time_ms);
         e.u64(t.deliver_at_ms);
         e.route(t.route);
-        match (t.prev_offset, t.due_ms) {
-            (Some(prev), due) => {
+        match (t.settings, t.prev_offset, t.due_ms) {
+            (Some(s), prev, due) => {
+                e.u64(due.unwrap_or(0));
+                e.u64(prev.unwrap_or(0));
+                e.u64(s.ttr_ms);
+                e.u32(s.max_attempts);
+            }
+            (None, Some(prev), due) => {
                 e.u64(due.unwrap_or(0));
                 e.u64(prev);
             }
-            (None, Some(due)) => e.u64(due),
-            (None, None) => {}
+            (None, None, Some(due)) => e.u64(due),
+            (None, None, None) => {}
         }
     })
 }
@@ -918,19 +953,28 @@ fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeE
     }
     // Checked after the CRC, so a flipped bit reads as damage and an intact record from a newer
     // writer reads as such.
-    if ![RECORD_VERSION, RECORD_VERSION_CARRY, RECORD_VERSION_LINKED, RECORD_VERSION_RAFT].contains(&h.version) {
+    let known = [
+        RECORD_VERSION,
+        RECORD_VERSION_CARRY,
+        RECORD_VERSION_LINKED,
+        RECORD_VERSION_RAFT,
+        RECORD_VERSION_RESCHEDULE,
+        RECORD_VERSION_TOUCH,
+    ];
+    if !known.contains(&h.version) {
         return Err(DecodeError::Invalid("unsupported record version"));
     }
     let kind = Kind::from_u8(h.kind).ok_or(DecodeError::Invalid("unknown record kind"))?;
     // Carry, Pause and Push exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
-    // 1, 2 (it ends with a due time) or 3 (a due time and a link to the record before it); the rest
-    // only 1.
+    // 1, 2 (it ends with a due time), 3 (a due time and a link to the record before it) or 5 (a
+    // Reschedule: version 3 and the settings it sets) or 6 (a Touch, as version 3); the rest only 1.
     let v2 = h.version == RECORD_VERSION_CARRY;
     let only_v2 = matches!(kind, Kind::Carry | Kind::Pause | Kind::Push);
     let v3 = h.version == RECORD_VERSION_LINKED;
     if (only_v2 && !v2)
         || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Push | Kind::Put | Kind::Transition))
-        || (v3 && kind != Kind::Transition)
+        || ((v3 || h.version == RECORD_VERSION_RESCHEDULE || h.version == RECORD_VERSION_TOUCH)
+            && kind != Kind::Transition)
         || ((h.version == RECORD_VERSION_RAFT) != (kind == Kind::Raft))
     {
         return Err(DecodeError::Invalid("record kind and version do not match"));
@@ -987,25 +1031,42 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
             target_ms: d.u64()?,
             route: d.route()?,
         }),
-        Kind::Transition => Record::Transition(Transition {
-            msg_offset: d.u64()?,
-            id_hash: d.u64()?,
-            seq: d.u32()?,
-            prev_state: d.state()?,
-            state: d.state()?,
-            cause: Cause::from_u8(d.u8()?).ok_or(DecodeError::Invalid("unknown cause"))?,
-            home: d.home()?,
-            attempt: d.u32()?,
-            time_ms: d.u64()?,
-            deliver_at_ms: d.u64()?,
-            route: d.route()?,
-            due_ms: match buf[6] {
-                RECORD_VERSION_CARRY => Some(d.u64()?),
-                RECORD_VERSION_LINKED => Some(d.u64()?).filter(|due| *due != 0),
-                _ => None,
-            },
-            prev_offset: if buf[6] == RECORD_VERSION_LINKED { Some(d.u64()?) } else { None },
-        }),
+        Kind::Transition => {
+            let linked =
+                matches!(buf[6], RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE | RECORD_VERSION_TOUCH);
+            let t = Transition {
+                msg_offset: d.u64()?,
+                id_hash: d.u64()?,
+                seq: d.u32()?,
+                prev_state: d.state()?,
+                state: d.state()?,
+                cause: Cause::from_u8(d.u8()?).ok_or(DecodeError::Invalid("unknown cause"))?,
+                home: d.home()?,
+                attempt: d.u32()?,
+                time_ms: d.u64()?,
+                deliver_at_ms: d.u64()?,
+                route: d.route()?,
+                due_ms: match buf[6] {
+                    RECORD_VERSION_CARRY => Some(d.u64()?),
+                    _ if linked => Some(d.u64()?).filter(|due| *due != 0),
+                    _ => None,
+                },
+                prev_offset: if linked { Some(d.u64()?) } else { None },
+                settings: if buf[6] == RECORD_VERSION_RESCHEDULE {
+                    Some(DeliverySettings { ttr_ms: d.u64()?, max_attempts: d.u32()? })
+                } else {
+                    None
+                },
+            };
+            // A Reschedule exists only as version 5 and a Touch only as version 6, and those
+            // versions only as them.
+            if (t.cause == Cause::Reschedule) != (buf[6] == RECORD_VERSION_RESCHEDULE)
+                || (t.cause == Cause::Touch) != (buf[6] == RECORD_VERSION_TOUCH)
+            {
+                return Err(DecodeError::Invalid("transition cause and version do not match"));
+            }
+            Record::Transition(t)
+        }
         Kind::Put => Record::Put(Put { replaces: buf[6] == RECORD_VERSION_CARRY, ..d.put()? }),
         Kind::Raft => Record::Raft(RaftMark {
             term: d.u64()?,
@@ -1141,6 +1202,7 @@ mod tests {
                     route: r,
                     due_ms,
                     prev_offset,
+                    settings: None,
                 })),
             (any::<u64>(), route()).prop_map(|(mo, r)| encode_hop(&Hop {
                 msg_offset: mo,
@@ -1205,17 +1267,26 @@ mod tests {
         #[test]
         fn transition_round_trips(
             mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
-            c in 1u8..=8, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
+            c in 1u8..=10, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
             due in proptest::option::of(1..u64::MAX), prev in proptest::option::of(any::<u64>()),
+            ttr in any::<u64>(), max in any::<u32>(),
         ) {
+            let cause = Cause::from_u8(c).unwrap();
+            // A Reschedule always links back and holds its settings (version 5).
+            let resched = cause == Cause::Reschedule;
+            let touch = cause == Cause::Touch;
+            let prev = if resched || touch { Some(prev.unwrap_or(0)) } else { prev };
+            let settings = resched.then_some(DeliverySettings { ttr_ms: ttr, max_attempts: max });
             let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,
-                cause: Cause::from_u8(c).unwrap(), home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
-                deliver_at_ms: d, route: r, due_ms: due, prev_offset: prev };
+                cause, home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
+                deliver_at_ms: d, route: r, due_ms: due, prev_offset: prev, settings };
             let buf = encode_transition(&tr);
-            let (len, version) = match (prev, due) {
-                (Some(_), _) => (89, 3),
-                (None, Some(_)) => (81, 2),
-                (None, None) => (73, 1),
+            let (len, version) = match (resched, prev, due) {
+                (true, _, _) => (101, 5),
+                (false, _, _) if touch => (89, 6),
+                (false, Some(_), _) => (89, 3),
+                (false, None, Some(_)) => (81, 2),
+                (false, None, None) => (73, 1),
             };
             prop_assert_eq!((buf.len(), buf[6]), (len, version));
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Transition(tr), buf.len()));

@@ -192,6 +192,10 @@ pub fn produce_one(s: &Shared, client: &ClusterClient, id: &str, delay: u64) -> 
         due = sent + delay;
         s.last_due.fetch_max(due, Ordering::SeqCst);
         let r = client.produce(&s.topic, &body);
+        // The server counts the delay from when it stored the message, which may be a retry
+        // through a failover many seconds after `sent`: no later than the answer, or than the
+        // client gave up. The drain waits for this bound; `due` stays the never-early bound.
+        s.last_due.fetch_max(now_ms() + delay, Ordering::SeqCst);
         if record_produce(s, id, due, &r) {
             return (true, due);
         }
@@ -279,7 +283,9 @@ pub fn ack_one(s: &Shared, client: &ClusterClient, id: &str, receipt: &str) {
 }
 
 /// Pops and acks everything left until nothing has come for longer than a time-to-run and a
-/// nack's delay, and every produce is past its due time; panics after a minute.
+/// nack's delay, every produce is past its due time and the leader counts nothing left; panics
+/// after a minute without a quiet spell, and stops at the minute while the leader still counts
+/// messages (for [`assert_topic_empty`] to explain).
 pub fn drain(c: &Cluster, w: &Workload) {
     let s = &w.shared;
     let client = c.client();
@@ -297,7 +303,8 @@ pub fn drain(c: &Cluster, w: &Workload) {
                 last_seen = Instant::now();
             }
         }
-        if last_seen.elapsed() > quiet && now_ms() > s.last_due.load(Ordering::SeqCst) + 1_000 {
+        let settled = last_seen.elapsed() > quiet && now_ms() > s.last_due.load(Ordering::SeqCst) + 1_000;
+        if settled && (left(&topic_left(c, &s.topic)) == 0 || Instant::now() >= deadline) {
             break;
         }
         assert!(Instant::now() < deadline, "the drain did not end within a minute\n{}", c.describe());
@@ -312,12 +319,16 @@ fn topic_left(c: &Cluster, topic: &str) -> Value {
     topics.iter().find(|t| t["topic"] == topic).cloned().unwrap_or(Value::Null)
 }
 
+/// Messages a topic's counts (from [`topic_left`]) say are left: ready, reserved or delayed.
+fn left(t: &Value) -> u64 {
+    ["ready", "reserved", "delayed"].iter().map(|k| t[k].as_u64().unwrap_or(0)).sum()
+}
+
 /// The leader's counts of `topic` say nothing is left in it. On failure, prints what each node
 /// counts and browses, and every message the leader still holds live, with its history.
 pub fn assert_topic_empty(c: &Cluster, w: &Workload, scenario: &str) {
     let t = topic_left(c, &w.shared.topic);
-    let left: u64 = ["ready", "reserved", "delayed"].iter().map(|k| t[k].as_u64().unwrap_or(0)).sum();
-    if left == 0 {
+    if left(&t) == 0 {
         return;
     }
     let topic = &w.shared.topic;

@@ -517,6 +517,8 @@ impl Store {
         plan: &dyn Fn(u64, u64) -> Route,
     ) -> Result<Vec<u8>> {
         let deliver_at_ms = self.deliver_at(slot)?;
+        // A Reschedule's settings go into the copy: the records before it go with their segment.
+        let settings = self.delivery_settings(slot, put)?;
         let route = match slot.state {
             State::Delayed => plan(now_ms, deliver_at_ms),
             State::Done | State::Cancelled => Route::None,
@@ -530,7 +532,7 @@ impl Store {
             home: slot.home,
             time_ms: self.final_at(slot)?.unwrap_or(now_ms),
             deliver_at_ms,
-            put: Put { route, ..put.clone() },
+            put: Put { route, ttr_ms: settings.ttr_ms, max_attempts: settings.max_attempts, ..put.clone() },
         })
     }
 }

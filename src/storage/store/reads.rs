@@ -7,7 +7,7 @@ use tracing::error;
 
 use super::{dead_letter_topic, Store};
 use crate::error::{Error, Result};
-use crate::storage::format::{self, Home, Put, Record, State};
+use crate::storage::format::{self, Cause, DeliverySettings, Home, Put, Record, State};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::types::{IdHash, LogOffset};
 
@@ -85,6 +85,55 @@ impl Store {
             },
             other => deliver_at_of(other),
         })
+    }
+
+    /// The delivery settings the message's latest Reschedule set, if one did since its Put or
+    /// Carry (which hold them otherwise): found by following its changes back, one read each.
+    pub fn rescheduled_settings(&self, slot: &Slot) -> Result<Option<DeliverySettings>> {
+        let (start, msg) = (self.log.start(), slot.msg_offset.get());
+        let mut at = slot.last_offset.get();
+        while at > msg && at >= start {
+            match self.log.read_fields(at)?.0 {
+                Record::Transition(t) => {
+                    if t.settings.is_some() {
+                        return Ok(t.settings);
+                    }
+                    // Links only go back; anything else is damage, and the Put's settings stand.
+                    match t.prev_offset {
+                        Some(prev) if prev < at => at = prev,
+                        _ => break,
+                    }
+                }
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The `seq` of the Reserve that began the reservation the message in `slot` is in: its last
+    /// record's, or after Touches (which keep the receipt) the one they follow; `None` when its
+    /// records do not lead back to one.
+    pub fn reservation_seq(&self, slot: &Slot) -> Result<Option<u32>> {
+        let mut at = slot.last_offset.get();
+        while at >= self.log.start() {
+            match self.log.read_fields(at)?.0 {
+                Record::Transition(t) if t.cause == Cause::Touch => match t.prev_offset {
+                    Some(prev) if prev < at => at = prev,
+                    _ => break,
+                },
+                Record::Transition(t) if t.cause == Cause::Reserve => return Ok(Some(t.seq)),
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The time-to-run and attempt limit that apply to the message in `slot`, whose Put (or the
+    /// Put inside its Carry) is `put`.
+    pub fn delivery_settings(&self, slot: &Slot, put: &Put<'_>) -> Result<DeliverySettings> {
+        Ok(self
+            .rescheduled_settings(slot)?
+            .unwrap_or(DeliverySettings { ttr_ms: put.ttr_ms, max_attempts: put.max_attempts }))
     }
 
     /// The queue the message in `slot` belongs to now: its topic, or the topic's `.dlq`.
