@@ -1085,7 +1085,7 @@ fn messages_are_sorted_filtered_acted_on_and_linked() {
 }
 
 #[test]
-#[ignore = "needs chromium and chromedriver, and PATCH /v1/messages/{id} (issue 28 item 1, added on its own branch); .ci/run installs them and runs these"]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
 fn deliver_now_and_reschedule_keep_the_id_and_move_the_due_time() {
     let Some((driver, chrome)) = browser_tools() else { return };
     let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());

@@ -223,7 +223,8 @@
 
   // ---- health and charts ----
 
-  const SVG = 'http://www.w3.org/2000/svg';
+  // The SVG namespace, from the page's own chart (the HTML parser sets it), so no URL is written here.
+  const SVG = $('chart-rates').namespaceURI;
   const HOUR_MS = 3600000;
   const RATES = [['produced', 'produced_per_s'], ['delivered', 'delivered_per_s'], ['acked', 'acked_per_s'],
     ['nacked', 'nacked_per_s'], ['dead-lettered', 'dead_lettered_per_s']];
@@ -458,7 +459,8 @@
   // One row of sums over the topics shown, which says how many the filter left.
   function renderTotals(topics, of) {
     const sum = (k) => topics.reduce((n, t) => n + (typeof t[k] === 'number' ? t[k] : 0), 0);
-    const label = topics.length === of ? 'Total (' + of + ' topics)' : 'Total (' + topics.length + ' of ' + of + ' topics)';
+    const noun = of === 1 ? ' topic)' : ' topics)';
+    const label = 'Total (' + (topics.length === of ? '' : topics.length + ' of ') + of + noun;
     const row = h('tr', { id: 'topics-total-row' },
       h('th', { scope: 'row' }, label),
       ...['ready', 'reserved', 'delayed', 'dead_lettered'].map((k) =>
