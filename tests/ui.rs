@@ -803,35 +803,30 @@ fn closed_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port()
 }
 
-/// Waits until the server's history has a sample in which something was produced.
-fn wait_for_a_busy_sample(s: &Server) -> Value {
+/// Waits until the server's history has `n` samples in which something was produced.
+fn wait_for_busy_samples(s: &Server, n: usize) -> Value {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         let (status, h) = s.get("/v1/stats/history");
         assert_eq!(status, 200, "{h}");
         let busy = h["samples"]
             .as_array()
-            .is_some_and(|a| a.iter().any(|x| x["produced_per_s"].as_f64() > Some(0.0)));
-        if busy {
+            .map_or(0, |a| a.iter().filter(|x| x["produced_per_s"].as_f64() > Some(0.0)).count());
+        if busy >= n {
             return h;
         }
-        assert!(Instant::now() < deadline, "no sample with traffic after 40 s: {h}");
+        assert!(Instant::now() < deadline, "not {n} samples with traffic after 40 s: {h}");
         std::thread::sleep(Duration::from_millis(250));
     }
 }
 
-#[test]
-#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
-fn the_dashboard_monitors_health_rates_lateness_and_topics() {
-    let Some((driver, chrome)) = browser_tools() else { return };
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
-    let s = Server::start(&[]);
-    // Traffic for the charts: produced, popped, acked, nacked to the dead-letter topic; and
-    // messages due in a second, whose lateness is measured when they become ready.
+/// Twelve messages through `work`: produced due in a second, popped, nine acked, three nacked.
+fn traffic(s: &Server, round: u32) {
+    // Due in a second, so that lateness is measured when they become ready; nacked once is dead.
     for i in 0..12 {
         s.produce(
             "work",
-            &json!({"id": format!("w-{i}"), "body": "x", "max_attempts": 1, "delay_ms": 1_000}),
+            &json!({"id": format!("w-{round}-{i}"), "body": "x", "max_attempts": 1, "delay_ms": 1_000}),
         );
     }
     let deadline = Instant::now() + NEVER_HANG;
@@ -849,13 +844,25 @@ fn the_dashboard_monitors_health_rates_lateness_and_topics() {
         };
         assert_eq!(st, 200, "{v}");
     }
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn the_dashboard_monitors_health_rates_lateness_and_topics() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    traffic(&s, 0);
     s.produce("backlog", &json!({"id": "b-1", "body": "waiting"}));
     // A push subscription to a port nothing listens on: its health says it fails.
     let hook = json!({"url": format!("http://127.0.0.1:{}/hook", closed_port()), "timeout_ms": 500});
     let (st, v) = common::answer(s.http().put(s.url("/v1/topics/hooks/push")).json(&hook).send());
     assert!(st == 200 || st == 201, "{v}");
     s.produce("hooks", &json!({"id": "h-1", "body": "ping"}));
-    let history = wait_for_a_busy_sample(&s);
+    wait_for_busy_samples(&s, 1);
+    // A second round in a later sample, so each rate is a line, not a lone point.
+    traffic(&s, 1);
+    let history = wait_for_busy_samples(&s, 2);
     assert_eq!(history["capacity"], 360, "{history}");
     assert_eq!(history["interval_ms"], 10_000, "{history}");
 
@@ -873,6 +880,13 @@ fn the_dashboard_monitors_health_rates_lateness_and_topics() {
     assert!(health["updated"].as_str().is_some_and(|t| t.len() == 9 && t.ends_with('Z')), "{health}");
 
     // Every rate and lateness line is drawn; produced, delivered and acked rose above the axis.
+    let drawn = b
+        .js("return Array.from(document.querySelectorAll('#chart-rates polyline[data-series=\"produced\"]'))
+           .map((l) => l.getAttribute('points').split(' ').length)");
+    assert!(
+        drawn.as_array().is_some_and(|a| a.iter().any(|n| n.as_u64() >= Some(2))),
+        "no produced line: {drawn}"
+    );
     let lines = b.wait_for(
         "the chart lines",
         "const base = 200 - 22;
