@@ -23,6 +23,7 @@ const READS: &[(&str, &str)] = &[
     ("GET", "/v1/messages/{id}"),
     ("GET", "/v1/messages/{id}/history"),
     ("GET", "/v1/stats"),
+    ("GET", "/v1/stats/history"),
     ("GET", "/v1/cluster"),
     ("GET", "/metrics"),
     ("*", "/get"),

@@ -25,6 +25,9 @@ use serde_json::{json, Value};
 
 const TOKEN: &str = "ui-test-token-7f3a9c";
 
+/// The browser's time zone: hours away from UTC, as on an operator's laptop.
+const BROWSER_TZ: &str = "America/New_York";
+
 /// One browser at a time: the machine is small, and two Chromiums starting together can make a
 /// wait run out for reasons that have nothing to do with the page.
 static ONE_BROWSER: Mutex<()> = Mutex::new(());
@@ -70,6 +73,8 @@ impl Driver {
         let log = std::fs::File::create(tmp.path().join("chromedriver.log")).expect("log");
         let child = Command::new(path)
             .arg(format!("--port={port}"))
+            // A browser far from UTC, so a time shown in local time would differ from the UTC one.
+            .env("TZ", BROWSER_TZ)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log))
@@ -535,7 +540,34 @@ fn with_the_read_token_the_page_shows_everything_and_changes_nothing() {
         s.http().get(s.url("/v1/topics")).bearer_auth(TOKEN).send().expect("topics").json().expect("json");
     assert_eq!(topics["topics"][0]["paused"], false, "{topics}");
     assert_eq!(b.js("return document.getElementById('auth').hidden"), json!(true), "no new token asked for");
-    b.screenshot("dashboard-read-token.png", 1280, Some(700));
+
+    // It sees the health strip, the charts and the messages; every action on them is refused.
+    assert_eq!(b.wait_for("the health strip", HEALTH)["store"], "writable");
+    assert_eq!(b.js("return document.getElementById('charts').hidden"), json!(false));
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='mail'] button[aria-label='Browse mail']");
+    assert_eq!(b.wait_for("mail's delayed message", BROWSED_IDS), json!(["m-1"]));
+    b.click("#messages tr[data-id='m-1'] button[data-action='cancel']");
+    b.accept_confirm();
+    b.wait_for(
+        "the cancel refused",
+        "const s = document.getElementById('status');
+         return s.classList.contains('error') && s.textContent.includes('read-only') && s.textContent.includes('DELETE')",
+    );
+    b.click("#select-all");
+    b.click("#bulk-cancel");
+    b.accept_confirm();
+    let said = b.wait_for(
+        "the bulk cancel refused",
+        "const t = document.getElementById('status').textContent; return t.startsWith('Cancel: 0 of 1') ? t : null",
+    );
+    assert!(said.as_str().is_some_and(|t| t.contains("1 refused") && t.contains("read-only")), "{said}");
+    let m1: Value =
+        s.http().get(s.url("/v1/messages/m-1")).bearer_auth(TOKEN).send().expect("get").json().expect("json");
+    assert_eq!(m1["state"], "delayed", "{m1}");
+    let href = b.js("return location.href");
+    assert!(href.as_str().is_some_and(|h| h.contains("topic=mail") && !h.contains(READ)), "{href}");
+    b.screenshot("dashboard-read-token.png", 1280, None);
     b.assert_no_errors();
 }
 
@@ -745,5 +777,404 @@ fn with_a_token_a_follower_asks_for_it_and_says_the_leader_will_ask_again() {
     // Each dashboard keeps the token for its own origin: the banner says the leader's will ask.
     assert_eq!(b.js("return document.getElementById('leader-banner-token').hidden"), json!(false));
     b.wait_for("the cluster panel", &cluster_rows(3));
+    b.assert_no_errors();
+}
+
+/// Ids of the browsed messages, in the order shown.
+const BROWSED_IDS: &str =
+    "const ids = Array.from(document.querySelectorAll('#messages tbody tr')).map((r) => r.dataset.id);
+     return ids.length ? ids : null";
+
+/// The health strip's facts as {key: text}, once it shows.
+const HEALTH: &str = "if (document.getElementById('health').hidden) return null;
+    const o = {}; for (const d of document.querySelectorAll('#health-facts dd')) o[d.dataset.fact] = d.textContent;
+    return o";
+
+/// The cells of a topic's row, once it shows.
+fn topic_row(topic: &str) -> String {
+    format!(
+        "const r = document.querySelector('#topics tbody tr[data-topic=\"{topic}\"]');
+         return r ? Array.from(r.cells).map((c) => c.textContent) : null"
+    )
+}
+
+/// A loopback port nothing listens on: bound, then let go.
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port()
+}
+
+/// Waits until the server's history has `n` samples in which something was produced.
+fn wait_for_busy_samples(s: &Server, n: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (status, h) = s.get("/v1/stats/history");
+        assert_eq!(status, 200, "{h}");
+        let busy = h["samples"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|x| x["produced_per_s"].as_f64() > Some(0.0)).count());
+        if busy >= n {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "not {n} samples with traffic after 40 s: {h}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Twelve messages through `work`: produced due in a second, popped, nine acked, three nacked.
+fn traffic(s: &Server, round: u32) {
+    // Due in a second, so that lateness is measured when they become ready; nacked once is dead.
+    for i in 0..12 {
+        s.produce(
+            "work",
+            &json!({"id": format!("w-{round}-{i}"), "body": "x", "max_attempts": 1, "delay_ms": 1_000}),
+        );
+    }
+    let deadline = Instant::now() + NEVER_HANG;
+    let mut popped = Vec::new();
+    while popped.len() < 12 {
+        assert!(Instant::now() < deadline, "popped only {}", popped.len());
+        popped.extend(s.pop("work", 12, 2_000, None).0);
+    }
+    for (i, m) in popped.iter().enumerate() {
+        let receipt = m["receipt"].as_str().expect("receipt");
+        let (st, v) = if i < 9 {
+            s.post("/v1/ack", &json!({"receipt": receipt}))
+        } else {
+            s.post("/v1/nack", &json!({"receipt": receipt}))
+        };
+        assert_eq!(st, 200, "{v}");
+    }
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn the_dashboard_monitors_health_rates_lateness_and_topics() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    traffic(&s, 0);
+    s.produce("backlog", &json!({"id": "b-1", "body": "waiting"}));
+    // A push subscription to a port nothing listens on: its health says it fails.
+    let hook = json!({"url": format!("http://127.0.0.1:{}/hook", closed_port()), "timeout_ms": 500});
+    let (st, v) = common::answer(s.http().put(s.url("/v1/topics/hooks/push")).json(&hook).send());
+    assert!(st == 200 || st == 201, "{v}");
+    s.produce("hooks", &json!({"id": "h-1", "body": "ping"}));
+    wait_for_busy_samples(&s, 1);
+    // A second round in a later sample, so each rate is a line, not a lone point.
+    traffic(&s, 1);
+    let history = wait_for_busy_samples(&s, 2);
+    assert_eq!(history["capacity"], 360, "{history}");
+    assert_eq!(history["interval_ms"], 10_000, "{history}");
+
+    let b = Browser::open("monitor", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    let health = b.wait_for("the health strip", HEALTH);
+    assert_eq!(health["store"], "writable", "{health}");
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"), "{health}");
+    assert!(
+        health["uptime"].as_str().is_some_and(|t| t.contains(" s · since 20") && t.ends_with('Z')),
+        "{health}"
+    );
+    assert!(health["disk-free"].as_str().is_some_and(|t| t.ends_with("iB") || t.ends_with(" B")), "{health}");
+    assert!(health["updated"].as_str().is_some_and(|t| t.len() == 9 && t.ends_with('Z')), "{health}");
+
+    // Every rate and lateness line is drawn; produced, delivered and acked rose above the axis.
+    let drawn = b
+        .js("return Array.from(document.querySelectorAll('#chart-rates polyline[data-series=\"produced\"]'))
+           .map((l) => l.getAttribute('points').split(' ').length)");
+    assert!(
+        drawn.as_array().is_some_and(|a| a.iter().any(|n| n.as_u64() >= Some(2))),
+        "no produced line: {drawn}"
+    );
+    let lines = b.wait_for(
+        "the chart lines",
+        "const base = 200 - 22;
+         const o = {};
+         for (const l of document.querySelectorAll('svg.chart [data-series]')) {
+           const ys = l.tagName === 'circle' ? [Number(l.getAttribute('cy'))]
+             : l.getAttribute('points').split(' ').map((p) => Number(p.split(',')[1]));
+           o[l.dataset.series] = Math.max(o[l.dataset.series] || 0, base - Math.min(...ys));
+         }
+         return Object.keys(o).length >= 7 ? o : null",
+    );
+    for series in ["produced", "delivered", "acked", "nacked", "dead-lettered"] {
+        assert!(lines[series].as_f64().is_some_and(|h| h > 0.0), "{series} stays on the axis: {lines}");
+    }
+    assert!(lines.get("p50").is_some() && lines.get("p99").is_some(), "{lines}");
+    let ticks = b.js(
+        "return Array.from(document.querySelectorAll('#chart-rates text.axis')).map((t) => t.textContent)",
+    );
+    assert!(
+        ticks
+            .as_array()
+            .is_some_and(|t| t.iter().any(|x| x.as_str().is_some_and(|x| x.len() == 6 && x.ends_with('Z')))),
+        "time ticks in UTC: {ticks}"
+    );
+
+    // Per topic: the oldest ready message's age, and the failing push subscription.
+    let backlog = b.wait_for("backlog's oldest ready age", &topic_row("backlog"));
+    assert!(backlog[5].as_str().is_some_and(|t| t.ends_with(" s") || t.ends_with(" ms")), "{backlog}");
+    let hooks = b.wait_for(
+        "hooks failing",
+        "const c = document.querySelector('#topics tr[data-topic=\"hooks\"] [data-push=\"failing\"]');
+         return c ? c.closest('td').textContent : null",
+    );
+    assert!(hooks.as_str().is_some_and(|t| t.contains("last error")), "{hooks}");
+    assert_eq!(backlog[6], "—", "no push subscription on backlog: {backlog}");
+
+    // No local 12-hour time anywhere: every time is UTC, though the browser's zone is not.
+    assert_ne!(
+        b.js("return new Date(2026, 0, 1).getTimezoneOffset()"),
+        json!(0),
+        "the browser runs in {BROWSER_TZ}"
+    );
+    let text = b.js("return document.body.innerText").as_str().unwrap_or_default().to_string();
+    assert!(!text.contains(" AM") && !text.contains(" PM"), "{text}");
+    b.screenshot("dashboard-monitor.png", 1280, None);
+    b.screenshot("dashboard-monitor-phone.png", 390, Some(844));
+    let (page_w, view_w) = (
+        b.js("return document.documentElement.scrollWidth"),
+        b.js("return document.documentElement.clientWidth"),
+    );
+    assert!(page_w.as_u64() <= view_w.as_u64(), "page is {page_w} px wide in a {view_w} px viewport");
+    b.assert_no_errors();
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn messages_are_sorted_filtered_acted_on_and_linked() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    // Produced out of due order, on different levels.
+    for (id, delay_ms) in [("d-3", 3_600_000), ("d-1", 90_000), ("d-4", 7_200_000), ("d-2", 600_000)] {
+        s.produce("orders", &json!({"id": id, "body": id, "delay_ms": delay_ms}));
+    }
+    for i in 1..=4 {
+        s.produce("orders", &json!({"id": format!("x-{i}"), "body": "fails", "max_attempts": 1}));
+    }
+    let (popped, _) = s.pop("orders", 4, 5_000, None);
+    assert_eq!(popped.len(), 4);
+    for m in &popped {
+        let (st, v) = s.post("/v1/nack", &json!({"receipt": m["receipt"]}));
+        assert_eq!((st, &v["state"]), (200, &json!("dead")), "{v}");
+    }
+    s.produce("mail", &json!({"id": "m-1", "body": "x", "delay_ms": 60_000}));
+    s.produce("order-archive", &json!({"id": "a-1", "body": "x"}));
+
+    let b = Browser::open("messages", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    b.wait_for("mail listed", &topic_row("mail"));
+
+    // The filter keeps the matching topics and totals them.
+    b.type_into("#topic-filter", "order");
+    let shown = b.wait_for(
+        "three topics left by the filter",
+        "const r = Array.from(document.querySelectorAll('#topics tbody tr')).map((r) => r.dataset.topic);
+         return r.length === 3 ? r : null",
+    );
+    assert_eq!(shown, json!(["order-archive", "orders", "orders.dlq"]));
+    let total = b
+        .js("return Array.from(document.getElementById('topics-total-row').cells).map((c) => c.textContent)");
+    assert_eq!(total[0], "Total (3 of 4 topics)", "{total}");
+    let (_, topics) = s.get("/v1/topics");
+    let sum = |k: &str| -> u64 {
+        let t = topics["topics"].as_array().expect("topics");
+        t.iter().filter(|t| t["topic"] != "mail").map(|t| t[k].as_u64().expect("count")).sum()
+    };
+    let want =
+        [sum("ready"), sum("reserved"), sum("delayed"), sum("dead_lettered")].map(|n| json!(n.to_string()));
+    assert_eq!(total.as_array().expect("cells")[1..5], want, "the filtered topics summed: {total} {topics}");
+    assert_eq!(want[2], "4", "{topics}");
+
+    // Delayed messages are listed by due time, in UTC.
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    assert_eq!(b.wait_for("the delayed messages", BROWSED_IDS), json!(["d-1", "d-2", "d-3", "d-4"]));
+    let due = b.js("return Array.from(document.querySelectorAll('#messages tbody td[data-due]')).map((c) => c.textContent)");
+    for t in due.as_array().expect("cells") {
+        let t = t.as_str().expect("text");
+        let at = t.split(" · ").nth(1).unwrap_or_default();
+        assert!(at.len() == 20 && at.ends_with('Z') && at.as_bytes()[10] == b' ', "a UTC time: {t}");
+    }
+
+    // Cancel one from its row.
+    b.click("#messages tr[data-id='d-2'] button[data-action='cancel']");
+    b.accept_confirm();
+    b.wait_for(
+        "d-2 gone",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && !ids.includes('d-2')"),
+    );
+    assert_eq!(s.get("/v1/messages/d-2").1["state"], "cancelled");
+
+    // Bulk: select two, cancel both.
+    b.click("#messages tr[data-id='d-3'] input.pick");
+    b.click("#messages tr[data-id='d-4'] input.pick");
+    assert_eq!(b.js("return document.getElementById('bulk-count').textContent"), json!("2 of 3 selected"));
+    b.screenshot("dashboard-bulk-select.png", 1280, None);
+    b.click("#bulk-cancel");
+    b.accept_confirm();
+    b.wait_for(
+        "the bulk result",
+        "return document.getElementById('status').textContent.startsWith('Cancel: 2 of 2')",
+    );
+    for id in ["d-3", "d-4"] {
+        assert_eq!(s.get(&format!("/v1/messages/{id}")).1["state"], "cancelled", "{id}");
+    }
+    assert_eq!(s.get("/v1/messages/d-1").1["state"], "delayed");
+
+    // Dead letters: redrive one from its row, then two selected.
+    b.js("document.getElementById('browse-state').value = 'dead'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    let dead = b.wait_for(
+        "four dead letters",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids.length === 4 && ids.every((i) => i.startsWith('x-')) ? ids : null"),
+    );
+    let first = dead[0].as_str().expect("id").to_string();
+    b.click(&format!("#messages tr[data-id='{first}'] button[data-action='redrive']"));
+    b.wait_for(
+        "the redrive of one",
+        "return document.getElementById('status').textContent.startsWith('Redrive: 1 moved')",
+    );
+    let (_, m) = s.get(&format!("/v1/messages/{first}"));
+    assert_eq!(m["topic"], "orders", "{m}");
+    assert_ne!(m["state"], "dead", "{m}");
+    b.wait_for(
+        "three dead letters",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids.length === 3"),
+    );
+    b.click("#select-all");
+    b.wait_for(
+        "all three selected",
+        "return document.getElementById('bulk-count').textContent === '3 of 3 selected'",
+    );
+    b.click("#bulk-redrive");
+    b.wait_for(
+        "the bulk redrive",
+        "return document.getElementById('status').textContent.startsWith('Redrive: 3 of 3 moved')",
+    );
+    for id in dead.as_array().expect("ids") {
+        let (_, m) = s.get(&format!("/v1/messages/{}", id.as_str().expect("id")));
+        assert_ne!(m["state"], "dead", "{m}");
+    }
+
+    // A link restores the view: filter, topic, state and looked-up message, none of it the token.
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    b.wait_for(
+        "d-1 listed again",
+        &format!("const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids[0] === 'd-1'"),
+    );
+    b.click("#messages tr[data-id='d-1'] button[aria-label='Look up d-1']");
+    b.wait_for(
+        "d-1 looked up",
+        "const e = document.getElementById('lookup-state'); return e && e.textContent === 'delayed'",
+    );
+    let link = b.js("return location.href").as_str().expect("href").to_string();
+    assert!(
+        link.contains("filter=order")
+            && link.contains("topic=orders")
+            && link.contains("state=delayed")
+            && link.contains("message=d-1"),
+        "{link}"
+    );
+    b.goto(&s.url("/ui"));
+    b.wait_for("a fresh page", &topic_row("mail"));
+    b.goto(&link);
+    b.watch_errors();
+    assert_eq!(b.wait_for("the linked list", BROWSED_IDS), json!(["d-1"]));
+    b.wait_for(
+        "the linked message",
+        "const e = document.getElementById('lookup-state'); return e && e.textContent === 'delayed'",
+    );
+    assert_eq!(b.js("return [document.getElementById('topic-filter').value, document.getElementById('browse-state').value]"), json!(["order", "delayed"]));
+    b.wait_for(
+        "the linked filter applied",
+        "return document.querySelectorAll('#topics tbody tr').length === 3",
+    );
+    b.screenshot("dashboard-shared-link.png", 1280, None);
+    b.assert_no_errors();
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn deliver_now_and_reschedule_keep_the_id_and_move_the_due_time() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    let (_, doc) = s.get("/openapi.json");
+    assert!(
+        doc["paths"]["/v1/messages/{id}"].get("patch").is_some(),
+        "this build has no PATCH /v1/messages/{{id}}: the dashboard's deliver now and reschedule need it"
+    );
+    for (id, delay_ms) in [("p-1", 3_600_000), ("p-2", 7_200_000), ("p-3", 10_800_000), ("p-4", 14_400_000)] {
+        s.produce("orders", &json!({"id": id, "body": id, "delay_ms": delay_ms}));
+    }
+    let b = Browser::open("reschedule", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    b.wait_for("orders listed", &topic_row("orders"));
+    b.js("document.getElementById('browse-state').value = 'delayed'");
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Browse orders']");
+    assert_eq!(b.wait_for("the delayed list", BROWSED_IDS), json!(["p-1", "p-2", "p-3", "p-4"]));
+
+    // Deliver now: the same id, ready at once.
+    b.click("#messages tr[data-id='p-1'] button[data-action='deliver']");
+    b.wait_for(
+        "p-1 due",
+        "return document.getElementById('status').textContent.startsWith('Message p-1 is due now')",
+    );
+    let (_, p1) = s.get("/v1/messages/p-1");
+    assert_eq!((&p1["id"], &p1["state"]), (&json!("p-1"), &json!("ready")), "{p1}");
+
+    // Reschedule by a delay, then to a UTC time: the list follows, sorted by the new due times.
+    let before = common::now_ms();
+    b.click("#messages tr[data-id='p-4'] button[data-action='reschedule']");
+    b.rt.block_on(b.c().send_alert_text("30m")).expect("answer the prompt");
+    b.accept_confirm();
+    b.wait_for(
+        "p-4 rescheduled",
+        "return document.getElementById('status').textContent.startsWith('Message p-4 rescheduled to 20')",
+    );
+    let due = s.get("/v1/messages/p-4").1["deliver_at_ms"].as_u64().expect("due");
+    assert!(
+        due >= before + 1_800_000 && due <= common::now_ms() + 1_800_000,
+        "p-4 due at {due}, asked at {before}"
+    );
+    let at = b.js("return new Date(Date.now() + 86400000).toISOString().slice(0, 16).replace('T', ' ')");
+    let at = at.as_str().expect("a time").to_string();
+    b.click("#messages tr[data-id='p-2'] button[data-action='reschedule']");
+    b.rt.block_on(b.c().send_alert_text(&at)).expect("answer the prompt");
+    b.accept_confirm();
+    b.wait_for(
+        "p-2 rescheduled",
+        &format!(
+            "return document.getElementById('status').textContent === 'Message p-2 rescheduled to {at}:00Z.'"
+        ),
+    );
+    let want = b.js(&format!("return Date.parse('{}Z')", at.replace(' ', "T")));
+    assert_eq!(s.get("/v1/messages/p-2").1["deliver_at_ms"], want, "p-2 at {at} UTC");
+    b.wait_for(
+        "the list in the new order",
+        &format!(
+            "const ids = (function () {{ {BROWSED_IDS} }})(); return ids && ids.join() === 'p-4,p-3,p-2'"
+        ),
+    );
+    b.screenshot("dashboard-rescheduled.png", 1280, None);
+
+    // Deliver two now together.
+    b.click("#messages tr[data-id='p-3'] input.pick");
+    b.click("#messages tr[data-id='p-2'] input.pick");
+    b.click("#bulk-deliver");
+    b.wait_for(
+        "the bulk delivery",
+        "return document.getElementById('status').textContent.startsWith('Deliver now: 2 of 2')",
+    );
+    for id in ["p-2", "p-3"] {
+        assert_eq!(s.get(&format!("/v1/messages/{id}")).1["state"], "ready", "{id}");
+    }
+    assert_eq!(s.get("/v1/messages/p-4").1["state"], "delayed");
     b.assert_no_errors();
 }

@@ -6,6 +6,7 @@ mod compat;
 mod compat_paths;
 mod error;
 mod extract;
+mod history;
 mod json;
 pub mod metrics;
 mod native;
@@ -98,6 +99,7 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     http_metrics: metrics::HttpMetrics,
     cluster: Option<Arc<crate::cluster::ClusterState>>,
+    history: history::History,
 }
 
 impl AppState {
@@ -118,7 +120,10 @@ impl AppState {
     ) -> AppState {
         let (shutdown, _) = watch::channel(false);
         let http_metrics = metrics::HttpMetrics::new();
-        AppState { inner: Arc::new(Inner { broker, limits, shutdown, http_metrics, cluster }) }
+        let history = history::History::new(now_ms());
+        let inner = Arc::new(Inner { broker, limits, shutdown, http_metrics, cluster, history });
+        history::start_sampler(Arc::downgrade(&inner));
+        AppState { inner }
     }
 
     /// The cluster's state as this node sees it (`None` on a single node).
@@ -170,6 +175,7 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(native::get_message, native::cancel, native::reschedule))
         .routes(routes!(native::history))
         .routes(routes!(native::stats))
+        .routes(routes!(history::history))
         .routes(routes!(cluster::status))
         .routes(routes!(cluster::add_node))
         .routes(routes!(cluster::remove_node))
@@ -297,6 +303,7 @@ pub const READ_ROUTES: &[(Option<&str>, &str)] = &[
     (Some("GET"), "/v1/messages/{id}"),
     (Some("GET"), "/v1/messages/{id}/history"),
     (Some("GET"), "/v1/stats"),
+    (Some("GET"), "/v1/stats/history"),
     (Some("GET"), "/v1/cluster"),
     (Some("GET"), "/metrics"),
     // The original serves every path for any method; `/get` only looks a job up.
