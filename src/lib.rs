@@ -45,6 +45,8 @@ mod crash_model_tests;
 mod engine_tests;
 pub mod error;
 pub mod http;
+#[cfg(test)]
+mod last_error_tests;
 mod limits;
 mod live;
 pub mod message;

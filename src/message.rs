@@ -145,6 +145,25 @@ pub struct MessageInfo {
     pub ttr_ms: u64,
     /// When it was produced, unix ms.
     pub created_at_ms: u64,
+    /// Why its latest failed delivery failed, once one did with a reason.
+    pub last_error: Option<LastError>,
+}
+
+/// Why a message's latest failed delivery failed: the error its consumer gave with the nack, or
+/// the push delivery's failure.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct LastError {
+    /// The reason, at most 2048 bytes (a longer one is cut at a character boundary).
+    pub message: String,
+    /// When the delivery failed, unix ms.
+    pub time_ms: u64,
+    /// The delivery that failed (1 for the first).
+    pub attempt: u32,
+}
+
+/// A [`LastError`] from the bytes a record holds (UTF-8, checked when it was decoded).
+pub(crate) fn last_error(message: &[u8], time_ms: u64, attempt: u32) -> LastError {
+    LastError { message: String::from_utf8_lossy(message).into_owned(), time_ms, attempt }
 }
 
 /// One recorded change of a message, as `GET /v1/messages/{id}/history` lists it.
@@ -162,6 +181,10 @@ pub struct HistoryEntry {
     pub attempt: u32,
     /// The record's `deliver_at_ms` (when it falls due, or a reservation's end).
     pub deliver_at_ms: u64,
+    /// The failure this change recorded (a nack with an error, a failed push, the dead-lettering
+    /// that followed one), or for `carried` the last one the copy kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<LastError>,
 }
 
 /// Result of a nack.

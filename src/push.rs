@@ -603,19 +603,22 @@ async fn deliver(broker: &Broker, sink: &Sink, cfg: &PushConfig, d: Delivery) {
     };
     in_flight.dec();
     m.latency.with_label_values(&[cfg.topic.as_str()]).observe(started.elapsed().as_secs_f64());
-    let (ok, outcome) = match &result {
-        Ok(()) => (true, "ok"),
+    let outcome = match &result {
+        Ok(()) => "ok",
         Err((outcome, why)) => {
             tracing::debug!(topic = %cfg.topic, id = %d.id, %why, "push delivery failed");
-            (false, *outcome)
+            *outcome
         }
     };
     m.attempts.with_label_values(&[cfg.topic.as_str(), outcome]).inc();
     let why = result.err().map(|(_, why)| why);
     let line = m.health.record(&cfg.topic, why.clone().map_or(Ok(()), Err), now_ms(), Instant::now());
     log_health(cfg, line, why.as_deref());
-    let answered =
-        if ok { broker.ack(&d.receipt).await } else { broker.nack(&d.receipt, None).await.map(|_| ()) };
+    // A failure's reason stays with the message (GET /v1/messages/{id}), as a consumer's nack error.
+    let answered = match why {
+        None => broker.ack(&d.receipt).await,
+        Some(why) => broker.nack_with_error(&d.receipt, None, Some(why)).await.map(|_| ()),
+    };
     if let Err(e) = answered {
         // The reservation runs out and the message comes back: at least once.
         tracing::warn!(topic = %cfg.topic, id = %d.id, error = %e, "cannot record a push delivery's outcome");

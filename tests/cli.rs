@@ -921,3 +921,20 @@ fn touch_extends_a_reservation_and_keeps_the_receipt() {
     assert_eq!(r.code, 1, "an acked delivery's receipt: {}", r.stdout);
     assert!(r.stderr.contains("not_found"), "{}", r.stderr);
 }
+
+#[test]
+fn nack_takes_an_error_and_get_shows_it() {
+    let s = Server::start(&ENV);
+    cli(&s, &["produce", "ne", "x", "--id", "n-1"]).ok();
+    let before = cli(&s, &["get", "n-1"]).ok().stdout;
+    assert!(!before.contains("last_error"), "{before}");
+    let m = pop_one(&s, "ne", &[]);
+    let receipt = str_of(&m, "receipt");
+    cli(&s, &["nack", receipt, "--delay", "1h", "--error", "KeyError: 'sku'\nin handle"]).ok();
+    let out = cli(&s, &["get", "n-1"]).ok().stdout;
+    assert!(
+        out.lines().any(|l| l.starts_with("last_error ") && l.ends_with(r"KeyError: 'sku'\nin handle")),
+        "a newline shows escaped: {out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("last_error_at ") && l.ends_with("(attempt 1)")), "{out}");
+}

@@ -200,6 +200,29 @@ fn a_touched_reservation_survives_the_leaders_death() {
     assert!(back[0].1 >= expires, "came back {} ms before its touched end", expires - back[0].1);
 }
 
+/// A nack's reason rides in the nack's own replicated record: after the leader that took it
+/// dies, the new leader shows the same last error.
+#[test]
+fn a_nack_reason_survives_the_leaders_death() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    let r = client.produce("why", &json!({"id": "w", "body": "w"})).expect("produce");
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let msgs = client.pop("why", 1, 2_000, None).expect("pop").messages();
+    assert_eq!(msgs.len(), 1);
+    let nack = json!({"receipt": msgs[0]["receipt"], "delay_ms": 3_600_000, "error": "TimeoutError: db"});
+    let r = client.request("POST", "/v1/nack", Some(&nack), 0).expect("nack");
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let before = client.get("w").expect("get").body["last_error"].clone();
+    assert_eq!((before["message"].as_str(), before["attempt"].as_u64()), (Some("TimeoutError: db"), Some(1)));
+    let first_leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(first_leader);
+    c.wait_leader(Duration::from_secs(15));
+    let after = client.get("w").expect("get").body;
+    assert_eq!(after["last_error"], before, "the new leader shows the same last error: {after}");
+}
+
 /// How many commit-log flushes node `i` has made (its flush-duration histogram's count).
 fn flushes(c: &Cluster, i: usize) -> u64 {
     let text = short_client(Duration::from_secs(2))

@@ -284,7 +284,27 @@ fn failed_deliveries_follow_the_backoff_and_dead_letter_after_max_attempts() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "no {line:?} in /metrics");
     }
-    assert_eq!(state(&s, "j")["dead_letter_topic"], "jobs.dlq");
+    let j = state(&s, "j");
+    assert_eq!(j["dead_letter_topic"], "jobs.dlq");
+    // The failure that killed it stays with the dead letter; each failure is in its history.
+    let e = &j["last_error"];
+    assert_eq!(
+        (e["attempt"].as_u64(), e["message"].as_str()),
+        (Some(3), Some("timeout: no answer within 500ms"))
+    );
+    assert!(e["time_ms"].as_u64().unwrap() >= got[2].at_ms, "{j}");
+    let (_, h) = s.get("/v1/messages/j/history");
+    let errors: Vec<(u64, String)> = h["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|ev| {
+            Some((ev["last_error"]["attempt"].as_u64()?, ev["last_error"]["message"].as_str()?.into()))
+        })
+        .collect();
+    assert_eq!(errors.len(), 3, "{h}");
+    assert!(errors[2].0 == 1 && errors[2].1.starts_with("HTTP 500"), "{errors:?}");
+    assert!(errors[1].0 == 2 && errors[1].1.starts_with("HTTP 302"), "{errors:?}");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(rx.got().len(), 3, "a dead letter is not pushed again (jobs.dlq has no subscription)");
 }

@@ -171,6 +171,8 @@ mod reader {
             prev_offset: Option<u64>,
             /// Version 5 (a Reschedule): the message's `ttr_ms` and `max_attempts` from then on.
             settings: Option<(u64, u32)>,
+            /// Version 7 (a Nack or DeadLetter with a reason): the reason, UTF-8.
+            error: Option<Vec<u8>>,
         },
         Hop {
             msg_offset: u64,
@@ -203,6 +205,8 @@ mod reader {
             time_ms: u64,
             deliver_at_ms: u64,
             msg: Msg,
+            /// Version 7: the message's last failure, `(error_time_ms, error_attempt, reason)`.
+            last_error: Option<(u64, u32, Vec<u8>)>,
         },
         EndOfSegment,
     }
@@ -217,13 +221,15 @@ mod reader {
 
     /// Record versions (validity rules 7 and 8): Carry, Pause and Push are version 2; Put is 1 or 2
     /// (2 replaces); Transition 1, 2 (ends with a due time) or 3 (a due time and a link; delayd
-    /// writes every Transition so), 5 (a Reschedule: version 3 and the settings it sets) or 6 (a
-    /// Touch, as version 3); Hop and EndOfSegment 1.
+    /// writes every Transition so), 5 (a Reschedule: version 3 and the settings it sets), 6 (a
+    /// Touch, as version 3) or 7 (a Nack or DeadLetter: version 3 and its reason); Carry also 7
+    /// (with the message's last failure); Hop and EndOfSegment 1.
     pub const VERSION: u8 = 1;
     pub const VERSION_CARRY: u8 = 2;
     pub const VERSION_LINKED: u8 = 3;
     pub const VERSION_RESCHEDULE: u8 = 5;
     pub const VERSION_TOUCH: u8 = 6;
+    pub const VERSION_ERROR: u8 = 7;
 
     pub const STATE_DELAYED: u8 = 1;
     pub const STATE_READY: u8 = 2;
@@ -233,6 +239,7 @@ mod reader {
     pub const STATE_DEAD: u8 = 6;
     pub const CAUSE_DUE: u8 = 1;
     pub const CAUSE_RESERVE: u8 = 2;
+    pub const CAUSE_NACK: u8 = 4;
     pub const CAUSE_DEAD_LETTER: u8 = 6;
     pub const CAUSE_REDRIVE: u8 = 8;
     pub const CAUSE_RESCHEDULE: u8 = 9;
@@ -269,6 +276,15 @@ mod reader {
         }
         fn u64(&mut self) -> Result<u64, String> {
             Ok(le64(self.take(8)?, 0))
+        }
+        /// A failure reason: `error_len u16`, 1 to 2048, then that many UTF-8 bytes.
+        fn error(&mut self) -> Result<Vec<u8>, String> {
+            let n = self.u16()? as usize;
+            if !(1..=2048).contains(&n) {
+                return Err(format!("error_len {n}, not 1 to 2048"));
+            }
+            let b = self.take(n)?.to_vec();
+            String::from_utf8(b).map(String::into_bytes).map_err(|_| "error is not UTF-8".to_string())
         }
         fn enum_u8(&mut self, what: &str, valid: std::ops::RangeInclusive<u8>) -> Result<u8, String> {
             let v = self.u8()?;
@@ -375,22 +391,26 @@ mod reader {
         }
         // 7-8: a version this reader knows, a known kind, and the version that kind is written with.
         let (version, kind) = (rec[6], rec[7]);
-        if ![VERSION, VERSION_CARRY, VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version) {
+        if ![VERSION, VERSION_CARRY, VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH, VERSION_ERROR]
+            .contains(&version)
+        {
             return Err(format!("unknown version {version}"));
         }
         if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_EOS].contains(&kind)
         {
             return Err(format!("unknown kind {kind}"));
         }
-        if ([KIND_CARRY, KIND_PAUSE, KIND_PUSH].contains(&kind) && version != VERSION_CARRY)
+        if ([KIND_PAUSE, KIND_PUSH].contains(&kind) && version != VERSION_CARRY)
+            || (kind == KIND_CARRY && ![VERSION_CARRY, VERSION_ERROR].contains(&version))
+            || (version == VERSION_ERROR && ![KIND_TRANSITION, KIND_CARRY].contains(&kind))
             || (version == VERSION_CARRY
                 && ![KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_PUT, KIND_TRANSITION].contains(&kind))
             || ([VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version)
                 && kind != KIND_TRANSITION)
         {
             return Err(format!(
-                "kind {kind} with record version {version} (Carry, Pause and Push are 2, Put 1 or 2, \
-                 Transition 1 to 3 or 5, Hop and EndOfSegment 1)"
+                "kind {kind} with record version {version} (Pause and Push are 2, Carry 2 or 7, Put 1 \
+                 or 2, Transition 1 to 3 or 5 to 7, Hop and EndOfSegment 1)"
             ));
         }
         // 9: the payload decodes exactly.
@@ -399,7 +419,8 @@ mod reader {
             KIND_EOS => Rec::EndOfSegment,
             KIND_PUT => Rec::Put(Msg { replaces: version == VERSION_CARRY, ..c.msg()? }),
             KIND_TRANSITION => {
-                let linked = [VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version);
+                let linked =
+                    [VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH, VERSION_ERROR].contains(&version);
                 let t = Rec::Transition {
                     msg_offset: c.u64()?,
                     id_hash: c.u64()?,
@@ -419,13 +440,16 @@ mod reader {
                     },
                     prev_offset: if linked { Some(c.u64()?) } else { None },
                     settings: if version == VERSION_RESCHEDULE { Some((c.u64()?, c.u32()?)) } else { None },
+                    error: if version == VERSION_ERROR { Some(c.error()?) } else { None },
                 };
                 if let Rec::Transition { cause, .. } = t {
                     if (cause == CAUSE_RESCHEDULE) != (version == VERSION_RESCHEDULE)
                         || (cause == CAUSE_TOUCH) != (version == VERSION_TOUCH)
+                        || (version == VERSION_ERROR && ![CAUSE_NACK, CAUSE_DEAD_LETTER].contains(&cause))
                     {
                         return Err(format!(
-                            "cause {cause} with record version {version} (a Reschedule is 5, a Touch 6)"
+                            "cause {cause} with record version {version} (a Reschedule is 5, a Touch 6, \
+                             7 only a Nack or DeadLetter)"
                         ));
                     }
                 }
@@ -475,6 +499,11 @@ mod reader {
                 time_ms: c.u64()?,
                 deliver_at_ms: c.u64()?,
                 msg: c.msg()?,
+                last_error: if version == VERSION_ERROR {
+                    Some((c.u64()?, c.u32()?, c.error()?))
+                } else {
+                    None
+                },
             },
         };
         if c.pos != len {
@@ -827,6 +856,7 @@ mod reader {
                     due_ms,
                     prev_offset,
                     settings,
+                    error: _,
                 } => {
                     assert!(msg_offset < &o, "transition at {o} points forward");
                     if let Some((ttr, max)) = settings {
@@ -955,8 +985,15 @@ mod reader {
                     time_ms,
                     deliver_at_ms,
                     msg,
+                    last_error,
                 } => {
                     assert!(prev < &o, "carry at {o} points forward");
+                    if let Some((at, failed, _)) = last_error {
+                        assert!(
+                            failed <= attempt && at <= time_ms,
+                            "carry at {o}: a failure after the carry"
+                        );
+                    }
                     assert!(!msg.id.is_empty() && !msg.topic.is_empty(), "empty id or topic at {o}");
                     let dead_letter_home = *home == HOME_DEAD_LETTER;
                     match *state {
@@ -1830,7 +1867,12 @@ async fn write_scenario(dir: &Path) {
     }
     for (k, d) in got[20..].iter().enumerate() {
         let delay = if k % 2 == 0 { 0 } else { 130 };
-        assert!(matches!(b.nack(&d.receipt, Some(delay)).await.unwrap(), Nacked::Retry { .. }));
+        // One nack gives its reason (a Transition of version 7).
+        let error = (k == 1).then(|| "timeout: no answer".to_string());
+        assert!(matches!(
+            b.nack_with_error(&d.receipt, Some(delay), error).await.unwrap(),
+            Nacked::Retry { .. }
+        ));
     }
     // A short time-to-run: these expire (one is finished by id first).
     let short = pop(&b, "orders", 10, Some(100)).await;
@@ -1838,7 +1880,11 @@ async fn write_scenario(dir: &Path) {
     b.ack_id(&short[0].id).await.unwrap();
     let expiring = short[5].id.clone();
     for d in pop(&b, "dl", 5, None).await {
-        assert!(matches!(b.nack(&d.receipt, None).await.unwrap(), Nacked::DeadLettered { .. }));
+        let error = (d.id == "d-3").then(|| "killed it".to_string());
+        assert!(matches!(
+            b.nack_with_error(&d.receipt, None, error).await.unwrap(),
+            Nacked::DeadLettered { .. }
+        ));
     }
     let dead = pop(&b, "dl.dlq", 2, None).await;
     assert_eq!(dead.len(), 2);
@@ -1985,6 +2031,22 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert_eq!((touch.len(), touch[6]), (89, 6));
     let err = reader::parse_record(&reframe(&touch, 3)).err();
     assert!(err.as_deref().is_some_and(|e| e.contains("a Touch 6")), "{err:?}");
+    // A Nack and a DeadLetter with reasons are version 7: version 3 and `error_len` and the bytes.
+    let with_error: Vec<_> = r
+        .log
+        .records
+        .iter()
+        .filter_map(|x| match &x.rec {
+            Rec::Transition { cause, error: Some(e), .. } => Some((*cause, e.clone(), x)),
+            _ => None,
+        })
+        .collect();
+    let causes: Vec<(u8, &[u8])> = with_error.iter().map(|(c, e, _)| (*c, &e[..])).collect();
+    assert_eq!(causes, [(4, &b"timeout: no answer"[..]), (6, &b"killed it"[..])]);
+    let failed = record_bytes(&dir, &r.log, with_error[1].2.offset, with_error[1].2.len);
+    assert_eq!((failed.len(), failed[6]), (89 + 2 + 9, 7));
+    let err = reader::parse_record(&reframe(&failed, 3)).err();
+    assert!(err.as_deref().is_some_and(|e| e.contains("trailing") || e.contains("len")), "{err:?}");
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 2)) == 1);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.request_kind == 3)) == 1);
     assert!(kinds(|x| matches!(x, Rec::Put(m) if m.max_attempts == 1 && m.backoff_ms == [100, 200])) == 5);
@@ -2138,7 +2200,8 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
     s.produce("nacked", &json!({"id": "nacked", "body": "back in an hour"}));
     let (got, _) = s.pop("nacked", 1, 2000, Some(60_000));
     assert_eq!(got.len(), 1);
-    let (status, v) = s.post("/v1/nack", &json!({"receipt": got[0]["receipt"], "delay_ms": 3_600_000}));
+    let nack = json!({"receipt": got[0]["receipt"], "delay_ms": 3_600_000, "error": "HTTP 503: try later"});
+    let (status, v) = s.post("/v1/nack", &nack);
     assert_eq!(status, 200, "nack: {v}");
     let nacked_at = v["deliver_at_ms"].as_u64().unwrap();
 
@@ -2248,8 +2311,16 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
 
     let nacked_c = carries_of(&r, "nacked");
     assert!(!nacked_c.is_empty(), "nacked was not carried");
-    let Rec::Carry { state, deliver_at_ms, msg, .. } = &nacked_c[0].rec else { unreachable!() };
+    let Rec::Carry { state, deliver_at_ms, msg, last_error, .. } = &nacked_c[0].rec else { unreachable!() };
     assert_eq!((*state, *deliver_at_ms), (reader::STATE_DELAYED, nacked_at), "nacked: the Carry's due time");
+    // Its reason rides along (a Carry of version 7), the Nack that held it going with its segment.
+    assert_eq!(
+        record_bytes(&data, &r.log, nacked_c[0].offset, nacked_c[0].len)[6],
+        7,
+        "nacked: a Carry's version"
+    );
+    let (_, failed, reason) = last_error.as_ref().expect("nacked: the Carry keeps the last error");
+    assert_eq!((*failed, &reason[..]), (1, &b"HTTP 503: try later"[..]));
     assert!(msg.deliver_at_ms < nacked_at, "nacked: its Put was due at once");
 
     // Compat jobs as stored: the escaped topic names the message and its queue directory.

@@ -123,6 +123,9 @@ enum Command {
         /// Retry after this long, with a unit (30s, 500ms), instead of the next backoff step.
         #[arg(long, value_parser = parse_delay)]
         delay: Option<u64>,
+        /// Why the work failed, kept as the message's last error (`get` shows it).
+        #[arg(long)]
+        error: Option<String>,
     },
     /// Show one message.
     Get {
@@ -773,10 +776,13 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
                 format!("reserved until {}\n", time(&a.value["expires_at_ms"]))
             })
         }
-        Command::Nack { receipt, delay } => {
+        Command::Nack { receipt, delay, error } => {
             let mut body = json!({ "receipt": receipt });
             if let Some(d) = delay {
                 body["delay_ms"] = json!(d);
+            }
+            if let Some(e) = error {
+                body["error"] = json!(e);
             }
             (api.post(&["v1", "nack"], &body)?, show_nacked)
         }
@@ -1035,6 +1041,13 @@ fn show_message(a: &Answer) -> String {
     ];
     if let Some(dlq) = v.get("dead_letter_topic") {
         rows.push(vec!["dead_letter_topic".into(), text(dlq)]);
+    }
+    if let Some(e) = v.get("last_error") {
+        rows.push(vec!["last_error".into(), text(&e["message"])]);
+        rows.push(vec![
+            "last_error_at".into(),
+            format!("{} (attempt {})", time(&e["time_ms"]), text(&e["attempt"])),
+        ]);
     }
     rows.push(vec!["body".into(), text(&v["body"])]);
     // A key/value listing: a header row would only say "FIELD VALUE".

@@ -35,6 +35,7 @@ pub(super) enum Command {
     Nack {
         receipt: String,
         delay_ms: Option<u64>,
+        error: Option<String>,
         reply: oneshot::Sender<Result<Nacked>>,
     },
     Cancel {

@@ -342,8 +342,9 @@ impl Core {
             }
             Command::Ack { receipt, reply } => self.pending.push(Pending::Unit(reply, engine.ack(&receipt))),
             Command::AckId { id, reply } => self.pending.push(Pending::Unit(reply, engine.ack_id(&id))),
-            Command::Nack { receipt, delay_ms, reply } => {
-                self.pending.push(Pending::Nack(reply, engine.nack(&receipt, delay_ms)))
+            Command::Nack { receipt, delay_ms, error, reply } => {
+                let nacked = engine.nack_with_error(&receipt, delay_ms, error.as_deref());
+                self.pending.push(Pending::Nack(reply, nacked))
             }
             Command::Cancel { id, reply } => self.pending.push(Pending::Unit(reply, engine.cancel(&id))),
             Command::Touch { receipt, ttr_ms, reply } => {

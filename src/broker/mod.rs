@@ -322,8 +322,19 @@ impl Broker {
 
     /// Returns a delivery for retry after `delay_ms` or the next backoff step.
     pub async fn nack(&self, receipt: &str, delay_ms: Option<u64>) -> Result<Nacked> {
+        self.nack_with_error(receipt, delay_ms, None).await
+    }
+
+    /// A [`nack`](Self::nack) that keeps `error` as the message's last error (see
+    /// [`Engine::nack_with_error`](crate::engine::Engine::nack_with_error)).
+    pub async fn nack_with_error(
+        &self,
+        receipt: &str,
+        delay_ms: Option<u64>,
+        error: Option<String>,
+    ) -> Result<Nacked> {
         let receipt = receipt.to_string();
-        self.call(|reply| Command::Nack { receipt, delay_ms, reply }).await
+        self.call(|reply| Command::Nack { receipt, delay_ms, error, reply }).await
     }
 
     /// Extends a reservation to `ttr_ms` from now, keeping its receipt; returns its new end.

@@ -297,7 +297,15 @@ impl Engine {
     /// Puts a delivery back: after `delay_ms`, or the next backoff step; dead-letters it when its
     /// attempts are used up.
     pub fn nack(&mut self, receipt: &str, delay_ms: Option<u64>) -> Result<Nacked> {
+        self.nack_with_error(receipt, delay_ms, None)
+    }
+
+    /// A [`nack`](Self::nack) that records why the delivery failed in the same record: the
+    /// message's last error from then on (cut to 2048 bytes at a character boundary; an empty one
+    /// records nothing).
+    pub fn nack_with_error(&mut self, receipt: &str, delay_ms: Option<u64>, error: Option<&str>) -> Result<Nacked> {
         self.writable()?;
+        let error = error.map(format::bounded_error).filter(|e| !e.is_empty());
         let slot = self.reserved_by_receipt(receipt)?;
         if let Some(d) = delay_ms {
             if d > self.cfg.max_delay_ms {
@@ -325,7 +333,7 @@ impl Engine {
         };
         self.count_topic(&queue, |c| c.nacked += 1);
         if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
-            self.dead_letter(&slot)?;
+            self.dead_letter(&slot, error)?;
             self.note_left_behind(&slot);
             return Ok(Nacked::DeadLettered { topic: dead_letter_topic(&topic) });
         }
@@ -334,13 +342,13 @@ impl Engine {
         // never before the consumer's nack plus the delay.
         let now_us = self.clock.now_us();
         let (now, from) = (now_us / 1000, now_us.div_ceil(1000));
-        let deliver_at_ms = self.retry(&slot, Cause::Nack, now, from, delay)?;
+        let deliver_at_ms = self.retry(&slot, Cause::Nack, now, from, delay, error)?;
         self.note_left_behind(&slot);
         Ok(Nacked::Retry { deliver_at_ms })
     }
 
-    /// Makes a reserved message ready again, at once or `delay` ms after `from`; returns its due
-    /// time.
+    /// Makes a reserved message ready again, at once or `delay` ms after `from`, recording why its
+    /// delivery failed if `error` says; returns its due time.
     pub(super) fn retry(
         &mut self,
         slot: &Slot,
@@ -348,6 +356,7 @@ impl Engine {
         now: u64,
         from: u64,
         delay: u64,
+        error: Option<&str>,
     ) -> Result<u64> {
         let change = if delay == 0 {
             Change {
@@ -373,12 +382,14 @@ impl Engine {
             }
         };
         let due = change.deliver_at_ms;
-        self.transition(slot, change).map(|_| due)
+        self.transition_with(slot, change, None, error).map(|_| due)
     }
 
-    pub(super) fn dead_letter(&mut self, slot: &Slot) -> Result<()> {
+    /// Moves a message whose attempts are used up to its dead-letter topic, with the reason the
+    /// last one failed when there is one.
+    pub(super) fn dead_letter(&mut self, slot: &Slot, error: Option<&str>) -> Result<()> {
         let now = self.now();
-        self.transition(
+        self.transition_with(
             slot,
             Change {
                 time_ms: now,
@@ -390,6 +401,8 @@ impl Engine {
                 route: Route::Topic,
                 due_ms: None,
             },
+            None,
+            error,
         )?;
         inc(&self.metrics.dead_lettered);
         // Counted under the topic it left, as the `dead_lettered` gauge is.

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use bytes::Bytes;
 
 use crate::error::Result;
-use crate::message::{HistoryEntry, LevelStats, MessageInfo, MessageState, Stats, TopicCounts, TopicStats};
+use crate::message::{last_error, HistoryEntry, LevelStats, MessageInfo, MessageState, Stats, TopicCounts, TopicStats};
 use crate::storage::format::{Cause, Home, Record, Route, State};
 use crate::storage::index::Slot;
 use crate::storage::store::dead_letter_topic;
@@ -66,10 +66,14 @@ impl Engine {
                 state: message_state(state),
                 attempt,
                 deliver_at_ms,
+                last_error: None,
             };
             match self.store.record_at(at)? {
                 Record::Transition(t) => {
-                    out.push(entry(t.time_ms, cause_name(t.cause), t.state, t.attempt, t.deliver_at_ms));
+                    out.push(HistoryEntry {
+                        last_error: t.error.map(|m| last_error(m, t.time_ms, t.attempt)),
+                        ..entry(t.time_ms, cause_name(t.cause), t.state, t.attempt, t.deliver_at_ms)
+                    });
                     match t.prev_offset {
                         Some(prev) => at = LogOffset::new(prev),
                         None => break,
@@ -81,7 +85,10 @@ impl Engine {
                     return Ok((out, true));
                 }
                 Record::Carry(c) => {
-                    out.push(entry(c.time_ms, "carried", c.state, c.attempt, c.deliver_at_ms));
+                    out.push(HistoryEntry {
+                        last_error: c.last_error.map(|l| last_error(l.message, l.time_ms, l.attempt)),
+                        ..entry(c.time_ms, "carried", c.state, c.attempt, c.deliver_at_ms)
+                    });
                     break;
                 }
                 Record::Hop(_) | Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => break,
@@ -105,6 +112,7 @@ impl Engine {
             body: Bytes::copy_from_slice(p.body),
             ttr_ms: self.store.delivery_settings(slot, &p)?.ttr_ms,
             created_at_ms: p.created_ms,
+            last_error: self.store.last_error(slot)?,
         })
     }
 

@@ -48,7 +48,7 @@ impl Engine {
             route,
             due_ms: None,
         };
-        self.transition_with(&slot, change, Some(settings))?;
+        self.transition_with(&slot, change, Some(settings), None)?;
         self.note_left_behind(&slot);
         inc(&self.metrics.rescheduled);
         Ok(Rescheduled { id: id.to_string(), state: message_state(state), deliver_at_ms })

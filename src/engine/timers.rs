@@ -263,9 +263,9 @@ impl Engine {
                 let put = self.store.message_fields_at(msg_offset)?;
                 let max_attempts = self.store.delivery_settings(&slot, &put)?.max_attempts;
                 if slot.home == Home::Main && u32::from(slot.attempt) >= max_attempts {
-                    self.dead_letter(&slot)?;
+                    self.dead_letter(&slot, None)?;
                 } else {
-                    self.retry(&slot, Cause::Expire, now, now, 0)?;
+                    self.retry(&slot, Cause::Expire, now, now, 0, None)?;
                 }
             }
         }

@@ -30,16 +30,18 @@ pub(super) struct Change {
 
 impl Engine {
     pub(super) fn transition(&mut self, slot: &Slot, change: Change) -> Result<u32> {
-        self.transition_with(slot, change, None)
+        self.transition_with(slot, change, None, None)
     }
 
     /// A [`transition`](Self::transition) that also sets the message's delivery settings from
-    /// now on (a Reschedule, record version 5).
+    /// now on (a Reschedule, record version 5), or records why a delivery failed (a Nack or
+    /// DeadLetter, record version 7).
     pub(super) fn transition_with(
         &mut self,
         slot: &Slot,
         change: Change,
         settings: Option<DeliverySettings>,
+        error: Option<&str>,
     ) -> Result<u32> {
         let seq = slot.seq + 1;
         self.append(&Record::Transition(Transition {
@@ -57,6 +59,7 @@ impl Engine {
             due_ms: change.due_ms,
             prev_offset: Some(slot.last_offset.get()),
             settings,
+            error: error.map(str::as_bytes),
         }))?;
         Ok(seq)
     }

@@ -15,8 +15,8 @@ use super::openapi::{BackoffValue, LevelValue};
 use super::server::{HttpStats, ServerView};
 use super::{now_ms, topic_name, validate, AppState, Limits};
 use crate::message::{
-    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest, Produced,
-    RescheduleRequest, Rescheduled, Stats, When,
+    Delivery, HistoryEntry, LastError, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest,
+    Produced, RescheduleRequest, Rescheduled, Stats, When,
 };
 
 // The answers below are structs rather than `json!` so that the OpenAPI schemas are derived from
@@ -446,6 +446,10 @@ pub(crate) struct NackBody {
     receipt: String,
     /// Retry after this long; without it, after the next step of the message's backoff.
     delay_ms: Option<u64>,
+    /// Why the work failed, kept as the message's `last_error` (durably, in the nack's own
+    /// record). At most 2048 bytes are kept: a longer one is cut at a character boundary. An
+    /// empty one records nothing.
+    error: Option<String>,
 }
 
 /// What a nack did: `{"state":"retry","deliver_at_ms"}` or `{"state":"dead","topic"}`.
@@ -507,7 +511,7 @@ pub(crate) async fn nack(
 ) -> Result<Json<NackAnswer>, ApiError> {
     receipt(&b.receipt)?;
     let delay = b.delay_ms.map(|d| validate::delay(st.limits(), "delay_ms", d)).transpose()?;
-    Ok(Json(NackAnswer::from(st.broker().nack(&b.receipt, delay).await?)))
+    Ok(Json(NackAnswer::from(st.broker().nack_with_error(&b.receipt, delay, b.error).await?)))
 }
 
 /// A message as a look-up or a browse shows it.
@@ -527,6 +531,9 @@ pub(crate) struct MessageAnswer {
     deliver_at_ms: u64,
     /// Its id.
     id: String,
+    /// Why its latest failed delivery failed (a nack's `error`, a push failure), once one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<LastError>,
     /// Where it is in its life.
     state: MessageState,
     /// The topic it was produced to.
@@ -542,6 +549,7 @@ impl From<&MessageInfo> for MessageAnswer {
             dead_letter_topic: m.dead_letter_topic.as_deref().map(topic_name::shown),
             deliver_at_ms: m.deliver_at_ms,
             id: m.id.clone(),
+            last_error: m.last_error.clone(),
             state: m.state,
             topic: topic_name::shown(&m.topic),
         }

@@ -37,6 +37,15 @@ pub const RECORD_VERSION_RESCHEDULE: u8 = 5;
 /// Version of a Touch Transition (the version 3 layout): a delayd that does not know it refuses to
 /// start instead of expiring the reservation at its old time.
 pub const RECORD_VERSION_TOUCH: u8 = 6;
+/// Version of a record that holds a message's failure reason: a Nack or DeadLetter Transition
+/// with the error its consumer (or the pusher) gave (the version 3 layout, then `error_len u16`
+/// and the UTF-8 bytes), and a Carry of a message that has a last error (the version 2 layout,
+/// then `error_time_ms u64, error_attempt u32, error_len u16` and the bytes). A delayd that does
+/// not know it refuses to start instead of losing the reason.
+pub const RECORD_VERSION_ERROR: u8 = 7;
+/// Longest failure reason kept, in bytes; a longer one is cut at a UTF-8 boundary (see
+/// [`bounded_error`]).
+pub const MAX_ERROR_BYTES: usize = 2048;
 /// Frame header: len u32, magic u16, version u8, kind u8, crc u32.
 pub const HEADER_BYTES: usize = 12;
 /// Largest record the log accepts (a frame must also fit in one segment).
@@ -228,7 +237,7 @@ pub struct Put<'a> {
 
 /// A state change of the message whose Put record is at `msg_offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transition {
+pub struct Transition<'a> {
     /// Commit-log offset of the message's Put record.
     pub msg_offset: u64,
     /// Hash of the message id (see [`id_hash`]), to find its index slot without reading the Put.
@@ -261,6 +270,64 @@ pub struct Transition {
     /// Reschedule only (version 5): the message's delivery settings from this change on, in place
     /// of its Put's.
     pub settings: Option<DeliverySettings>,
+    /// Nack or DeadLetter only (version 7): why the delivery failed, UTF-8, 1 to
+    /// [`MAX_ERROR_BYTES`] bytes (a longer one is cut when encoded).
+    pub error: Option<&'a [u8]>,
+}
+
+impl Transition<'_> {
+    /// The same change without its reason: what dispatch reads, free of the log's borrow.
+    pub fn without_error(&self) -> Transition<'static> {
+        Transition {
+            msg_offset: self.msg_offset,
+            id_hash: self.id_hash,
+            seq: self.seq,
+            prev_state: self.prev_state,
+            state: self.state,
+            cause: self.cause,
+            home: self.home,
+            attempt: self.attempt,
+            time_ms: self.time_ms,
+            deliver_at_ms: self.deliver_at_ms,
+            route: self.route,
+            due_ms: self.due_ms,
+            prev_offset: self.prev_offset,
+            settings: self.settings,
+            error: None,
+        }
+    }
+}
+
+/// Why a message's latest failed delivery failed, as a Carry keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastError<'a> {
+    /// Unix ms of the failure (the time of the Transition that recorded it).
+    pub time_ms: u64,
+    /// The delivery that failed (its `attempt`).
+    pub attempt: u32,
+    /// The reason, UTF-8, 1 to [`MAX_ERROR_BYTES`] bytes.
+    pub message: &'a [u8],
+}
+
+/// `error` cut to at most [`MAX_ERROR_BYTES`] bytes, at a character boundary.
+pub fn bounded_error(error: &str) -> &str {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error;
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    &error[..end]
+}
+
+/// [`bounded_error`] for bytes known to be UTF-8 (an invalid tail is dropped).
+fn bounded_error_bytes(error: &[u8]) -> &[u8] {
+    let text = match std::str::from_utf8(error) {
+        Ok(t) => t,
+        Err(e) => std::str::from_utf8(&error[..e.valid_up_to()]).unwrap_or_default(),
+    };
+    bounded_error(text).as_bytes()
 }
 
 /// A message's time-to-run and attempt limit, as a Reschedule sets them.
@@ -407,6 +474,8 @@ pub struct Carry<'a> {
     pub deliver_at_ms: u64,
     /// The message as produced; its `route` is the entry the carry makes (topic or level).
     pub put: Put<'a>,
+    /// The message's last failure, kept across the copy (written as record version 7).
+    pub last_error: Option<LastError<'a>>,
 }
 
 /// A decoded record.
@@ -415,7 +484,7 @@ pub enum Record<'a> {
     /// See [`Put`].
     Put(Put<'a>),
     /// See [`Transition`].
-    Transition(Transition),
+    Transition(Transition<'a>),
     /// See [`Hop`].
     Hop(Hop),
     /// See [`Carry`].
@@ -689,6 +758,17 @@ impl<'a> Dec<'a> {
             replaces: false,
         })
     }
+    /// A failure reason: `len u16` (1 to [`MAX_ERROR_BYTES`]) and that many UTF-8 bytes.
+    fn error(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u16()? as usize;
+        if n == 0 || n > MAX_ERROR_BYTES {
+            return Err(DecodeError::Invalid("error length"));
+        }
+        let message = self.take(n)?;
+        std::str::from_utf8(message).map_err(|_| DecodeError::Invalid("error is not UTF-8"))?;
+        Ok(message)
+    }
+
     fn done(&self) -> Result<(), DecodeError> {
         if self.pos == self.buf.len() {
             Ok(())
@@ -761,6 +841,12 @@ fn put_payload_len(p: &Put<'_>, extra: usize) -> Result<usize> {
 }
 
 impl Enc {
+    /// A failure reason already bounded to [`MAX_ERROR_BYTES`]: `len u16` and the bytes.
+    fn error(&mut self, message: &[u8]) {
+        self.u16(message.len() as u16);
+        self.0.extend_from_slice(message);
+    }
+
     fn put(&mut self, p: &Put<'_>) {
         self.u64(p.created_ms);
         self.u64(p.deliver_at_ms);
@@ -794,8 +880,11 @@ pub const CARRY_EXTRA_BYTES: usize = 8 + 4 + 4 + 1 + 1 + 8 + 8;
 
 /// Encodes a Carry record. Fails if a field exceeds its width.
 pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
-    let payload = put_payload_len(&c.put, CARRY_EXTRA_BYTES)?;
-    Ok(frame(Kind::Carry, payload, |e| {
+    let error = c.last_error.map(|l| (l, bounded_error_bytes(l.message))).filter(|(_, m)| !m.is_empty());
+    let extra = error.map_or(0, |(_, m)| 8 + 4 + 2 + m.len());
+    let payload = put_payload_len(&c.put, CARRY_EXTRA_BYTES + extra)?;
+    let version = if error.is_some() { RECORD_VERSION_ERROR } else { RECORD_VERSION_CARRY };
+    Ok(frame_v(Kind::Carry, version, payload, |e| {
         e.u64(c.prev_msg_offset);
         e.u32(c.seq);
         e.u32(c.attempt);
@@ -804,12 +893,24 @@ pub fn encode_carry(c: &Carry<'_>) -> Result<Vec<u8>> {
         e.u64(c.time_ms);
         e.u64(c.deliver_at_ms);
         e.put(&c.put);
+        if let Some((l, message)) = error {
+            e.u64(l.time_ms);
+            e.u32(l.attempt);
+            e.error(message);
+        }
     }))
 }
 
 /// Encodes a Transition record.
-pub fn encode_transition(t: &Transition) -> Vec<u8> {
+pub fn encode_transition(t: &Transition<'_>) -> Vec<u8> {
+    // A reason goes only with a Nack or DeadLetter, linked, never with settings; cut to its bound.
+    let error = t
+        .error
+        .map(bounded_error_bytes)
+        .filter(|m| !m.is_empty() && matches!(t.cause, Cause::Nack | Cause::DeadLetter))
+        .filter(|_| t.settings.is_none());
     let (version, extra) = match (t.settings, t.prev_offset, t.due_ms) {
+        _ if error.is_some() => (RECORD_VERSION_ERROR, 16 + 2 + error.map_or(0, <[u8]>::len)),
         (Some(_), _, _) => (RECORD_VERSION_RESCHEDULE, 16 + 12),
         (None, Some(_), _) if t.cause == Cause::Touch => (RECORD_VERSION_TOUCH, 16),
         (None, Some(_), _) => (RECORD_VERSION_LINKED, 16),
@@ -839,8 +940,15 @@ pub fn encode_transition(t: &Transition) -> Vec<u8> {
                 e.u64(due.unwrap_or(0));
                 e.u64(prev);
             }
+            (None, None, due) if error.is_some() => {
+                e.u64(due.unwrap_or(0));
+                e.u64(0);
+            }
             (None, None, Some(due)) => e.u64(due),
             (None, None, None) => {}
+        }
+        if let Some(message) = error {
+            e.error(message);
         }
     })
 }
@@ -960,6 +1068,7 @@ fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeE
         RECORD_VERSION_RAFT,
         RECORD_VERSION_RESCHEDULE,
         RECORD_VERSION_TOUCH,
+        RECORD_VERSION_ERROR,
     ];
     if !known.contains(&h.version) {
         return Err(DecodeError::Invalid("unsupported record version"));
@@ -967,15 +1076,18 @@ fn check_frame_with(buf: &[u8], verify: Verify) -> Result<(usize, Kind), DecodeE
     let kind = Kind::from_u8(h.kind).ok_or(DecodeError::Invalid("unknown record kind"))?;
     // Carry, Pause and Push exist only as version 2; a Put may be 1 or 2 (2: it replaces); a Transition
     // 1, 2 (it ends with a due time), 3 (a due time and a link to the record before it) or 5 (a
-    // Reschedule: version 3 and the settings it sets) or 6 (a Touch, as version 3); the rest only 1.
+    // Reschedule: version 3 and the settings it sets), 6 (a Touch, as version 3) or 7 (version 3 and
+    // a failure reason), a Carry also 7 (with the message's last failure); the rest only 1.
     let v2 = h.version == RECORD_VERSION_CARRY;
-    let only_v2 = matches!(kind, Kind::Carry | Kind::Pause | Kind::Push);
+    let with_error = h.version == RECORD_VERSION_ERROR;
+    let only_v2 = matches!(kind, Kind::Pause | Kind::Push) || (kind == Kind::Carry && !with_error);
     let v3 = h.version == RECORD_VERSION_LINKED;
     if (only_v2 && !v2)
         || (v2 && !matches!(kind, Kind::Carry | Kind::Pause | Kind::Push | Kind::Put | Kind::Transition))
         || ((v3 || h.version == RECORD_VERSION_RESCHEDULE || h.version == RECORD_VERSION_TOUCH)
             && kind != Kind::Transition)
         || ((h.version == RECORD_VERSION_RAFT) != (kind == Kind::Raft))
+        || (with_error && !matches!(kind, Kind::Transition | Kind::Carry))
     {
         return Err(DecodeError::Invalid("record kind and version do not match"));
     }
@@ -1022,6 +1134,7 @@ pub fn decode_fields(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
 pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), DecodeError> {
     let (len, kind) = check_frame_with(buf, verify)?;
     let mut d = Dec { buf: &buf[..len], pos: HEADER_BYTES };
+    let with_error = buf[6] == RECORD_VERSION_ERROR;
     let rec = match kind {
         Kind::EndOfSegment => Record::EndOfSegment,
         Kind::Hop => Record::Hop(Hop {
@@ -1032,8 +1145,10 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
             route: d.route()?,
         }),
         Kind::Transition => {
-            let linked =
-                matches!(buf[6], RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE | RECORD_VERSION_TOUCH);
+            let linked = matches!(
+                buf[6],
+                RECORD_VERSION_LINKED | RECORD_VERSION_RESCHEDULE | RECORD_VERSION_TOUCH | RECORD_VERSION_ERROR
+            );
             let t = Transition {
                 msg_offset: d.u64()?,
                 id_hash: d.u64()?,
@@ -1057,11 +1172,13 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
                 } else {
                     None
                 },
+                error: if with_error { Some(d.error()?) } else { None },
             };
             // A Reschedule exists only as version 5 and a Touch only as version 6, and those
-            // versions only as them.
+            // versions only as them; version 7 holds a Nack's or DeadLetter's reason.
             if (t.cause == Cause::Reschedule) != (buf[6] == RECORD_VERSION_RESCHEDULE)
                 || (t.cause == Cause::Touch) != (buf[6] == RECORD_VERSION_TOUCH)
+                || (with_error && !matches!(t.cause, Cause::Nack | Cause::DeadLetter))
             {
                 return Err(DecodeError::Invalid("transition cause and version do not match"));
             }
@@ -1136,6 +1253,11 @@ pub fn decode_with(buf: &[u8], verify: Verify) -> Result<(Record<'_>, usize), De
             time_ms: d.u64()?,
             deliver_at_ms: d.u64()?,
             put: d.put()?,
+            last_error: if with_error {
+                Some(LastError { time_ms: d.u64()?, attempt: d.u32()?, message: d.error()? })
+            } else {
+                None
+            },
         }),
     };
     d.done()?;
@@ -1201,8 +1323,9 @@ mod tests {
                     deliver_at_ms: 4,
                     route: r,
                     due_ms,
-                    prev_offset,
+                    prev_offset: if due_ms.is_some_and(|d| d % 2 == 0) { Some(7) } else { prev_offset },
                     settings: None,
+                    error: due_ms.is_some_and(|d| d % 2 == 0).then_some(&b"boom"[..]),
                 })),
             (any::<u64>(), route()).prop_map(|(mo, r)| encode_hop(&Hop {
                 msg_offset: mo,
@@ -1221,6 +1344,11 @@ mod tests {
                     time_ms: 4,
                     deliver_at_ms: 5,
                     put: put(&id, &body, r, false),
+                    last_error: (body.len() % 2 == 0).then_some(LastError {
+                        time_ms: 6,
+                        attempt: 2,
+                        message: "é".as_bytes()
+                    }),
                 }
             )
             .unwrap()),
@@ -1269,19 +1397,22 @@ mod tests {
             mo in any::<u64>(), h in any::<u64>(), seq in any::<u32>(), ps in state(), s in state(),
             c in 1u8..=10, dl in any::<bool>(), att in any::<u32>(), t in any::<u64>(), d in any::<u64>(), r in route(),
             due in proptest::option::of(1..u64::MAX), prev in proptest::option::of(any::<u64>()),
-            ttr in any::<u64>(), max in any::<u32>(),
+            ttr in any::<u64>(), max in any::<u32>(), err in proptest::option::of("\\PC{1,40}"),
         ) {
             let cause = Cause::from_u8(c).unwrap();
             // A Reschedule always links back and holds its settings (version 5).
             let resched = cause == Cause::Reschedule;
             let touch = cause == Cause::Touch;
-            let prev = if resched || touch { Some(prev.unwrap_or(0)) } else { prev };
+            // A reason goes with a Nack or DeadLetter, which then links back (version 7).
+            let error = err.as_deref().map(str::as_bytes).filter(|_| matches!(cause, Cause::Nack | Cause::DeadLetter));
+            let prev = if resched || touch || error.is_some() { Some(prev.unwrap_or(0)) } else { prev };
             let settings = resched.then_some(DeliverySettings { ttr_ms: ttr, max_attempts: max });
             let tr = Transition { msg_offset: mo, id_hash: h, seq, prev_state: ps, state: s,
                 cause, home: if dl { Home::DeadLetter } else { Home::Main }, attempt: att, time_ms: t,
-                deliver_at_ms: d, route: r, due_ms: due, prev_offset: prev, settings };
+                deliver_at_ms: d, route: r, due_ms: due, prev_offset: prev, settings, error };
             let buf = encode_transition(&tr);
             let (len, version) = match (resched, prev, due) {
+                _ if error.is_some() => (91 + error.map_or(0, <[u8]>::len), 7),
                 (true, _, _) => (101, 5),
                 (false, _, _) if touch => (89, 6),
                 (false, Some(_), _) => (89, 3),
@@ -1298,14 +1429,19 @@ mod tests {
             t in any::<u64>(), d in any::<u64>(), r in route(),
             id in proptest::collection::vec(any::<u8>(), 1..40),
             body in proptest::collection::vec(any::<u8>(), 0..300),
+            err in proptest::option::of(("\\PC{1,40}", any::<u64>(), any::<u32>())),
         ) {
+            let last_error = err.as_ref().map(|(m, time_ms, attempt)| LastError { time_ms: *time_ms,
+                attempt: *attempt, message: m.as_bytes() });
             let c = Carry { prev_msg_offset: prev, seq, attempt: att, state: s,
                 home: if dl { Home::DeadLetter } else { Home::Main }, time_ms: t, deliver_at_ms: d,
                 put: Put { created_ms: 1, deliver_at_ms: 2, ttr_ms: 3, max_attempts: 4, request_kind: 1,
                     request_value: 5, route: r, id: &id, topic: b"t.dlq", backoff_ms: vec![9], body: &body,
-                    replaces: false } };
+                    replaces: false }, last_error };
             let buf = encode_carry(&c).unwrap();
-            prop_assert_eq!(buf.len(), encode_put(&c.put).unwrap().len() + CARRY_EXTRA_BYTES);
+            let extra = last_error.map_or(0, |l| 14 + l.message.len());
+            prop_assert_eq!(buf.len(), encode_put(&c.put).unwrap().len() + CARRY_EXTRA_BYTES + extra);
+            prop_assert_eq!(buf[6], if last_error.is_some() { 7 } else { 2 });
             let n = buf.len();
             prop_assert_eq!(decode(&buf).unwrap(), (Record::Carry(c), n));
         }
@@ -1455,6 +1591,42 @@ mod tests {
         let buf = encode_end_of_segment();
         assert_eq!(buf.len(), HEADER_BYTES);
         assert_eq!(decode(&buf).unwrap(), (Record::EndOfSegment, HEADER_BYTES));
+    }
+
+    #[test]
+    fn a_long_error_is_cut_at_a_character_boundary() {
+        // 2047 ASCII bytes then a 2-byte character: the character would end past the bound.
+        let long = format!("{}é and more", "x".repeat(MAX_ERROR_BYTES - 1));
+        assert_eq!(bounded_error(&long).len(), MAX_ERROR_BYTES - 1);
+        assert_eq!(bounded_error("short"), "short");
+        let mut t = Transition {
+            msg_offset: 1,
+            id_hash: 2,
+            seq: 3,
+            prev_state: State::Reserved,
+            state: State::Delayed,
+            cause: Cause::Nack,
+            home: Home::Main,
+            attempt: 1,
+            time_ms: 4,
+            deliver_at_ms: 5,
+            route: Route::Topic,
+            due_ms: None,
+            prev_offset: Some(0),
+            settings: None,
+            error: Some(long.as_bytes()),
+        };
+        let buf = encode_transition(&t);
+        let Ok((Record::Transition(back), _)) = decode(&buf) else { panic!("decodes") };
+        assert_eq!(back.error.map(<[u8]>::len), Some(MAX_ERROR_BYTES - 1));
+        // Version 7 only with a Nack or DeadLetter: an Ack's reason is dropped, not written.
+        t.cause = Cause::Ack;
+        assert_eq!(encode_transition(&t)[6], RECORD_VERSION_LINKED);
+        let mut forged = encode_transition(&Transition { cause: Cause::Nack, ..t });
+        forged[HEADER_BYTES + 22] = Cause::Ack as u8;
+        let crc = frame_crc(&forged);
+        forged[8..12].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&forged).unwrap_err(), DecodeError::Invalid("transition cause and version do not match"));
     }
 
     #[test]

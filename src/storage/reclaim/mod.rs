@@ -519,6 +519,8 @@ impl Store {
         let deliver_at_ms = self.deliver_at(slot)?;
         // A Reschedule's settings go into the copy: the records before it go with their segment.
         let settings = self.delivery_settings(slot, put)?;
+        // So is its last failure reason, which an older Transition may hold.
+        let last_error = self.last_error(slot)?;
         let route = match slot.state {
             State::Delayed => plan(now_ms, deliver_at_ms),
             State::Done | State::Cancelled => Route::None,
@@ -533,6 +535,11 @@ impl Store {
             time_ms: self.final_at(slot)?.unwrap_or(now_ms),
             deliver_at_ms,
             put: Put { route, ttr_ms: settings.ttr_ms, max_attempts: settings.max_attempts, ..put.clone() },
+            last_error: last_error.as_ref().map(|l| format::LastError {
+                time_ms: l.time_ms,
+                attempt: l.attempt,
+                message: l.message.as_bytes(),
+            }),
         })
     }
 }

@@ -132,7 +132,7 @@ impl Store {
                 let held = Held::of(c.put.id, c.put.topic);
                 self.dispatch_carry(offset, size, &held.carry(c))?;
             }
-            Record::Transition(t) => self.dispatch_transition(offset, size, &t)?,
+            Record::Transition(t) => self.dispatch_transition(offset, size, &t.without_error())?,
             Record::Hop(h) => self.dispatch_hop(offset, size, &h)?,
             Record::Pause(p) => {
                 let held = Held::of(&[], p.topic);
@@ -244,7 +244,7 @@ impl Store {
 
     /// Applies a Transition (a message changed state): its slot, the counters of the queues it
     /// left and entered, and its entry on its new route.
-    fn dispatch_transition(&mut self, offset: u64, size: u32, t: &Transition) -> Result<()> {
+    fn dispatch_transition(&mut self, offset: u64, size: u32, t: &Transition<'_>) -> Result<()> {
         // Records of a message whose Put or Carry is in a reclaimed segment are history: the
         // message was carried forward (a later Carry holds it) or expired.
         if t.msg_offset < self.log.start() {
@@ -448,6 +448,7 @@ impl Held {
             time_ms: c.time_ms,
             deliver_at_ms: c.deliver_at_ms,
             put: self.put(c.put),
+            last_error: None,
         }
     }
 

@@ -7,6 +7,7 @@ use tracing::error;
 
 use super::{dead_letter_topic, Store};
 use crate::error::{Error, Result};
+use crate::message::{last_error, LastError};
 use crate::storage::format::{self, Cause, DeliverySettings, Home, Put, Record, State};
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::types::{IdHash, LogOffset};
@@ -103,6 +104,31 @@ impl Store {
                         Some(prev) if prev < at => at = prev,
                         _ => break,
                     }
+                }
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The message's last failure reason, if it has one: that of its latest Transition that
+    /// holds one, or of the Carry that copied it (the records before go with their segment),
+    /// found by following its changes back, one read each.
+    pub fn last_error(&self, slot: &Slot) -> Result<Option<LastError>> {
+        let mut at = slot.last_offset.get();
+        while at >= self.log.start() {
+            match self.log.read_fields(at)?.0 {
+                Record::Transition(t) => {
+                    if let Some(message) = t.error {
+                        return Ok(Some(last_error(message, t.time_ms, t.attempt)));
+                    }
+                    match t.prev_offset {
+                        Some(prev) if prev < at => at = prev,
+                        _ => break,
+                    }
+                }
+                Record::Carry(c) => {
+                    return Ok(c.last_error.map(|l| last_error(l.message, l.time_ms, l.attempt)));
                 }
                 _ => break,
             }
