@@ -1,0 +1,3 @@
+module example.com/delayd-worker
+
+go 1.19
