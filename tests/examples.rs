@@ -69,7 +69,7 @@ fn produce_jobs(s: &Server, topic: &str) -> (Vec<String>, String, String) {
     let plain: Vec<String> = (0..5).map(|i| format!("{topic}-plain-{i}")).collect();
     for id in &plain {
         let (st, b) = s.post(&format!("/v1/topics/{topic}/messages"), &json!({"id": id, "body": "{}"}));
-        assert_eq!(st, 200, "{b}");
+        assert_eq!(st, 201, "{b}");
     }
     let failing = format!("{topic}-failing");
     let body = json!({"fail": "the mail server said 550"}).to_string();
@@ -77,12 +77,12 @@ fn produce_jobs(s: &Server, topic: &str) -> (Vec<String>, String, String) {
         &format!("/v1/topics/{topic}/messages"),
         &json!({"id": failing, "body": body, "max_attempts": 1}),
     );
-    assert_eq!(st, 200, "{b}");
+    assert_eq!(st, 201, "{b}");
     // Works twice its time-to-run.
     let long = format!("{topic}-long");
     let body = json!({"sleep_ms": TTR_MS * 2}).to_string();
     let (st, b) = s.post(&format!("/v1/topics/{topic}/messages"), &json!({"id": long, "body": body}));
-    assert_eq!(st, 200, "{b}");
+    assert_eq!(st, 201, "{b}");
     (plain, failing, long)
 }
 
@@ -116,7 +116,7 @@ fn exercise(cmd: Command) {
     let last = format!("{topic}-at-stop");
     let body = json!({"sleep_ms": 1_000}).to_string();
     let (st, b) = s.post(&format!("/v1/topics/{topic}/messages"), &json!({"id": last, "body": body}));
-    assert_eq!(st, 200, "{b}");
+    assert_eq!(st, 201, "{b}");
     let deadline = Instant::now() + Duration::from_secs(15);
     while message(&s, &last)["state"] != "reserved" {
         assert!(Instant::now() < deadline, "the worker never popped {last}");
