@@ -6,22 +6,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::BrokerConfig;
-use crate::engine::Engine;
 use crate::message::{LastError, Nacked, ProduceRequest, When};
-use crate::metrics::Metrics;
 use crate::schedule::clock::{Clock, ManualClock};
 
 const T0: u64 = 1_700_000_000_000;
 
-fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
-    let mut c = BrokerConfig::with_defaults(dir);
-    c.segment_bytes = 64 << 10;
-    c.cq_entries_per_file = 64;
-    c.index_initial_slots = 64;
-    c.done_retention_ms = 10_000;
-    Engine::open(c, clock.clone(), Arc::new(Metrics::default())).unwrap().0
-}
+use crate::test_support::{open_small as open, traffic_until_carried as until_carried};
 
 fn req(id: &str, max_attempts: Option<u32>) -> ProduceRequest {
     ProduceRequest {
@@ -32,33 +22,6 @@ fn req(id: &str, max_attempts: Option<u32>) -> ProduceRequest {
         max_attempts,
         backoff_ms: None,
     }
-}
-
-/// Traffic on topic `q` until the segment holding `id`'s record at `first` is reclaimed.
-fn until_carried(e: &mut Engine, clock: &ManualClock, id: &[u8], first: u64) {
-    for round in 0..300u64 {
-        for i in 0..10 {
-            e.produce("q", req(&format!("q{round}-{i}"), None)).unwrap();
-        }
-        for d in e.pop(&["q".to_string()], 100, None).unwrap() {
-            e.ack(&d.receipt).unwrap();
-        }
-        clock.advance_ms(1_000);
-        while e.run_due(usize::MAX).unwrap() > 0 {}
-        for _ in 0..1_000 {
-            e.maintain().unwrap();
-            e.checkpoint().unwrap();
-            if !e.maintenance_due() {
-                break;
-            }
-        }
-        if e.store_for_tests().log_start().get() > first {
-            break;
-        }
-    }
-    let store = e.store_for_tests();
-    assert!(store.log_start().get() > first, "the message's segment was reclaimed");
-    assert!(store.find_id(id, 0).unwrap().1.msg_offset.get() > first, "it was carried");
 }
 
 #[test]

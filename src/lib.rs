@@ -59,6 +59,8 @@ mod recovery_tests;
 #[cfg(test)]
 mod reschedule_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod topic_tests;
 pub mod units;
 

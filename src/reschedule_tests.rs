@@ -6,27 +6,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::BrokerConfig;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::message::{MessageState, Nacked, ProduceRequest, RescheduleRequest, When};
-use crate::metrics::Metrics;
 use crate::schedule::clock::{Clock, ManualClock};
 
 const T0: u64 = 1_700_000_000_000;
 
-fn config(dir: &std::path::Path) -> BrokerConfig {
-    let mut c = BrokerConfig::with_defaults(dir);
-    c.segment_bytes = 64 << 10;
-    c.cq_entries_per_file = 64;
-    c.index_initial_slots = 64;
-    c.done_retention_ms = 10_000;
-    c
-}
-
-fn open(dir: &std::path::Path, clock: &Arc<ManualClock>) -> Engine {
-    Engine::open(config(dir), clock.clone(), Arc::new(Metrics::default())).unwrap().0
-}
+use crate::test_support::{open_small as open, traffic_until_carried};
 
 fn req(id: &str, when: When) -> ProduceRequest {
     ProduceRequest {
@@ -167,31 +154,7 @@ fn new_settings_apply_across_a_restart_and_a_carry() {
     let mut e = open(dir.path(), &clock);
     assert_eq!(e.get("s").unwrap().ttr_ms, 7_000, "kept across a restart");
     // Traffic on another topic until the message's segment is reclaimed and it is carried.
-    for round in 0..300u64 {
-        for i in 0..10 {
-            let mut q = req(&format!("q{round}-{i}"), When::Now);
-            q.body = Bytes::from(vec![b'.'; 1000]);
-            e.produce("q", q).unwrap();
-        }
-        for d in e.pop(&["q".to_string()], 100, None).unwrap() {
-            e.ack(&d.receipt).unwrap();
-        }
-        clock.advance_ms(1_000);
-        while e.run_due(usize::MAX).unwrap() > 0 {}
-        for _ in 0..1_000 {
-            e.maintain().unwrap();
-            e.checkpoint().unwrap();
-            if !e.maintenance_due() {
-                break;
-            }
-        }
-        if e.store_for_tests().log_start() > first {
-            break;
-        }
-    }
-    let store = e.store_for_tests();
-    assert!(store.log_start() > first, "the message's segment was reclaimed");
-    assert!(store.find_id(b"s", 0).unwrap().1.msg_offset > first, "it was carried");
+    traffic_until_carried(&mut e, &clock, b"s", first.get());
     assert_eq!(e.get("s").unwrap().ttr_ms, 7_000, "the Carry holds the new time-to-run");
     clock.set_ms(T0 + 600_001);
     while e.run_due(usize::MAX).unwrap() > 0 {}
