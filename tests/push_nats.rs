@@ -89,7 +89,19 @@ fn create_stream_as(
     storage: async_nats::jetstream::stream::StorageType,
 ) {
     runtime().block_on(async {
-        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        // A nats-server that just began listening may still reset the first connections.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            match async_nats::connect(url).await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("connecting to nats-server, retrying: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("cannot connect to nats-server at {url}: {e}"),
+            }
+        };
+        let js = async_nats::jetstream::new(client);
         js.get_or_create_stream(async_nats::jetstream::stream::Config {
             name: name.into(),
             subjects: vec![subject.into()],
