@@ -103,6 +103,11 @@ pub(super) enum Command {
         until: Option<u64>,
         reply: oneshot::Sender<Result<WalkStep>>,
     },
+    /// The cut of a backup: answered at once, between two requests (see `storage::backup`).
+    BackupCut {
+        started: std::time::Instant,
+        reply: oneshot::Sender<Result<crate::storage::backup::Cut>>,
+    },
     Shutdown {
         reply: oneshot::Sender<Result<()>>,
     },

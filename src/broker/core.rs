@@ -391,6 +391,9 @@ impl Core {
                 };
                 self.pending.push(Pending::Walk(reply, r.map(|(n, next)| (n, next, until))));
             }
+            Command::BackupCut { started, reply } => {
+                let _ = reply.send(engine.backup_cut(started));
+            }
             Command::Shutdown { reply } => {
                 // Requests behind it are dropped (their callers see the broker stopped).
                 self.shutdown = Some(reply);

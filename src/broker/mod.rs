@@ -415,6 +415,25 @@ impl Broker {
         self.call(|reply| Command::History { id, reply }).await
     }
 
+    /// Copies the data directory's commit log up to now, and the receipt key, into `to` (absolute,
+    /// absent or empty, outside the data directory) while the broker runs (see `storage::backup`).
+    pub async fn backup(&self, to: std::path::PathBuf) -> Result<crate::storage::backup::BackupReport> {
+        let started = std::time::Instant::now();
+        let cut = self.call(|reply| Command::BackupCut { started, reply }).await?;
+        let report = tokio::task::spawn_blocking(move || crate::storage::backup::write(cut, &to))
+            .await
+            .map_err(|e| Error::Unavailable(format!("the backup stopped: {e}")))??;
+        info!(
+            to = %report.to,
+            files = report.files,
+            bytes = report.bytes,
+            log_end = report.log_end,
+            took_ms = report.took_ms,
+            "backup written"
+        );
+        Ok(report)
+    }
+
     /// Every topic with its counts and pause state.
     pub async fn topics(&self) -> Result<Vec<TopicInfo>> {
         self.call(|reply| Command::Topics { reply }).await

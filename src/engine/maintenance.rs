@@ -119,3 +119,26 @@ impl Engine {
         self.checkpoint_done();
     }
 }
+
+impl Engine {
+    /// The cut a backup copies (see `storage::backup`): the log's end now and a handle on every
+    /// segment, so the copy holds every change applied before this call and none after. Refused
+    /// on a cluster node, whose log is the replicated one (see docs/backup.md).
+    pub fn backup_cut(&self, started: std::time::Instant) -> Result<crate::storage::backup::Cut> {
+        if self.store.replicated() {
+            return Err(crate::error::Error::Conflict(
+                "backup is for a single node, and this is a cluster node: every node holds the whole \
+                 replicated log, so a lost node is replaced by adding a new one (docs/cluster.md)"
+                    .into(),
+            ));
+        }
+        Ok(crate::storage::backup::Cut {
+            log_start: self.store.log_start().get(),
+            log_end: self.store.log_end().get(),
+            segments: self.store.backup_segments()?,
+            receipt_key: self.cfg.receipt_secret.is_none().then(|| self.cfg.data_dir.join("receipt_key")),
+            data_dir: self.cfg.data_dir.clone(),
+            started,
+        })
+    }
+}

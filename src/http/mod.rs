@@ -1,6 +1,7 @@
 //! The HTTP front end: the native JSON API under `/v1`, the ouqiang/delay-queue compatible API,
 //! `/healthz`, `/metrics` and the dashboard at `/ui`. `router` builds an `axum::Router` that tests can drive in-process.
 
+mod admin;
 mod cluster;
 mod compat;
 mod compat_paths;
@@ -179,6 +180,7 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(cluster::status))
         .routes(routes!(cluster::add_node))
         .routes(routes!(cluster::remove_node))
+        .routes(routes!(admin::backup))
         .routes(routes!(topics::list))
         .routes(routes!(topics::pause))
         .routes(routes!(topics::resume))

@@ -617,6 +617,20 @@ impl CommitLog {
         }
     }
 
+    /// Every segment with the bytes below the write position (all of a sealed one), each with a
+    /// handle that stays readable if reclaim deletes the file: what a backup copies (see
+    /// `storage::backup`).
+    pub fn backup_segments(&self) -> Result<Vec<super::backup::CutSegment>> {
+        let mut out = Vec::with_capacity(self.segments.len());
+        for seg in &self.segments {
+            let size = seg.file.len();
+            let copy = self.write_pos.saturating_sub(seg.base).min(size);
+            let file = seg.file.handle()?.into_file();
+            out.push(super::backup::CutSegment { base: seg.base, size, copy, file });
+        }
+        Ok(out)
+    }
+
     /// Raw bytes of the record at `offset` (zero-copy view into the mapping).
     pub fn raw(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let (i, pos) = self.locate(offset)?;

@@ -460,6 +460,11 @@ impl SyncFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The open file, to read from (a backup copies through it while the file may be deleted).
+    pub fn into_file(self) -> File {
+        self.file
+    }
 }
 
 /// An exclusive advisory lock on a file, held for the life of the value.

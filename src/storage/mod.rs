@@ -4,6 +4,7 @@
 //! The `pub` modules are public only with the `internals` feature (lib.rs declares `storage`
 //! crate-private without it), for the benches and integration tests that drive them directly.
 
+pub mod backup;
 pub mod checkpoint;
 pub mod commitlog;
 pub mod consumequeue;

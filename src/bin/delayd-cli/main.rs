@@ -165,6 +165,14 @@ enum Command {
         /// Topic to resume.
         topic: String,
     },
+    /// Copy the server's data directory while it runs (single node only); restore by starting a
+    /// broker with --data-dir DIR (docs/backup.md).
+    Backup {
+        /// Directory to copy into, on the server's machine, not this one: an absolute path, absent
+        /// or empty, outside the data directory.
+        #[arg(long, value_name = "DIR", value_parser = parse_backup_dir)]
+        to: String,
+    },
     /// Inspect or change the cluster this node belongs to.
     Cluster {
         #[command(subcommand)]
@@ -434,6 +442,7 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         Command::Purge { topic, yes } => {
             (purge(api, &topic, yes)?, |a| format!("cancelled {}\n", text(&a.value["cancelled"])))
         }
+        Command::Backup { to } => (backup(api, &to)?, show_backup),
         // These take no fields; `{}` is sent so a handler that reads a JSON body accepts it too.
         Command::Pause { topic } => {
             (api.post(&["v1", "topics", &topic, "pause"], &json!({}))?, |_| "paused\n".into())
@@ -458,6 +467,23 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         }
     };
     Ok(Output { human: human(&answer), text: answer.text })
+}
+
+/// `--to` of `backup`: the server resolves it on its own machine, so it must not depend on this
+/// shell's directory.
+fn parse_backup_dir(s: &str) -> Result<String, String> {
+    if s.starts_with('/') {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not an absolute path (it names a directory on the server's machine)"))
+    }
+}
+
+/// Longest a backup may take: it copies the whole commit log before the server answers.
+const BACKUP_WAIT: Duration = Duration::from_secs(6 * 3600);
+
+fn backup(api: &Api, to: &str) -> Result<Answer, Failure> {
+    api.call(Method::POST, &["v1", "admin", "backup"], &[], Some(&json!({ "to": to })), BACKUP_WAIT)
 }
 
 /// Tells the user something beside the answer, on stderr so `--json` output stays one document.

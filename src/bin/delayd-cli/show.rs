@@ -258,3 +258,16 @@ pub(crate) fn show_rescheduled(a: &Answer) -> String {
         &[vec![text(&v["id"]), text(&v["state"]), time(&v["deliver_at_ms"])]],
     )
 }
+
+pub(crate) fn show_backup(a: &Answer) -> String {
+    let v = &a.value;
+    format!(
+        "backed up {} files, {} bytes, log {} to {}, in {} ms, into {}\n",
+        text(&v["files"]),
+        text(&v["bytes"]),
+        text(&v["log_start"]),
+        text(&v["log_end"]),
+        text(&v["took_ms"]),
+        text(&v["to"])
+    )
+}

@@ -330,6 +330,11 @@ impl Store {
         LogOffset::new(self.log.end())
     }
 
+    /// The log's segments up to its end, as a backup copies them (see `storage::backup`).
+    pub fn backup_segments(&self) -> Result<Vec<super::backup::CutSegment>> {
+        self.log.backup_segments()
+    }
+
     /// Whether `offset` lies in the log's live range, between its start and its end.
     pub fn in_log(&self, offset: LogOffset) -> bool {
         offset.get() >= self.log.start() && offset.get() < self.log.end()
