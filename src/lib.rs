@@ -44,6 +44,8 @@ mod crash_model_tests;
 #[cfg(test)]
 mod engine_tests;
 pub mod error;
+#[cfg(test)]
+mod flow_tests;
 pub mod http;
 #[cfg(test)]
 mod last_error_tests;

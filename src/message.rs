@@ -294,6 +294,27 @@ pub struct TopicInfo {
     pub dead_lettered: u64,
     /// Pops on it find nothing until it is resumed.
     pub paused: bool,
+    /// Its flow control, when it has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowConfig>,
+}
+
+/// A topic's flow control (`/v1/topics/{topic}/flow`): limits on how fast and how many of its
+/// messages are handed out, by pops and push alike. A limit left out is no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct FlowConfig {
+    /// Deliveries per second at most (a token bucket's rate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_per_second: Option<u32>,
+    /// Deliveries at once after a quiet spell (the bucket's size); with `max_per_second` only,
+    /// default `max_per_second`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// Messages of the topic reserved (popped, not yet acked) at once at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_reserved: Option<u32>,
+    /// When it was set, unix ms.
+    pub updated_at_ms: u64,
 }
 
 /// Snapshot for `/v1/stats` and `/metrics`.

@@ -130,6 +130,8 @@ pub struct Metrics {
     pub engine_wakeups: AtomicU64,
     /// When the last checkpoint became durable, unix ms (0: none known).
     pub last_checkpoint_ms: AtomicU64,
+    /// Time ready messages of a topic waited on its flow control, ms, by (topic, limit).
+    pub flow_throttled_ms: std::sync::Mutex<std::collections::BTreeMap<(String, &'static str), u64>>,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
@@ -161,6 +163,7 @@ impl Default for Metrics {
             requests_queued: AtomicU64::new(0),
             engine_wakeups: AtomicU64::new(0),
             last_checkpoint_ms: AtomicU64::new(0),
+            flow_throttled_ms: Default::default(),
             lateness_ms: Histogram::new(
                 "delayd_lateness_seconds",
                 "Time from a message's due time until it became ready.",
@@ -186,6 +189,21 @@ impl Default for Metrics {
                 US_PER_SECOND,
             ),
         }
+    }
+}
+
+impl Metrics {
+    /// Counts `ms` more of `topic`'s ready messages waiting on its flow control's `limit`.
+    pub fn note_throttled(&self, topic: &str, limit: &'static str, ms: u64) {
+        // A poisoned lock only means a panic elsewhere mid-update: the counts are still usable.
+        let mut m = self.flow_throttled_ms.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((topic.to_string(), limit)).or_insert(0) += ms;
+    }
+
+    /// Every (topic, limit) with the ms its ready messages waited on it.
+    pub fn throttled(&self) -> Vec<(String, &'static str, u64)> {
+        let m = self.flow_throttled_ms.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter().map(|((t, l), ms)| (t.clone(), *l, *ms)).collect()
     }
 }
 

@@ -562,6 +562,15 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     };
     e.set_push("p", Some(&hook)).unwrap();
     let first_push = e.store_for_tests().push_at("p").unwrap();
+    // And flow control (a cap only: a rate would hold back the pops below).
+    let flow = crate::message::FlowConfig {
+        max_per_second: None,
+        burst: None,
+        max_reserved: Some(4),
+        updated_at_ms: 0,
+    };
+    e.set_flow("p", Some(&flow)).unwrap();
+    let first_flow = e.store_for_tests().flow_at("p").unwrap();
     // Pausing twice writes nothing.
     let end = e.log_end();
     e.set_paused("p", true).unwrap();
@@ -585,6 +594,11 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
         store.log_start() > first_push && store.push_at("p").unwrap() >= store.log_start(),
         "the push was copied forward"
     );
+    assert!(
+        store.log_start() > first_flow && store.flow_at("p").unwrap() >= store.log_start(),
+        "the flow control was copied forward"
+    );
+    assert_eq!(e.flow_of("p").unwrap().map(|f| (f.max_per_second, f.max_reserved)), Some((None, Some(4))));
     let kept = e.push_of("p").unwrap().unwrap();
     assert_eq!(
         (kept.url.as_str(), kept.secret.as_deref(), kept.max_in_flight),
@@ -601,6 +615,11 @@ fn a_pause_outlives_its_segment_and_a_rebuild_and_a_resume_ends_it() {
     let mut e = open(dir.path(), &clock);
     assert!(e.store_for_tests().is_paused("p"));
     assert_eq!(e.push_of("p").unwrap().map(|c| c.url), Some(hook.url.clone()), "the rebuild found the push");
+    assert_eq!(
+        e.flow_of("p").unwrap().and_then(|f| f.max_reserved),
+        Some(4),
+        "the rebuild found the flow control"
+    );
     assert!(e.pop(&paused, 10, None).unwrap().is_empty());
     e.set_paused("p", false).unwrap();
     let ds = e.pop(&paused, 10, None).unwrap();

@@ -481,6 +481,43 @@ fn topics_pause_and_resume() {
     assert!(r.stderr.starts_with("error: invalid_argument: "), "{}", r.stderr);
 }
 
+/// `flow`: set, show, replace and clear a topic's flow control; bad values are usage errors.
+#[test]
+fn flow_shows_sets_and_clears() {
+    let s = Server::start(&ENV);
+    let r = cli(&s, &["flow", "orders"]);
+    assert_eq!(r.code, 1, "none set yet: {}", r.stdout);
+    assert!(r.stderr.starts_with("error: not_found: "), "{}", r.stderr);
+    let r = cli(&s, &["flow", "orders", "--max-per-second", "50", "--max-reserved", "8"]).ok();
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines[..4],
+        ["flow control of orders", "  max_per_second 50", "  burst          50", "  max_reserved   8"]
+    );
+    assert!(lines[4].starts_with("  updated        20"), "{}", r.stdout);
+    let v = cli(&s, &["--json", "flow", "orders"]).ok().json();
+    assert_eq!(
+        (v["max_per_second"].clone(), v["burst"].clone(), v["max_reserved"].clone()),
+        (json!(50), json!(50), json!(8))
+    );
+    // Setting replaces the whole of it: a limit left out is none.
+    let v = cli(&s, &["--json", "flow", "orders", "--max-per-second", "5", "--burst", "1"]).ok().json();
+    assert_eq!((v["burst"].clone(), v.get("max_reserved")), (json!(1), None), "{v}");
+    let r = cli(&s, &["flow", "orders"]).ok();
+    assert!(r.stdout.contains("  max_reserved   none\n"), "{}", r.stdout);
+    assert_eq!(cli(&s, &["topics", "--json"]).ok().json()["topics"][0]["flow"]["max_per_second"], 5);
+    assert_eq!(cli(&s, &["flow", "orders", "--clear"]).ok().stdout, "flow control of orders removed\n");
+    assert_eq!(cli(&s, &["flow", "orders"]).code, 1);
+    for bad in [
+        &["flow", "orders", "--max-per-second", "0"][..],
+        &["flow", "orders", "--max-per-second", "1000001"],
+        &["flow", "orders", "--burst", "5"],
+        &["flow", "orders", "--clear", "--max-reserved", "1"],
+    ] {
+        assert_eq!(cli(&s, bad).code, 2, "{bad:?}");
+    }
+}
+
 /// `browse`, `redrive` and `purge` against the real server.
 #[test]
 fn browse_redrive_purge() {

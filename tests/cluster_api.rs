@@ -223,6 +223,29 @@ fn a_nack_reason_survives_the_leaders_death() {
     assert_eq!(after["last_error"], before, "the new leader shows the same last error: {after}");
 }
 
+#[test]
+fn flow_control_survives_the_leaders_death_and_holds_on_the_new_leader() {
+    let mut c = Cluster::start(3, &[]);
+    c.wait_leader(Duration::from_secs(15));
+    let client = c.client();
+    let set = json!({"max_per_second": 100, "max_reserved": 2});
+    let r = client.request("PUT", "/v1/topics/capped/flow", Some(&set), 0).expect("put flow");
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let before = r.body.clone();
+    for i in 0..5 {
+        let r = client.produce("capped", &json!({"id": format!("c-{i}"), "body": "c"})).expect("produce");
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    // The Flow record reached the followers with the log, and the one elected applies it.
+    let first_leader = c.wait_leader(Duration::from_secs(5));
+    c.kill9(first_leader);
+    c.wait_leader(Duration::from_secs(15));
+    let after = client.request("GET", "/v1/topics/capped/flow", None, 0).expect("get flow");
+    assert_eq!((after.status, &after.body), (200, &before), "the new leader has the same flow control");
+    let msgs = client.pop("capped", 5, 0, None).expect("pop").messages();
+    assert_eq!(msgs.len(), 2, "max_reserved holds on the new leader");
+}
+
 /// How many commit-log flushes node `i` has made (its flush-duration histogram's count).
 fn flushes(c: &Cluster, i: usize) -> u64 {
     let text = short_client(Duration::from_secs(2))

@@ -115,6 +115,16 @@ fn a_live_scrape_passes_promtool() {
     s.produce("idle", &json!({"body": "wake"}));
     assert_eq!(waiter.join().expect("waiter"), 200);
     promtool_check(&Scrape::of(&s).text);
+    // A topic held back by its flow control: the throttled-time counter passes too.
+    let flow = json!({"max_per_second": 1});
+    let (st, v) = common::answer(s.http().put(s.url("/v1/topics/slow/flow")).json(&flow).send());
+    assert_eq!(st, 200, "{v}");
+    s.produce("slow", &json!({"body": "1"}));
+    s.produce("slow", &json!({"body": "2"}));
+    assert_eq!(s.pop("slow", 2, 0, None).0.len(), 1, "one token");
+    let throttled = "delayd_topic_throttled_seconds_total{limit=\"max_per_second\",topic=\"slow\"}";
+    let m = scrape_until(&s, "throttled time counted", |m| m.value(throttled) > 0.0);
+    promtool_check(&m.text);
 }
 
 #[test]

@@ -20,6 +20,7 @@ const READS: &[(&str, &str)] = &[
     ("GET", "/v1/topics"),
     ("GET", "/v1/topics/{topic}/messages"),
     ("GET", "/v1/topics/{topic}/push"),
+    ("GET", "/v1/topics/{topic}/flow"),
     ("GET", "/v1/messages/{id}"),
     ("GET", "/v1/messages/{id}/history"),
     ("GET", "/v1/stats"),
@@ -75,6 +76,7 @@ fn state(s: &Server) -> Value {
         "history": get("/v1/messages/m1/history")["history"].as_array().map(Vec::len),
         "topics": get("/v1/topics"),
         "push": call(s, "GET", "/v1/topics/t/push", Some(FULL)).0,
+        "flow": call(s, "GET", "/v1/topics/t/flow", Some(FULL)).0,
     })
 }
 
@@ -134,6 +136,7 @@ fn the_read_only_token_is_refused_on_every_write_and_allowed_on_every_read() {
     assert_eq!(read("/v1/topics").0, 200);
     assert_eq!(read("/v1/cluster").0, 200);
     assert_eq!(read("/v1/topics/t/push").0, 404, "no subscription, but not refused");
+    assert_eq!(read("/v1/topics/t/flow").0, 404, "no flow control, but not refused");
     let (st, v) = call(&s, "POST", "/get", Some(READ));
     assert_eq!((st, &v["code"]), (200, &json!(0)), "{v}");
     let head = s.http().head(s.url("/v1/stats")).bearer_auth(READ).send().unwrap();

@@ -196,6 +196,13 @@ mod reader {
             subject: Vec<u8>,
             secret: Vec<u8>,
         },
+        Flow {
+            time_ms: u64,
+            max_per_second: u32,
+            burst: u32,
+            max_reserved: u32,
+            topic: Vec<u8>,
+        },
         Carry {
             prev_msg_offset: u64,
             seq: u32,
@@ -217,6 +224,7 @@ mod reader {
     pub const KIND_CARRY: u8 = 4;
     pub const KIND_PAUSE: u8 = 5;
     pub const KIND_PUSH: u8 = 6;
+    pub const KIND_FLOW: u8 = 8;
     pub const KIND_EOS: u8 = 0x7F;
 
     /// Record versions (validity rules 7 and 8): Carry, Pause and Push are version 2; Put is 1 or 2
@@ -230,6 +238,8 @@ mod reader {
     pub const VERSION_RESCHEDULE: u8 = 5;
     pub const VERSION_TOUCH: u8 = 6;
     pub const VERSION_ERROR: u8 = 7;
+    /// Flow (kind 8) is version 8, and version 8 is only Flow.
+    pub const VERSION_FLOW: u8 = 8;
 
     pub const STATE_DELAYED: u8 = 1;
     pub const STATE_READY: u8 = 2;
@@ -391,12 +401,21 @@ mod reader {
         }
         // 7-8: a version this reader knows, a known kind, and the version that kind is written with.
         let (version, kind) = (rec[6], rec[7]);
-        if ![VERSION, VERSION_CARRY, VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH, VERSION_ERROR]
-            .contains(&version)
+        if ![
+            VERSION,
+            VERSION_CARRY,
+            VERSION_LINKED,
+            VERSION_RESCHEDULE,
+            VERSION_TOUCH,
+            VERSION_ERROR,
+            VERSION_FLOW,
+        ]
+        .contains(&version)
         {
             return Err(format!("unknown version {version}"));
         }
-        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_EOS].contains(&kind)
+        if ![KIND_PUT, KIND_TRANSITION, KIND_HOP, KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_FLOW, KIND_EOS]
+            .contains(&kind)
         {
             return Err(format!("unknown kind {kind}"));
         }
@@ -407,10 +426,11 @@ mod reader {
                 && ![KIND_CARRY, KIND_PAUSE, KIND_PUSH, KIND_PUT, KIND_TRANSITION].contains(&kind))
             || ([VERSION_LINKED, VERSION_RESCHEDULE, VERSION_TOUCH].contains(&version)
                 && kind != KIND_TRANSITION)
+            || ((version == VERSION_FLOW) != (kind == KIND_FLOW))
         {
             return Err(format!(
                 "kind {kind} with record version {version} (Pause and Push are 2, Carry 2 or 7, Put 1 \
-                 or 2, Transition 1 to 3 or 5 to 7, Hop and EndOfSegment 1)"
+                 or 2, Transition 1 to 3 or 5 to 7, Flow 8, Hop and EndOfSegment 1)"
             ));
         }
         // 9: the payload decodes exactly.
@@ -477,6 +497,20 @@ mod reader {
                     return Err("push record without a topic or url".into());
                 }
                 Rec::Push { target, time_ms, timeout_ms, max_in_flight, topic, url, subject, secret }
+            }
+            KIND_FLOW => {
+                let (time_ms, max_per_second, burst, max_reserved) = (c.u64()?, c.u32()?, c.u32()?, c.u32()?);
+                let n = c.u16()? as usize;
+                let topic = c.take(n)?.to_vec();
+                if topic.is_empty() || topic.len() > 255 {
+                    return Err(format!("flow topic of {} bytes", topic.len()));
+                }
+                if [max_per_second, burst, max_reserved].iter().any(|v| *v > 1_000_000)
+                    || (burst == 0) != (max_per_second == 0)
+                {
+                    return Err(format!("flow limits {max_per_second}/{burst}/{max_reserved}"));
+                }
+                Rec::Flow { time_ms, max_per_second, burst, max_reserved, topic }
             }
             KIND_PAUSE => Rec::Pause {
                 paused: c.enum_u8("pause flag", 0..=1)? == 1,
@@ -696,6 +730,8 @@ mod reader {
         pub paused: BTreeMap<String, u64>,
         /// Topics with a push subscription → offset of the Push record in effect.
         pub push: BTreeMap<String, u64>,
+        /// Topics with flow control → offset of the Flow record in effect.
+        pub flow: BTreeMap<String, u64>,
     }
 
     impl Model {
@@ -1064,6 +1100,15 @@ mod reader {
                     let queue = if dead_letter_home { format!("{topic}.dlq") } else { topic };
                     m.route(msg.route, &queue, (o, s, *deliver_at_ms));
                 }
+                Rec::Flow { time_ms, max_per_second, burst, max_reserved, topic } => {
+                    assert!(*time_ms > 0, "flow at {o} without a time");
+                    // All three 0 removes the topic's flow control; anything else is the one in effect.
+                    if *max_per_second == 0 && *burst == 0 && *max_reserved == 0 {
+                        m.flow.remove(&utf8(topic));
+                    } else {
+                        m.flow.insert(utf8(topic), o);
+                    }
+                }
                 Rec::Pause { paused, topic, time_ms } => {
                     assert!(*time_ms > 0, "pause at {o} without a time");
                     // The latest Pause of a topic decides; a resume needs no record to stay so.
@@ -1300,7 +1345,7 @@ mod reader {
             Rec::Put(_) => (off, 0),
             Rec::Carry { seq, .. } => (off, *seq),
             Rec::Transition { msg_offset, seq, .. } | Rec::Hop { msg_offset, seq, .. } => (*msg_offset, *seq),
-            Rec::Pause { .. } | Rec::Push { .. } | Rec::EndOfSegment => return false,
+            Rec::Pause { .. } | Rec::Push { .. } | Rec::Flow { .. } | Rec::EndOfSegment => return false,
         };
         model.slots.get(&msg).is_some_and(|s| s.seq == seq && matches!(s.state, STATE_READY | STATE_DEAD))
     }
@@ -1483,16 +1528,19 @@ mod reader {
         pub ready: u64,
     }
 
+    /// Topics, each with the offset of a record (its Pause, Push or Flow in effect).
+    pub type TopicOffsets = BTreeMap<String, u64>;
+
     /// Parses `checkpoint`: (dispatched, queues, paused topics with their Pause record's offset,
-    /// push subscriptions with their Push record's offset).
-    pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>, BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    /// push subscriptions with their Push record's offset, flow control with its Flow record's).
+    pub fn read_checkpoint(path: &Path) -> (u64, Vec<CpQueue>, TopicOffsets, TopicOffsets, TopicOffsets) {
         let b = fs::read(path).unwrap();
-        // The header, P, S and the CRC: a version 3 checkpoint listing nothing.
-        assert!(b.len() >= 32, "checkpoint shorter than 32 bytes");
+        // The header, P, S, F and the CRC: a version 4 checkpoint listing nothing.
+        assert!(b.len() >= 36, "checkpoint shorter than 36 bytes");
         let (body, crc) = b.split_at(b.len() - 4);
         assert_eq!(crc32(&[body]), le32(crc, 0), "checkpoint crc");
         assert_eq!(&body[0..4], b"DLCK", "checkpoint magic");
-        assert_eq!(le16(body, 4), 3, "checkpoint version");
+        assert_eq!(le16(body, 4), 4, "checkpoint version");
         assert_eq!(le16(body, 6), 0, "checkpoint reserved");
         let dispatched = le64(body, 8);
         let n = le32(body, 16);
@@ -1520,7 +1568,7 @@ mod reader {
                 ready: c.u64().unwrap(),
             });
         }
-        let mut lists = [BTreeMap::new(), BTreeMap::new()];
+        let mut lists = [BTreeMap::new(), BTreeMap::new(), BTreeMap::new()];
         for list in &mut lists {
             for _ in 0..c.u32().unwrap() {
                 let len = c.u16().unwrap() as usize;
@@ -1532,8 +1580,8 @@ mod reader {
             }
         }
         assert_eq!(c.pos, body.len(), "checkpoint records do not end at the crc");
-        let [paused, push] = lists;
-        (dispatched, queues, paused, push)
+        let [paused, push, flow] = lists;
+        (dispatched, queues, paused, push, flow)
     }
 
     /// Parses `clean_shutdown`: the log end.
@@ -1553,7 +1601,7 @@ mod reader {
         assert_eq!(b.len(), 20, "clean marker size");
         assert_eq!(crc32(&[&b[..16]]), le32(&b, 16), "clean marker crc");
         assert_eq!(&b[0..4], b"DLCS", "clean marker magic");
-        assert_eq!(le16(&b, 4), 3, "clean marker version");
+        assert_eq!(le16(&b, 4), 4, "clean marker version");
         assert_eq!(le16(&b, 6), 0, "clean marker reserved");
         le64(&b, 8)
     }
@@ -1677,7 +1725,8 @@ mod reader {
         let cutoff = (now_ms as u64).saturating_sub(writer.done_retention_ms);
         let index = check_index(&dir.join("index"), &log, &model, cutoff);
 
-        let (dispatched, checkpoint, paused, push) = read_checkpoint(&dir.join("checkpoint"));
+        let (dispatched, checkpoint, paused, push, flow) = read_checkpoint(&dir.join("checkpoint"));
+        assert_eq!(flow, model.flow, "checkpoint flow control vs the latest Flow records");
         assert_eq!(push, model.push, "checkpoint push subscriptions vs the latest Push records");
         assert_eq!(paused, model.paused, "checkpoint paused topics vs the latest Pause records");
         // Per queue, the live messages by state, from the replayed slots: what the counts say.
@@ -1938,6 +1987,17 @@ async fn write_scenario(dir: &Path) {
     b.set_paused("orders", false).await.unwrap();
     b.set_paused("far", true).await.unwrap();
     b.set_paused("ghost", true).await.unwrap();
+    // Flow control: one replaced, one removed, one in effect.
+    let flow = |rate: Option<u32>, reserved: Option<u32>| delayd::message::FlowConfig {
+        max_per_second: rate,
+        burst: rate,
+        max_reserved: reserved,
+        updated_at_ms: 0,
+    };
+    b.set_flow("orders", Some(flow(Some(5), None))).await.unwrap();
+    b.set_flow("orders", Some(flow(Some(1000), Some(9)))).await.unwrap();
+    b.set_flow("far", Some(flow(None, Some(2)))).await.unwrap();
+    b.set_flow("far", None).await.unwrap();
     // Push subscriptions: one replaced, one removed, one in effect (to an address nobody serves:
     // its deliveries fail and the reader sees only the records).
     let hook = |url: &str, secret: Option<&str>| delayd::message::PushConfig {
@@ -1966,23 +2026,23 @@ fn reader_primitives_match_the_documented_vectors() {
 }
 
 #[test]
-fn a_checkpoint_listing_nothing_is_32_bytes() {
-    // magic, version 3, reserved, dispatched, Q = 0, P = 0, S = 0, then the CRC.
+fn a_checkpoint_listing_nothing_is_36_bytes() {
+    // magic, version 4, reserved, dispatched, Q = 0, P = 0, S = 0, F = 0, then the CRC.
     let mut b = b"DLCK".to_vec();
-    b.extend_from_slice(&3u16.to_le_bytes());
+    b.extend_from_slice(&4u16.to_le_bytes());
     b.extend_from_slice(&[0; 2]);
     b.extend_from_slice(&4096u64.to_le_bytes());
-    b.extend_from_slice(&[0; 12]);
+    b.extend_from_slice(&[0; 16]);
     let crc = crc32(&[&b]);
     b.extend_from_slice(&crc.to_le_bytes());
-    assert_eq!(b.len(), 32);
+    assert_eq!(b.len(), 36);
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("checkpoint");
     std::fs::write(&path, &b).unwrap();
-    let (dispatched, queues, paused, push) = reader::read_checkpoint(&path);
-    assert_eq!((dispatched, queues.len(), paused.len(), push.len()), (4096, 0, 0, 0));
-    // Without S it is 28 bytes, which the document says no version 3 checkpoint is.
-    let mut short = b[..24].to_vec();
+    let (dispatched, queues, paused, push, flow) = reader::read_checkpoint(&path);
+    assert_eq!((dispatched, queues.len(), paused.len(), push.len(), flow.len()), (4096, 0, 0, 0, 0));
+    // Without F it is 32 bytes, which the document says no version 4 checkpoint is.
+    let mut short = b[..28].to_vec();
     let crc = crc32(&[&short]);
     short.extend_from_slice(&crc.to_le_bytes());
     std::fs::write(&path, &short).unwrap();
@@ -1990,7 +2050,7 @@ fn a_checkpoint_listing_nothing_is_32_bytes() {
     let msg = err.and_then(|e| {
         e.downcast_ref::<String>().cloned().or(e.downcast_ref::<&str>().map(|s| s.to_string()))
     });
-    assert!(msg.is_some_and(|m| m.contains("shorter than 32 bytes")));
+    assert!(msg.is_some_and(|m| m.contains("shorter than 36 bytes")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2054,6 +2114,13 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     assert_eq!(kinds(|x| matches!(x, Rec::Put(m) if m.replaces)), 2);
     assert_eq!(kinds(|x| matches!(x, Rec::Pause { .. })), 4);
     assert_eq!(kinds(|x| matches!(x, Rec::Push { .. })), 4);
+    assert_eq!(kinds(|x| matches!(x, Rec::Flow { .. })), 4);
+    assert_eq!(r.model.flow.keys().map(String::as_str).collect::<Vec<_>>(), ["orders"]);
+    let flow = r.log.records.iter().find(|x| matches!(x.rec, Rec::Flow { .. })).unwrap();
+    let flow = record_bytes(&dir, &r.log, flow.offset, flow.len);
+    assert_eq!((flow.len(), flow[6], flow[7]), (34 + "orders".len(), 8, 8), "a Flow is kind 8, version 8");
+    let err = reader::parse_record(&reframe(&flow, 2)).err();
+    assert!(err.as_deref().is_some_and(|e| e.contains("kind 8 with record version 2")), "{err:?}");
     assert_eq!(r.model.push.keys().map(String::as_str).collect::<Vec<_>>(), ["hooked"]);
     assert_eq!(r.model.paused.keys().map(String::as_str).collect::<Vec<_>>(), ["far", "ghost"]);
     let counted = r.checkpoint.iter().filter(|q| q.delayed > 0 || q.ready > 0 || q.reserved > 0).count();

@@ -580,7 +580,7 @@ fn cluster_rows(n: usize) -> String {
     )
 }
 
-/// Whether every panel served by the leader is disabled (`[levels, topics, browse, lookup]`).
+/// Whether every panel served by the leader is disabled (`[levels, topics, flow, browse, lookup]`).
 const LIVE_DISABLED: &str =
     "return Array.from(document.querySelectorAll('fieldset.live')).map((f) => f.disabled)";
 
@@ -620,7 +620,7 @@ fn in_a_cluster_the_leader_lists_its_nodes_and_a_follower_points_to_the_leader()
     }
     b.wait_for("the leader's levels", A_BUSY_LEVEL);
     assert_eq!(b.js(BANNER), Value::Null, "no banner on the leader");
-    assert_eq!(b.js(LIVE_DISABLED), json!([false, false, false, false]));
+    assert_eq!(b.js(LIVE_DISABLED), json!([false, false, false, false, false]));
     b.screenshot("cluster-leader.png", 1280, None);
 
     // A follower's page: the banner names the leader and links to its dashboard, and the panels
@@ -634,10 +634,10 @@ fn in_a_cluster_the_leader_lists_its_nodes_and_a_follower_points_to_the_leader()
     let href = b.js("return document.getElementById('leader-link').href");
     assert_eq!(href, json!(format!("{}/ui", c.url(leader))), "the banner's link");
     assert_eq!(b.wait_for("the follower's cluster panel", &cluster_rows(3)), json!(want));
-    assert_eq!(b.js(LIVE_DISABLED), json!([true, true, true, true]), "panels served by the leader");
+    assert_eq!(b.js(LIVE_DISABLED), json!([true, true, true, true, true]), "panels served by the leader");
     let notes =
         b.js("return Array.from(document.querySelectorAll('.by-leader')).filter((n) => !n.hidden).length");
-    assert_eq!(notes, json!(4), "a 'served by the leader' note in each panel");
+    assert_eq!(notes, json!(5), "a 'served by the leader' note in each panel");
     assert_eq!(b.js("return document.getElementById('status').textContent"), json!(""), "no error shown");
     let asked = b.js("return performance.getEntriesByType('resource').map((e) => e.name)");
     let asked: Vec<&str> = asked.as_array().expect("urls").iter().filter_map(Value::as_str).collect();
@@ -1176,5 +1176,71 @@ fn deliver_now_and_reschedule_keep_the_id_and_move_the_due_time() {
         assert_eq!(s.get(&format!("/v1/messages/{id}")).1["state"], "ready", "{id}");
     }
     assert_eq!(s.get("/v1/messages/p-4").1["state"], "delayed");
+    b.assert_no_errors();
+}
+
+#[test]
+#[ignore = "needs chromium and chromedriver (apt-get install chromium chromium-driver); .ci/run installs them and runs these"]
+fn flow_control_is_shown_set_and_removed_from_the_topic_view() {
+    let Some((driver, chrome)) = browser_tools() else { return };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Server::start(&[]);
+    s.produce("orders", &json!({"id": "f-1", "body": "x", "delay_ms": 600_000}));
+    let (st, v) = common::answer(
+        s.http().put(s.url("/v1/topics/orders/flow")).json(&json!({"max_reserved": 4})).send(),
+    );
+    assert_eq!(st, 200, "{v}");
+
+    let b = Browser::open("flow", &driver, &chrome);
+    b.goto(&s.url("/ui"));
+    b.watch_errors();
+    let shown = b.wait_for(
+        "the flow control of orders in its row",
+        "const f = document.querySelector('#topics tr[data-topic=\"orders\"] [data-flow]');
+         return f ? f.textContent : null",
+    );
+    assert_eq!(shown, json!("≤ 4 reserved"));
+
+    // The row's Flow button fills the form with what is set; a rate is added and saved.
+    b.click("#topics tr[data-topic='orders'] button[aria-label='Flow control of orders']");
+    let form = b.js(
+        "return ['flow-topic', 'flow-rate', 'flow-burst', 'flow-reserved'].map((id) => document.getElementById(id).value)",
+    );
+    assert_eq!(form, json!(["orders", "", "", "4"]));
+    b.type_into("#flow-rate", "50");
+    b.type_into("#flow-burst", "5");
+    b.click("#flow-save");
+    b.wait_for(
+        "the new flow control in the row",
+        "const f = document.querySelector('#topics tr[data-topic=\"orders\"] [data-flow]');
+         return f && f.textContent === '≤ 50/s (burst 5), ≤ 4 reserved'",
+    );
+    let (_, v) = s.get("/v1/topics/orders/flow");
+    assert_eq!(
+        (v["max_per_second"].clone(), v["burst"].clone(), v["max_reserved"].clone()),
+        (json!(50), json!(5), json!(4))
+    );
+    b.js("document.getElementById('flow').scrollIntoView({block: 'start'})");
+    b.screenshot("dashboard-flow.png", 1280, Some(900));
+
+    // A value the server refuses is said, and nothing changes.
+    b.js(
+        "document.getElementById('flow-burst').value = ''; document.getElementById('flow-rate').value = ''; \
+          document.getElementById('flow-reserved').value = ''",
+    );
+    b.click("#flow-save");
+    b.wait_for(
+        "the refusal said",
+        "const s = document.getElementById('status'); return s.classList.contains('error') && s.textContent.includes('max_per_second')",
+    );
+    assert_eq!(s.get("/v1/topics/orders/flow").1["max_per_second"], 50);
+
+    b.click("#flow-clear");
+    b.wait_for(
+        "the row without flow control",
+        "const r = document.querySelector('#topics tr[data-topic=\"orders\"]');
+         return r && !r.querySelector('[data-flow]') && document.getElementById('status').textContent.includes('removed')",
+    );
+    assert_eq!(s.get("/v1/topics/orders/flow").0, 404);
     b.assert_no_errors();
 }

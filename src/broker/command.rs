@@ -6,10 +6,14 @@ use tokio::sync::oneshot;
 use crate::engine::WalkPos;
 use crate::error::{Error, Result};
 use crate::message::{
-    Delivery, HistoryEntry, MessageInfo, MessageState, Nacked, ProduceRequest, Produced, PushConfig,
-    RescheduleRequest, Rescheduled, Stats, TopicInfo,
+    Delivery, FlowConfig, HistoryEntry, MessageInfo, MessageState, Nacked, ProduceRequest, Produced,
+    PushConfig, RescheduleRequest, Rescheduled, Stats, TopicInfo,
 };
 use crate::storage::writer::Release;
+
+/// A pop's deliveries, and when flow control held one of its topics back, in how many ms asking
+/// again may find room.
+pub(super) type Popped = (Vec<Delivery>, Option<u64>);
 
 /// A request for the engine, with the channel its answer goes back on.
 pub(super) enum Command {
@@ -22,7 +26,7 @@ pub(super) enum Command {
         topics: Vec<String>,
         max: usize,
         ttr_ms: Option<u64>,
-        reply: oneshot::Sender<Result<Vec<Delivery>>>,
+        reply: oneshot::Sender<Result<Popped>>,
     },
     Ack {
         receipt: String,
@@ -77,6 +81,15 @@ pub(super) enum Command {
         cfg: Option<PushConfig>,
         reply: oneshot::Sender<Result<()>>,
     },
+    SetFlow {
+        topic: String,
+        cfg: Option<FlowConfig>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    GetFlow {
+        topic: String,
+        reply: oneshot::Sender<Result<Option<FlowConfig>>>,
+    },
     GetPush {
         topic: String,
         reply: oneshot::Sender<Result<Option<PushConfig>>>,
@@ -129,7 +142,8 @@ impl Command {
             | Command::Cancel { reply, .. }
             | Command::Replace { reply, .. }
             | Command::Pause { reply, .. }
-            | Command::SetPush { reply, .. } => drop(reply.send(Err(err()))),
+            | Command::SetPush { reply, .. }
+            | Command::SetFlow { reply, .. } => drop(reply.send(Err(err()))),
             Command::Nack { reply, .. } => drop(reply.send(Err(err()))),
             Command::Reschedule { reply, .. } => drop(reply.send(Err(err()))),
             Command::Touch { reply, .. } => drop(reply.send(Err(err()))),
@@ -154,7 +168,7 @@ pub(super) type WalkStep = (u64, Option<WalkPos>, u64);
 /// A reply held until the batch's flush decides whether it may be sent.
 pub(super) enum Pending {
     Produce(oneshot::Sender<Result<Vec<Result<Produced>>>>, Result<Vec<Result<Produced>>>),
-    Pop(oneshot::Sender<Result<Vec<Delivery>>>, Result<Vec<Delivery>>),
+    Pop(oneshot::Sender<Result<Popped>>, Result<Popped>),
     Unit(oneshot::Sender<Result<()>>, Result<()>),
     Nack(oneshot::Sender<Result<Nacked>>, Result<Nacked>),
     Reschedule(oneshot::Sender<Result<Rescheduled>>, Result<Rescheduled>),

@@ -338,7 +338,7 @@ impl Core {
                 self.producing = Some(Producing { topic, reqs: reqs.into_iter(), done, reply });
             }
             Command::Pop { topics, max, ttr_ms, reply } => {
-                self.pending.push(Pending::Pop(reply, engine.pop(&topics, max, ttr_ms)))
+                self.pending.push(Pending::Pop(reply, engine.pop_flow(&topics, max, ttr_ms)))
             }
             Command::Ack { receipt, reply } => self.pending.push(Pending::Unit(reply, engine.ack(&receipt))),
             Command::AckId { id, reply } => self.pending.push(Pending::Unit(reply, engine.ack_id(&id))),
@@ -370,6 +370,12 @@ impl Core {
             }
             Command::SetPush { topic, cfg, reply } => {
                 self.pending.push(Pending::Unit(reply, engine.set_push(&topic, cfg.as_ref())))
+            }
+            Command::SetFlow { topic, cfg, reply } => {
+                self.pending.push(Pending::Unit(reply, engine.set_flow(&topic, cfg.as_ref())))
+            }
+            Command::GetFlow { topic, reply } => {
+                let _ = reply.send(engine.flow_of(&topic));
             }
             Command::GetPush { topic, reply } => {
                 let _ = reply.send(engine.push_of(&topic));

@@ -37,8 +37,8 @@ pub use crate::config::{BrokerConfig, DelayPolicy, FlushMode, RecoveryMode};
 use crate::engine::{Engine, WalkPos};
 use crate::error::{Error, Result};
 pub use crate::message::{
-    Delivery, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, PopRequest, ProduceRequest,
-    Produced, PushConfig, RescheduleRequest, Rescheduled, Stats, TopicInfo, TopicStats, When,
+    Delivery, FlowConfig, HistoryEntry, LevelStats, MessageInfo, MessageState, Nacked, PopRequest,
+    ProduceRequest, Produced, PushConfig, RescheduleRequest, Rescheduled, Stats, TopicInfo, TopicStats, When,
 };
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::schedule::clock::{Clock, SystemClock};
@@ -300,11 +300,13 @@ impl Broker {
                 w.as_mut().enable();
             }
             let (topics, max, ttr_ms) = (req.topics.clone(), req.max, req.ttr_ms);
-            let got = self.call(|reply| Command::Pop { topics, max, ttr_ms, reply }).await?;
+            let (got, held_for) = self.call(|reply| Command::Pop { topics, max, ttr_ms, reply }).await?;
             let now = Instant::now();
             if !got.is_empty() || now >= deadline {
                 return Ok(got);
             }
+            // Held back by flow control: look again when it may have room, not only on a new message.
+            let until = held_for.map_or(deadline, |ms| deadline.min(now + Duration::from_millis(ms)));
             let any = std::future::poll_fn(|cx| {
                 for w in waits.iter_mut() {
                     if w.as_mut().poll(cx).is_ready() {
@@ -315,7 +317,7 @@ impl Broker {
             });
             // Dropped with the wait, also when the client goes away and the request is cancelled.
             let _waiting = GaugeGuard::hold(&self.metrics.pops_waiting);
-            if tokio::time::timeout(deadline - now, any).await.is_err() {
+            if tokio::time::timeout(until - now, any).await.is_err() && until >= deadline {
                 return Ok(Vec::new());
             }
         }
@@ -396,6 +398,18 @@ impl Broker {
     pub async fn set_push(&self, topic: &str, cfg: Option<PushConfig>) -> Result<()> {
         let topic = topic.to_string();
         self.call(|reply| Command::SetPush { topic, cfg, reply }).await
+    }
+
+    /// Sets, replaces or (`None`) removes `topic`'s flow control; durable like any change.
+    pub async fn set_flow(&self, topic: &str, cfg: Option<FlowConfig>) -> Result<()> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::SetFlow { topic, cfg, reply }).await
+    }
+
+    /// `topic`'s flow control, if any.
+    pub async fn flow_of(&self, topic: &str) -> Result<Option<FlowConfig>> {
+        let topic = topic.to_string();
+        self.call(|reply| Command::GetFlow { topic, reply }).await
     }
 
     /// `topic`'s push subscription, if any.

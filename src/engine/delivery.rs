@@ -22,6 +22,17 @@ const OLDEST_SCAN: u64 = 16;
 impl Engine {
     /// Reserves up to `max` ready messages from `topics`, in order; never waits.
     pub fn pop(&mut self, topics: &[String], max: usize, ttr_ms: Option<u64>) -> Result<Vec<Delivery>> {
+        Ok(self.pop_flow(topics, max, ttr_ms)?.0)
+    }
+
+    /// [`pop`](Self::pop), and when flow control held a topic back, in how many ms asking again
+    /// may find room (a long poll waits for that rather than only for new messages).
+    pub fn pop_flow(
+        &mut self,
+        topics: &[String],
+        max: usize,
+        ttr_ms: Option<u64>,
+    ) -> Result<(Vec<Delivery>, Option<u64>)> {
         self.writable()?;
         if let Some(t) = ttr_ms {
             if t == 0 || t > self.cfg.max_delay_ms {
@@ -29,29 +40,46 @@ impl Engine {
             }
         }
         let mut out = Vec::new();
+        let mut wake: Option<u64> = None;
         // A paused topic answers as if empty; its messages keep falling due meanwhile.
         for topic in topics {
-            if self.store.is_paused(topic) {
+            if self.store.is_paused(topic) || out.len() >= max {
                 continue;
             }
-            let mut repairs = 0;
-            while out.len() < max {
-                match self.pop_one(topic, ttr_ms, &mut repairs) {
-                    Ok(Some(Some(d))) => out.push(d),
-                    Ok(Some(None)) => {}
-                    Ok(None) => break,
-                    Err(e) if out.is_empty() => return Err(e),
-                    // The reservations made so far are appended: hand them out rather than leave
-                    // them reserved, invisible, until their time-to-run ends.
-                    Err(e) => {
-                        tracing::warn!(error = %e, delivered = out.len(), "pop failed part-way; returning what it reserved");
-                        return Ok(out);
-                    }
+            let allowance = self.flow_allowance(topic, max - out.len())?;
+            let before = out.len();
+            let failed = self.pop_topic(topic, before + allowance.take, ttr_ms, &mut out);
+            self.flow_took(topic, out.len() - before, allowance.held);
+            if let Some((_, at)) = allowance.held {
+                let after = at.saturating_sub(self.now()).max(1);
+                wake = Some(wake.map_or(after, |w| w.min(after)));
+            }
+            match failed {
+                Err(e) if out.is_empty() => return Err(e),
+                // The reservations made so far are appended: hand them out rather than leave
+                // them reserved, invisible, until their time-to-run ends.
+                Err(e) => {
+                    tracing::warn!(error = %e, delivered = out.len(), "pop failed part-way; returning what it reserved");
+                    return Ok((out, None));
                 }
+                Ok(()) => {}
             }
         }
         self.sync_damage_metrics();
-        Ok(out)
+        Ok((out, wake))
+    }
+
+    /// Reserves ready messages of `topic` into `out` until it holds `upto`.
+    fn pop_topic(&mut self, topic: &str, upto: usize, ttr_ms: Option<u64>, out: &mut Vec<Delivery>) -> Result<()> {
+        let mut repairs = 0;
+        while out.len() < upto {
+            match self.pop_one(topic, ttr_ms, &mut repairs)? {
+                Some(Some(d)) => out.push(d),
+                Some(None) => {}
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Looks at the entry at `topic`'s cursor: `None` when the queue is read to its end, else the

@@ -17,6 +17,7 @@
 //! - `maintenance.rs`: index resize steps, reclaim and checkpoints.
 
 mod delivery;
+mod flow;
 mod maintenance;
 mod produce;
 mod reads;
@@ -99,6 +100,8 @@ pub struct Engine {
     /// a stats read reuses it for a queue whose files are closed and whose reader has not moved,
     /// rather than open every topic's files on every scrape. Pruned with `topic_counts`.
     oldest_ready: HashMap<String, (u64, Option<u64>)>,
+    /// Flow control's token buckets (in memory).
+    flow: flow::FlowState,
 }
 
 impl Engine {
@@ -145,6 +148,7 @@ impl Engine {
             fire_clock: None,
             topic_counts: HashMap::new(),
             oldest_ready: HashMap::new(),
+            flow: flow::FlowState::default(),
         };
         // The checkpoint an earlier run left is the last durable one until this run writes one.
         let left = std::fs::metadata(engine.cfg.data_dir.join("checkpoint")).and_then(|m| m.modified());

@@ -91,7 +91,7 @@ impl Engine {
                     });
                     break;
                 }
-                Record::Hop(_) | Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => break,
+                Record::Hop(_) | Record::Pause(_) | Record::Push(_) | Record::Flow(_) | Record::Raft(_) | Record::EndOfSegment => break,
             }
         }
         Ok((out, false))

@@ -85,7 +85,7 @@ impl Engine {
             Record::Carry(c) => Timer::new(offset, format::id_hash(c.put.id), c.seq, c.deliver_at_ms),
             Record::Transition(t) => Timer::new(t.msg_offset, t.id_hash, t.seq, t.deliver_at_ms),
             Record::Hop(h) => Timer::new(h.msg_offset, h.id_hash, h.seq, h.target_ms),
-            Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => {
+            Record::Pause(_) | Record::Push(_) | Record::Flow(_) | Record::Raft(_) | Record::EndOfSegment => {
                 return Err(Error::Corrupt {
                     file: "commitlog".into(),
                     offset,

@@ -106,10 +106,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Every topic with a queue, a count or a pause, by name, with its counts.
+    /// Every topic with a queue, a count, a pause or flow control, by name, with its counts.
     pub fn topics(&self) -> Vec<TopicInfo> {
         let mut names: BTreeSet<&str> = self.store.topic_queues().map(|(name, _)| name).collect();
         names.extend(self.store.paused_topics());
+        names.extend(self.store.flow_topics());
         names
             .into_iter()
             .map(|name| {
@@ -125,6 +126,7 @@ impl Engine {
                     delayed,
                     dead_lettered: dlq.map_or(0, |(r, v, d)| r + v + d),
                     paused: self.store.is_paused(name),
+                    flow: self.flow_of(name).ok().flatten(),
                 }
             })
             .collect()

@@ -12,7 +12,9 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use prometheus::{Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    CounterVec, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+};
 
 use super::error::ApiError;
 use super::process::{self, ProcessStats};
@@ -284,7 +286,24 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     histogram_with_max(&reg, &m.engine_step_cpu_us)?;
     reclaim_counters(&reg, stats)?;
     store_gauges(&reg, m, stats)?;
+    flow_throttled(&reg, m)?;
     Ok(reg)
+}
+
+/// `delayd_topic_throttled_seconds_total{topic,limit}`: time ready messages waited on flow control.
+fn flow_throttled(reg: &Registry, m: &Metrics) -> prometheus::Result<()> {
+    let c = CounterVec::new(
+        Opts::new(
+            "delayd_topic_throttled_seconds_total",
+            "Time a topic's ready messages waited on its flow control, by topic and limit (max_per_second, max_reserved).",
+        ),
+        &["topic", "limit"],
+    )?;
+    for (topic, limit, ms) in m.throttled() {
+        c.with_label_values(&[crate::http::topic_name::shown(&topic).as_str(), limit])
+            .inc_by(ms as f64 / 1000.0);
+    }
+    reg.register(Box::new(c))
 }
 
 /// The counters of requests, deliveries and repairs, and the long polls waiting now.

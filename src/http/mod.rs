@@ -7,6 +7,7 @@ mod compat;
 mod compat_paths;
 mod error;
 mod extract;
+mod flow;
 mod history;
 mod json;
 pub mod metrics;
@@ -187,6 +188,7 @@ fn routes() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(topics::redrive))
         .routes(routes!(topics::purge))
         .routes(routes!(push::put, push::get, push::delete))
+        .routes(routes!(flow::put, flow::get, flow::delete))
         .routes(routes!(metrics::handler))
         // The original serves these paths for any method; so must a drop-in. The document
         // describes POST, which its clients use, and says so.
@@ -302,6 +304,7 @@ pub const READ_ROUTES: &[(Option<&str>, &str)] = &[
     (Some("GET"), "/v1/topics"),
     (Some("GET"), "/v1/topics/{topic}/messages"),
     (Some("GET"), "/v1/topics/{topic}/push"),
+    (Some("GET"), "/v1/topics/{topic}/flow"),
     (Some("GET"), "/v1/messages/{id}"),
     (Some("GET"), "/v1/messages/{id}/history"),
     (Some("GET"), "/v1/stats"),

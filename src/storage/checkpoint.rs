@@ -175,6 +175,7 @@ mod tests {
             ],
             paused: vec![("orders".into(), 99), ("订单 a".into(), 7)],
             push: vec![("hooks".into(), 1234)],
+            flow: vec![("slow".into(), 77)],
             serial: 0,
         };
         cp.store(&path, &Durability::new(dir.path())).unwrap();
@@ -188,7 +189,7 @@ mod tests {
         }
     }
 
-    /// A version 1 or 2 checkpoint (an older delayd's) is rebuilt from the log, not refused; a newer
+    /// A version 1, 2 or 3 checkpoint (an older delayd's) is rebuilt from the log, not refused; a newer
     /// one is refused.
     #[test]
     fn older_checkpoints_read_as_rebuildable_and_newer_ones_as_another_version() {
@@ -200,7 +201,7 @@ mod tests {
             b[n..].copy_from_slice(&crc.to_le_bytes());
             Checkpoint::decode_checked(&b)
         };
-        for v in [1, 2] {
+        for v in [1, 2, 3] {
             assert!(matches!(with_version(v), Err(CheckpointDamage::Damaged(_))), "version {v}");
         }
         assert!(with_version(CHECKPOINT_VERSION).is_ok());

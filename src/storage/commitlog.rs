@@ -1072,7 +1072,7 @@ mod tests {
         let mut bytes = fs::read(&seg).unwrap();
         let at = offs[3] as usize;
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        bytes[at + 6] = format::RECORD_VERSION_ERROR + 1;
+        bytes[at + 6] = format::RECORD_VERSION_FLOW + 1;
         let mut h = crc32fast::Hasher::new();
         h.update(&bytes[at..at + 8]);
         h.update(&bytes[at + HEADER_BYTES..at + len]);

@@ -173,6 +173,9 @@ enum Command {
         #[arg(long, value_name = "DIR", value_parser = parse_backup_dir)]
         to: String,
     },
+    /// Show a topic's flow control, or set it (any limit given) or remove it (--clear). It limits
+    /// pops and push deliveries of the topic alike.
+    Flow(Flow),
     /// Inspect or change the cluster this node belongs to.
     Cluster {
         #[command(subcommand)]
@@ -229,6 +232,25 @@ struct Produce {
     /// Retry delays after each nack, e.g. "1m 5m 30m".
     #[arg(long, value_parser = backoff_ms)]
     backoff: Option<Backoff>,
+}
+
+/// Arguments of `flow`.
+#[derive(Debug, Args)]
+struct Flow {
+    /// The topic.
+    topic: String,
+    /// Deliveries per second at most (a token bucket's rate).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_per_second: Option<u32>,
+    /// Deliveries at once after a quiet spell (default: --max-per-second).
+    #[arg(long, requires = "max_per_second", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    burst: Option<u32>,
+    /// Messages of the topic reserved (popped, not acked) at once at most.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_reserved: Option<u32>,
+    /// Remove the topic's flow control.
+    #[arg(long, conflicts_with_all = ["max_per_second", "burst", "max_reserved"])]
+    clear: bool,
 }
 
 /// Arguments of `reschedule`.
@@ -450,6 +472,7 @@ fn run(api: &Api, command: Command) -> Result<Output, Failure> {
         Command::Resume { topic } => {
             (api.post(&["v1", "topics", &topic, "resume"], &json!({}))?, |_| "resumed\n".into())
         }
+        Command::Flow(f) => (flow(api, f)?, show_flow),
         Command::Cluster { command: ClusterCommand::Status } => {
             (api.get(&["v1", "cluster"], &[])?, show_cluster)
         }
@@ -541,6 +564,26 @@ fn redrive(api: &Api, topic: &str, ids: Vec<String>) -> Result<Answer, Failure> 
 
 /// Purges only with `--yes`, and only a topic that exists: the API answers a purge of a mistyped
 /// name with `cancelled 0`, which reads like success.
+/// `flow`: a PUT when a limit is given, a DELETE for --clear, else a GET.
+fn flow(api: &Api, f: Flow) -> Result<Answer, Failure> {
+    let path = ["v1", "topics", f.topic.as_str(), "flow"];
+    if f.clear {
+        return api.call(Method::DELETE, &path, &[], None, Duration::ZERO);
+    }
+    let mut body = json!({});
+    for (key, v) in
+        [("max_per_second", f.max_per_second), ("burst", f.burst), ("max_reserved", f.max_reserved)]
+    {
+        if let Some(v) = v {
+            body[key] = json!(v);
+        }
+    }
+    if body.as_object().is_some_and(|o| o.is_empty()) {
+        return api.get(&path, &[]);
+    }
+    api.call(Method::PUT, &path, &[], Some(&body), Duration::ZERO)
+}
+
 fn purge(api: &Api, topic: &str, yes: bool) -> Result<Answer, Failure> {
     if !yes {
         return Err(Failure::Input(format!(

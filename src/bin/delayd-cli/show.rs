@@ -271,3 +271,18 @@ pub(crate) fn show_backup(a: &Answer) -> String {
         text(&v["to"])
     )
 }
+
+/// A topic's flow control, one limit a line; or that it was removed.
+pub(crate) fn show_flow(a: &Answer) -> String {
+    let v = &a.value;
+    if v["removed"] == Value::Bool(true) {
+        return format!("flow control of {} removed\n", text(&v["topic"]));
+    }
+    let mut out = format!("flow control of {}\n", text(&v["topic"]));
+    for key in ["max_per_second", "burst", "max_reserved"] {
+        let shown = if v[key].is_null() { "none".to_string() } else { text(&v[key]) };
+        out.push_str(&format!("  {key:<15}{shown}\n"));
+    }
+    out.push_str(&format!("  {:<15}{}\n", "updated", time(&v["updated_at_ms"])));
+    out
+}

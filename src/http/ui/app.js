@@ -428,6 +428,8 @@
       const actions = h('td', { class: 'actions' },
         h('button', { type: 'button', key: 'browse:' + t.topic, 'aria-label': 'Browse ' + t.topic,
           onclick: () => startBrowse(t.topic) }, 'Browse'),
+        full && !isDlq ? h('button', { type: 'button', key: 'flow:' + t.topic, 'aria-label': 'Flow control of ' + t.topic,
+          onclick: () => editFlow(t) }, 'Flow') : null,
         full ? h('button', { type: 'button', key: 'pause:' + t.topic,
           'aria-label': (t.paused ? 'Resume ' : 'Pause ') + t.topic,
           onclick: () => setPaused(t.topic, !t.paused) }, t.paused ? 'Resume' : 'Pause') : null,
@@ -447,7 +449,7 @@
         h('td', { class: 'num', 'data-label': 'Dead-lettered' }, t.dead_lettered),
         h('td', { 'data-label': 'Oldest ready', 'data-age': true }, ageCell(t.topic)),
         h('td', { 'data-label': 'Push', 'data-push-cell': true }, pushCell(t.topic)),
-        h('td', { 'data-label': 'State' }, state),
+        h('td', { 'data-label': 'State' }, state, t.flow ? h('br') : null, flowBadge(t.flow)),
         actions);
     });
     replaceKeepingFocus($('topics').tBodies[0], rows);
@@ -486,6 +488,63 @@
       say(doneText(r || {}), false);
     } catch (e) {
       if (unavailable(e)) say('Not available on this server: POST /v1/topics/{topic}/' + verb + '.', true);
+      else report(e);
+    }
+    refresh();
+  }
+
+  // ---- flow control ----
+
+  function flowText(f) {
+    const parts = [];
+    if (f.max_per_second) parts.push('≤ ' + f.max_per_second + '/s (burst ' + f.burst + ')');
+    if (f.max_reserved) parts.push('≤ ' + f.max_reserved + ' reserved');
+    return parts.join(', ');
+  }
+
+  function flowBadge(f) {
+    return f ? h('span', { class: 'badge flow', 'data-flow': true, title: 'Flow control' }, flowText(f)) : null;
+  }
+
+  // Fills the form with the topic's flow control (empty fields where it has no such limit).
+  function editFlow(t) {
+    const f = t.flow || {};
+    $('flow-topic').value = t.topic;
+    $('flow-rate').value = f.max_per_second || '';
+    $('flow-burst').value = f.max_per_second ? f.burst : '';
+    $('flow-reserved').value = f.max_reserved || '';
+    $('flow').scrollIntoView({ block: 'start' });
+    $('flow-rate').focus();
+  }
+
+  async function saveFlow(ev) {
+    ev.preventDefault();
+    const topic = $('flow-topic').value.trim();
+    const body = {};
+    for (const [id, key] of [['flow-rate', 'max_per_second'], ['flow-burst', 'burst'], ['flow-reserved', 'max_reserved']]) {
+      const v = $(id).value.trim();
+      if (v) body[key] = Number(v);
+    }
+    if (!topic) return;
+    try {
+      const r = await api('PUT', 'v1/topics/' + enc(topic) + '/flow', body);
+      say('Flow control of ' + r.topic + ': ' + flowText(r) + '.', false);
+    } catch (e) {
+      if (unavailable(e)) say('Not available on this server: PUT /v1/topics/{topic}/flow.', true);
+      else report(e);
+    }
+    refresh();
+  }
+
+  async function clearFlow() {
+    const topic = $('flow-topic').value.trim();
+    if (!topic) return;
+    try {
+      await api('DELETE', 'v1/topics/' + enc(topic) + '/flow');
+      say('Flow control of ' + topic + ' removed.', false);
+      for (const id of ['flow-rate', 'flow-burst', 'flow-reserved']) $(id).value = '';
+    } catch (e) {
+      if (e.status === 404) say(topic + ' has no flow control.', true);
       else report(e);
     }
     refresh();
@@ -1074,6 +1133,8 @@
     if (id) lookup(id);
   });
   $('cancel-msg').addEventListener('click', cancelShown);
+  $('flow-form').addEventListener('submit', saveFlow);
+  $('flow-clear').addEventListener('click', clearFlow);
   $('select-all').addEventListener('change', selectAll);
   $('bulk-deliver').addEventListener('click', bulkDeliver);
   $('bulk-cancel').addEventListener('click', bulkCancel);

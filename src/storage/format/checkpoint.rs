@@ -2,7 +2,8 @@
 //!
 //! Checkpoint: `magic "DLCK", version u16, reserved u16, dispatched u64, queue count u32`, then
 //! per queue `kind u8, name len u16, name, len, cursor, reserved, dead, delayed, ready (u64 each)`,
-//! then the paused and the push lists (`count u32`, then `topic len u16, topic, offset u64` each),
+//! then the paused, the push and the flow lists (`count u32`, then `topic len u16, topic, offset
+//! u64` each),
 //! then a CRC32 of everything before it. Clean marker: `magic "DLCS", version u16, reserved u16,
 //! log end u64, CRC32`.
 
@@ -12,8 +13,9 @@ use super::{Dec, DecodeError, Enc};
 pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"DLCK");
 /// Magic of the clean-shutdown marker ("DLCS").
 pub const CLEAN_MAGIC: u32 = u32::from_le_bytes(*b"DLCS");
-/// Layout version of both files (3: per-topic state counts, paused topics, push subscriptions).
-pub const CHECKPOINT_VERSION: u16 = 3;
+/// Layout version of both files (4: per-topic state counts, paused topics, push subscriptions,
+/// flow control).
+pub const CHECKPOINT_VERSION: u16 = 4;
 /// Bytes of a clean-shutdown marker.
 pub const CLEAN_MARKER_BYTES: usize = 20;
 
@@ -59,6 +61,8 @@ pub struct Checkpoint {
     pub paused: Vec<(String, u64)>,
     /// Topics with a push subscription, each with the log offset of its Push record.
     pub push: Vec<(String, u64)>,
+    /// Topics with flow control, each with the log offset of its Flow record.
+    pub flow: Vec<(String, u64)>,
     /// Which snapshot of this process it is (in memory only, 0 when loaded): reclaim must know a
     /// checkpoint was taken after its decision, which `dispatched` alone cannot tell when nothing
     /// was appended in between.
@@ -102,7 +106,7 @@ impl Checkpoint {
                 e.u64(v);
             }
         }
-        for list in [&self.paused, &self.push] {
+        for list in [&self.paused, &self.push, &self.flow] {
             e.u32(list.len() as u32);
             for (topic, offset) in list {
                 e.u16(topic.len() as u16);
@@ -136,7 +140,7 @@ impl Checkpoint {
             return Err(damaged("bad magic"));
         }
         let version = d.u16().unwrap_or(0);
-        if version == 1 || version == 2 {
+        if (1..=3).contains(&version) {
             // An older delayd's: everything in it can be derived again from the log.
             return Err(damaged(&format!("layout version {version}, without all of today's fields")));
         }
@@ -171,7 +175,7 @@ impl Checkpoint {
                 ready: d.u64()?,
             });
         }
-        let mut lists = [Vec::new(), Vec::new()];
+        let mut lists = [Vec::new(), Vec::new(), Vec::new()];
         for list in &mut lists {
             for _ in 0..d.u32()? {
                 let topic = d.string()?;
@@ -179,8 +183,8 @@ impl Checkpoint {
             }
         }
         d.done()?;
-        let [paused, push] = lists;
-        Ok(Checkpoint { dispatched, queues, paused, push, serial: 0 })
+        let [paused, push, flow] = lists;
+        Ok(Checkpoint { dispatched, queues, paused, push, flow, serial: 0 })
     }
 }
 
@@ -241,8 +245,8 @@ mod tests {
                 }
             });
         let list = || proptest::collection::vec((name(), any::<u64>()), 0..4);
-        (any::<u64>(), proptest::collection::vec(queue, 0..4), list(), list()).prop_map(
-            |(dispatched, queues, paused, push)| Checkpoint { dispatched, queues, paused, push, serial: 0 },
+        (any::<u64>(), proptest::collection::vec(queue, 0..4), list(), list(), list()).prop_map(
+            |(dispatched, queues, paused, push, flow)| Checkpoint { dispatched, queues, paused, push, flow, serial: 0 },
         )
     }
 
@@ -314,9 +318,10 @@ mod tests {
             }],
             paused: vec![("p".into(), 7)],
             push: vec![],
+            flow: vec![("f".into(), 8)],
             serial: 9,
         };
-        let mut want = b"DLCK\x03\x00\x00\x00".to_vec();
+        let mut want = b"DLCK\x04\x00\x00\x00".to_vec();
         want.extend(5u64.to_le_bytes());
         want.extend(1u32.to_le_bytes());
         want.extend([1, 2, 0, b'a', b'b']);
@@ -327,12 +332,15 @@ mod tests {
         want.extend([1, 0, b'p']);
         want.extend(7u64.to_le_bytes());
         want.extend(0u32.to_le_bytes());
+        want.extend(1u32.to_le_bytes());
+        want.extend([1, 0, b'f']);
+        want.extend(8u64.to_le_bytes());
         let crc = crc32fast::hash(&want);
         want.extend(crc.to_le_bytes());
         assert_eq!(cp.encode(), want);
-        assert_eq!(Checkpoint::default().encode().len(), 32, "an empty version 3 checkpoint");
+        assert_eq!(Checkpoint::default().encode().len(), 36, "an empty version 4 checkpoint");
 
-        let mut marker = b"DLCS\x03\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01".to_vec();
+        let mut marker = b"DLCS\x04\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01".to_vec();
         let crc = crc32fast::hash(&marker);
         marker.extend(crc.to_le_bytes());
         assert_eq!(encode_clean_marker(0x0102_0304_0506_0708)[..], marker[..]);

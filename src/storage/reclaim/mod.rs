@@ -102,7 +102,7 @@ impl Store {
             segs.add(log, s.msg_offset.get(), log.record_len(s.msg_offset.get()));
             segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
         });
-        for &at in self.paused.values().chain(self.push.values()) {
+        for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
             segs.add(log, at, log.record_len(at));
         }
         self.segs = segs;
@@ -117,7 +117,7 @@ impl Store {
             fresh.add(log, s.msg_offset.get(), log.record_len(s.msg_offset.get()));
             fresh.state(log, s.msg_offset.get(), State::Delayed, s.state);
         });
-        for &at in self.paused.values().chain(self.push.values()) {
+        for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
             fresh.add(log, at, log.record_len(at));
         }
         let counts = |c: &SegCounts| -> Vec<(u64, u64, u64)> {
@@ -366,6 +366,10 @@ impl Store {
                     live += next - offset;
                     None
                 }
+                Record::Flow(f) if self.flow_in_effect(f, offset) => {
+                    live += next - offset;
+                    None
+                }
                 _ => None,
             };
             if let Some(hash) = msg {
@@ -471,8 +475,13 @@ impl Store {
         self.push.get(String::from_utf8_lossy(p.topic).as_ref()) == Some(&offset)
     }
 
+    /// Whether the Flow record at `offset` is the flow control in effect for its topic.
+    fn flow_in_effect(&self, f: &format::Flow<'_>, offset: u64) -> bool {
+        self.flow.get(String::from_utf8_lossy(f.topic).as_ref()) == Some(&offset)
+    }
+
     /// What carrying the record at `offset` does: topic settings in effect (a pause, a push
-    /// subscription) move forward like live messages (ending one needs no copy, since no record in
+    /// subscription, flow control) move forward like live messages (ending one needs no copy, since no record in
     /// the log means not set); a live message is copied forward; an expired one is forgotten.
     fn carry_step(
         &self,
@@ -488,6 +497,9 @@ impl Store {
             }
             Record::Push(p) if self.push_in_effect(p, offset) => {
                 return Ok(CarryStep::Append { record: format::encode_push(p)?, message: false })
+            }
+            Record::Flow(f) if self.flow_in_effect(f, offset) => {
+                return Ok(CarryStep::Append { record: format::encode_flow(f)?, message: false })
             }
             Record::Put(p) => p,
             Record::Carry(c) => &c.put,

@@ -48,7 +48,8 @@ impl Store {
             .then_some((self.snapshots, self.sealed));
         let paused = self.paused.iter().map(|(t, o)| (t.clone(), *o)).collect();
         let push = self.push.iter().map(|(t, o)| (t.clone(), *o)).collect();
-        Checkpoint { dispatched: self.dispatched, queues, paused, push, serial: self.snapshots }
+        let flow = self.flow.iter().map(|(t, o)| (t.clone(), *o)).collect();
+        Checkpoint { dispatched: self.dispatched, queues, paused, push, flow, serial: self.snapshots }
     }
 
     /// Flushes everything and records the dispatch position, queue lengths and cursors.

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::storage::consumequeue::Entry;
 use crate::storage::durability::Failure;
 use crate::storage::format::{
-    self, Carry, Cause, Home, Hop, Pause, Push, Put, Record, Route, State, Transition,
+    self, Carry, Cause, Flow, Home, Hop, Pause, Push, Put, Record, Route, State, Transition,
 };
 use crate::storage::index::Slot;
 use crate::storage::types::{IdHash, LogOffset, UnixMs};
@@ -67,6 +67,7 @@ impl Store {
             Record::Hop(h) => self.dispatch_hop(offset, size, h),
             Record::Pause(p) => self.dispatch_pause(offset, size, p),
             Record::Push(p) => self.dispatch_push(offset, size, p),
+            Record::Flow(f) => self.dispatch_flow(offset, size, f),
             Record::Raft(_) | Record::EndOfSegment => Ok(()),
         }
     }
@@ -141,6 +142,10 @@ impl Store {
             Record::Push(p) => {
                 let held = Held::of(&[], p.topic);
                 self.dispatch_push(offset, size, &held.push(p))?;
+            }
+            Record::Flow(f) => {
+                let held = Held::of(&[], f.topic);
+                self.dispatch_flow(offset, size, &Flow { topic: held.topic(), ..f })?;
             }
             Record::Raft(_) | Record::EndOfSegment => {}
         }
@@ -334,6 +339,23 @@ impl Store {
             self.segs.sub(&self.log, prev, len);
         }
         self.push_changes += 1;
+        Ok(())
+    }
+
+    /// Applies a Flow (a topic's flow control set or removed): the record in effect, kept by
+    /// reclaim.
+    fn dispatch_flow(&mut self, offset: u64, size: u32, f: &Flow<'_>) -> Result<()> {
+        let topic = String::from_utf8_lossy(f.topic).into_owned();
+        let prev = if f.is_clear() {
+            self.flow.remove(&topic)
+        } else {
+            self.segs.add(&self.log, offset, u64::from(size));
+            self.flow.insert(topic, offset)
+        };
+        if let Some(prev) = prev {
+            let len = self.log.record_len(prev);
+            self.segs.sub(&self.log, prev, len);
+        }
         Ok(())
     }
 

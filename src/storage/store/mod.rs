@@ -144,6 +144,9 @@ pub struct Store {
     pub(super) push: BTreeMap<String, u64>,
     /// Push records applied so far, so that the pushers can tell when to look again.
     push_changes: u64,
+    /// Topics with flow control, with the offset of the Flow record in effect (reclaim copies it
+    /// forward; the limits are read from it).
+    pub(super) flow: BTreeMap<String, u64>,
     /// Topics whose queue files are open, by last use (oldest first); at most `cfg.open_queues`.
     lru: BTreeMap<u64, String>,
     /// Key of the most recent use.
@@ -446,9 +449,22 @@ impl Store {
         self.push_changes
     }
 
-    /// Whether `topic` exists: it has a queue, a pause or a push subscription.
+    /// Offset of the Flow record in effect for `topic`, if it has flow control.
+    pub fn flow_at(&self, topic: &str) -> Option<LogOffset> {
+        self.flow.get(topic).copied().map(LogOffset::new)
+    }
+
+    /// The topics with flow control, by name.
+    pub fn flow_topics(&self) -> impl Iterator<Item = &str> {
+        self.flow.keys().map(String::as_str)
+    }
+
+    /// Whether `topic` exists: it has a queue, a pause, a push subscription or flow control.
     pub fn knows_topic(&self, topic: &str) -> bool {
-        self.topics.contains_key(topic) || self.paused.contains_key(topic) || self.push.contains_key(topic)
+        self.topics.contains_key(topic)
+            || self.paused.contains_key(topic)
+            || self.push.contains_key(topic)
+            || self.flow.contains_key(topic)
     }
 
     /// How many topics exist (see [`knows_topic`](Self::knows_topic)).
@@ -460,7 +476,12 @@ impl Store {
             .keys()
             .filter(|t| !self.topics.contains_key(*t) && !self.paused.contains_key(*t))
             .count();
-        self.topics.len() + paused_only + push_only
+        let flow_only = self
+            .flow
+            .keys()
+            .filter(|t| !self.topics.contains_key(*t) && !self.paused.contains_key(*t) && !self.push.contains_key(*t))
+            .count();
+        self.topics.len() + paused_only + push_only + flow_only
     }
 
     /// Messages in the id index.

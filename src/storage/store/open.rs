@@ -91,6 +91,7 @@ impl Store {
             paused: BTreeMap::new(),
             push: BTreeMap::new(),
             push_changes: 0,
+            flow: BTreeMap::new(),
             lru: BTreeMap::new(),
             lru_tick: 0,
             index,
@@ -155,6 +156,7 @@ impl Store {
         // Pauses before the checkpoint's position; later ones are replayed below.
         self.paused = cp.paused.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
         self.push = cp.push.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
+        self.flow = cp.flow.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
         if !rebuild {
             rebuild = !self.open_queues(cp, dispatched, report)?;
         }
@@ -453,6 +455,7 @@ impl Store {
         // Pauses come back from their records (reclaim keeps the one in effect in the log).
         self.paused.clear();
         self.push.clear();
+        self.flow.clear();
         self.lru.clear();
         let cq_root = self.dir.join("cq");
         if cq_root.exists() {

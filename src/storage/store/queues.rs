@@ -213,7 +213,7 @@ impl Store {
             }
             Record::Hop(h) if h.msg_offset < self.log.start() => return Ok(Routed::Reclaimed),
             Record::Hop(h) => (h.route, None, 0),
-            Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => return Ok(Routed::Nowhere),
+            Record::Pause(_) | Record::Push(_) | Record::Flow(_) | Record::Raft(_) | Record::EndOfSegment => return Ok(Routed::Nowhere),
         };
         Ok(match (route, topic) {
             (Route::Topic, Some(t)) => Routed::To(

@@ -20,7 +20,7 @@ fn deliver_at_of(rec: &Record<'_>) -> u64 {
         Record::Transition(t) => t.deliver_at_ms,
         Record::Carry(c) => c.deliver_at_ms,
         Record::Hop(h) => h.target_ms,
-        Record::Pause(_) | Record::Push(_) | Record::Raft(_) | Record::EndOfSegment => 0,
+        Record::Pause(_) | Record::Push(_) | Record::Flow(_) | Record::Raft(_) | Record::EndOfSegment => 0,
     }
 }
 
