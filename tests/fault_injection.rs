@@ -356,3 +356,22 @@ async fn a_failed_rename_retiring_the_old_index_table_refuses_writes_and_loses_n
     b.produce("t", req("after".into(), 10, When::Now)).await.expect("writable after a restart");
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_store_refuses_a_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::open(config(dir.path())).unwrap();
+    b.produce("t", req("before".into(), 10, When::Now)).await.unwrap();
+    let to = tempfile::tempdir().unwrap();
+    let ok = b.backup(to.path().join("good")).await;
+    assert!(ok.is_ok(), "a healthy store backs up: {ok:?}");
+    let fault = Fault::new(Op::Sync, dir.path(), libc::EIO).path_contains("commitlog").inject();
+    let r = b.produce("t", req("poison".into(), 10, When::Now)).await;
+    assert!(r.is_err(), "the failed sync is not acknowledged: {r:?}");
+    drop(fault);
+    wait_until("the store is poisoned", || !b.store_writable()).await;
+    let refused = b.backup(to.path().join("bad")).await;
+    assert_refused_with_reason(refused, "fdatasync");
+    assert!(!to.path().join("bad").exists(), "nothing was written for the refused backup");
+    b.shutdown().await.ok();
+}

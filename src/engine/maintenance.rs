@@ -123,8 +123,11 @@ impl Engine {
 impl Engine {
     /// The cut a backup copies (see `storage::backup`): the log's end now and a handle on every
     /// segment, so the copy holds every change applied before this call and none after. Refused
-    /// on a cluster node, whose log is the replicated one (see docs/backup.md).
+    /// on a cluster node, whose log is the replicated one (see docs/backup.md), and on a store
+    /// whose sync failed: its log may hold records never acknowledged, and nothing is
+    /// acknowledged after a failed sync, a backup included.
     pub fn backup_cut(&self, started: std::time::Instant) -> Result<crate::storage::backup::Cut> {
+        self.writable()?;
         if self.store.replicated() {
             return Err(crate::error::Error::Conflict(
                 "backup is for a single node, and this is a cluster node: every node holds the whole \
