@@ -74,6 +74,27 @@ fn the_bucket_gives_its_burst_then_one_token_per_interval_and_says_when_the_next
 }
 
 #[test]
+fn a_clock_stepped_back_does_not_hold_the_topic_until_it_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let metrics = Arc::new(Metrics::default());
+    let mut e = open(dir.path(), &clock, &metrics);
+    produce(&mut e, "t", 10);
+    e.set_flow("t", Some(&flow(Some(10), Some(1), None))).unwrap();
+    let t = ["t".to_string()];
+    assert_eq!(e.pop_flow(&t, 10, None).unwrap().0.len(), 1, "the burst");
+    // An hour back: the next token still comes 100 ms later by the new time.
+    clock.set_ms(T0 - 3_600_000);
+    assert_eq!(e.pop_flow(&t, 10, None).unwrap().0.len(), 0);
+    clock.advance_ms(100);
+    assert_eq!(
+        e.pop_flow(&t, 10, None).unwrap().0.len(),
+        1,
+        "refilled by the new time, not held for an hour"
+    );
+}
+
+#[test]
 fn max_reserved_caps_what_is_reserved_and_an_ack_makes_room() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::at_ms(T0));

@@ -109,8 +109,11 @@ impl Engine {
             let b = self.flow.buckets.entry(topic.to_string()).or_insert(Bucket { tokens: f64::from(burst), at_ms: now });
             if now > b.at_ms {
                 b.tokens = (b.tokens + (now - b.at_ms) as f64 * f64::from(rate) / 1000.0).min(f64::from(burst));
-                b.at_ms = now;
             }
+            // A wall clock stepped back counts as no time passed, not as time to wait out: the
+            // bucket refills from the new time on, instead of holding the topic until the clock
+            // is back where it was.
+            b.at_ms = now;
             let whole = b.tokens.floor().max(0.0) as usize;
             if whole < take {
                 take = whole;
