@@ -70,13 +70,21 @@ const ANCHOR_SLACK_US: i128 = 1;
 /// difference of truncated stamps is off by less than 1 µs.
 const STAMP_SLACK_US: i128 = 2;
 
+/// How far this node's wall and monotonic readings of a probe's round trip may disagree before
+/// the sample is taken for a stepped clock. They are read one after the other, and a thread
+/// preempted between the two (any busy machine) makes them disagree by microseconds to
+/// milliseconds: with 2 µs here, a node under load refused nearly every sample, and one far
+/// ahead was never found out. The disagreement is added to the sample's error bound instead
+/// (see [`Sample::error_us`]), so what this lets through only widens the bound.
+const LOCAL_STEP_SLACK_US: i128 = 500;
+
 impl Sample {
     /// Refuses a sample whose stamps contradict each other, which only a clock stepped during the
     /// probe (or a peer misreporting) produces; its offset would be wrong by the step.
     pub fn check(&self) -> Result<(), SampleError> {
         let (t0, t1, t2, t3) = (self.t0 as i128, self.t1 as i128, self.t2 as i128, self.t3 as i128);
         let rtt = self.rtt_us as i128;
-        if t3 < t0 || (t3 - t0 - rtt).abs() > STAMP_SLACK_US {
+        if t3 < t0 || (t3 - t0 - rtt).abs() > LOCAL_STEP_SLACK_US {
             return Err(SampleError::LocalClockStepped { wall_us: t3 - t0, rtt_us: self.rtt_us });
         }
         // The turnaround is inside the round trip: longer (or negative) means the peer's clock
@@ -94,11 +102,16 @@ impl Sample {
     }
 
     /// The most [`Sample::offset_us`] can be off by: half the round trip (the worst asymmetry of
-    /// the two one-way delays), plus the stamps' millisecond truncation. Derivation: the real
-    /// round trip is under `rtt_us + 1`; the two stamp differences are each off by under 1 µs,
-    /// so their half-sum by under 1; the halving rounds by at most 0.5.
+    /// the two one-way delays), plus the stamps' millisecond truncation, plus half of any
+    /// disagreement between this node's wall and monotonic readings of the round trip (a step
+    /// of the wall clock that small, or the time between reading the two, shifts the estimate
+    /// by at most that much). Derivation: the real round trip is under `rtt_us + 1`; the two
+    /// stamp differences are each off by under 1 µs, so their half-sum by under 1; the halving
+    /// rounds by at most 0.5.
     pub fn error_us(&self) -> u64 {
-        self.rtt_us.saturating_add(1).div_ceil(2).saturating_add(2)
+        let disagree = (self.t3 as i128 - self.t0 as i128 - self.rtt_us as i128).unsigned_abs();
+        let disagree = u64::try_from(disagree.div_ceil(2)).unwrap_or(u64::MAX);
+        self.rtt_us.saturating_add(1).div_ceil(2).saturating_add(2).saturating_add(disagree)
     }
 }
 
@@ -532,6 +545,18 @@ mod tests {
         assert_eq!(p.estimate(5_000_000 + cfg.stale_after_us + 1), None);
     }
 
+    /// Wall and monotonic readings that disagree by less than a step (a thread preempted between
+    /// reading them) keep the sample, with the disagreement in its bound.
+    #[test]
+    fn a_small_disagreement_is_kept_and_widens_the_bound() {
+        let s = probe(NOW, 0, 10, 1, 10);
+        let mut late = s;
+        late.t3 += 300;
+        assert!(late.check().is_ok());
+        assert_eq!(late.error_us(), s.error_us() + 150);
+        assert!((late.offset_us() - s.offset_us()).unsigned_abs() <= late.error_us() - s.error_us());
+    }
+
     #[test]
     fn stepped_clocks_are_refused() {
         let mut s = probe(NOW, 0, 10, 1, 10);
@@ -553,7 +578,7 @@ mod tests {
     fn extreme_stamps_do_not_overflow() {
         let s = Sample { t0: i64::MIN, t1: i64::MAX, t2: i64::MAX, t3: i64::MIN, rtt_us: 0 };
         assert_eq!(s.offset_us(), i64::MAX);
-        assert_eq!(Sample { t0: 0, t1: 0, t2: 0, t3: 0, rtt_us: u64::MAX }.error_us(), (1 << 63) + 2);
+        assert_eq!(Sample { t0: 0, t1: 0, t2: 0, t3: 0, rtt_us: u64::MAX }.error_us(), u64::MAX);
         assert!(Sample { t0: i64::MAX, t1: 0, t2: 0, t3: i64::MIN, rtt_us: u64::MAX }.check().is_err());
     }
 
