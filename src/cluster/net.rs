@@ -66,9 +66,6 @@ const CHUNK: usize = 1 << 20;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
-/// Where a link's reader hands what arrives: the driver steps it on the reader's thread.
-pub type Inbound = Arc<dyn Fn(Event) + Send + Sync>;
-
 /// The links to the other nodes, by node id.
 type Peers = Arc<std::sync::RwLock<HashMap<u64, PeerLink>>>;
 
@@ -135,7 +132,7 @@ impl Net {
         rt: &tokio::runtime::Handle,
         cfg: &ClusterConfig,
         state: Arc<ClusterState>,
-        inbound: Inbound,
+        inbound: flume::Sender<Event>,
         stamps: Arc<Stamps>,
     ) -> Result<Net> {
         let data_dir = cfg.data_dir.clone();
@@ -307,7 +304,7 @@ struct Serve {
     me: u64,
     secret: Arc<[u8]>,
     state: Arc<ClusterState>,
-    inbound: Inbound,
+    inbound: flume::Sender<Event>,
     stamps: Arc<Stamps>,
     peers: Peers,
     /// The data directory, whose segments a node installing a snapshot fetches.
@@ -623,7 +620,9 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
             }
             _ => continue,
         };
-        inbound(event);
+        if inbound.send_async(event).await.is_err() {
+            return Ok(());
+        }
     }
 }
 
