@@ -314,7 +314,15 @@ pub fn drain(c: &Cluster, w: &Workload) {
 /// What the leader's `GET /v1/topics` counts for `topic` (ready, reserved, delayed); zero when
 /// it does not list it.
 fn topic_left(c: &Cluster, topic: &str) -> Value {
-    let r = c.client().request("GET", "/v1/topics", None, 0).expect("GET /v1/topics answered");
+    let r = match c.client().request("GET", "/v1/topics", None, 0) {
+        Ok(r) => r,
+        Err(e) => {
+            // A node that does not answer at all after the faults is a failure of its own: the
+            // logs and each node's view say which and why.
+            save_logs(c, "topics-unanswered");
+            panic!("GET /v1/topics answered: {e}");
+        }
+    };
     let topics = r.body["topics"].as_array().cloned().unwrap_or_default();
     topics.iter().find(|t| t["topic"] == topic).cloned().unwrap_or(Value::Null)
 }
