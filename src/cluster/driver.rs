@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use super::log_store::{LogStore, SnapPoint, Snapshots, SNAPSHOT_TIMEOUT, WINDOW_BYTES};
 use super::net::Net;
 use super::persist::save_hard_state;
-use super::shared::{hand_over_lead, lock, now_ms, Event, Shared};
+use super::shared::{agrees, hand_over_lead, lock, now_ms, Event, Shared};
 use super::Role;
 
 /// One tick of the consensus clock.
@@ -440,9 +440,9 @@ impl Driver {
                 });
             }
         }
-        if let Some(end) = self.shared.end_of(commit) {
-            if let Ok(term) = r.raft_log.term(commit) {
-                if lock(&self.shared.marks).iter().any(|(i, _, _)| *i == commit) {
+        if let Some((index, end)) = self.shared.newest_agreed(commit, &r.raft_log) {
+            if index == commit {
+                if let Ok(term) = r.raft_log.term(commit) {
                     *lock(&self.snapshots.point) = Some(SnapPoint { index: commit, term, end });
                 }
             }
@@ -473,8 +473,15 @@ impl Driver {
             keep_from = keep_from.min(*index);
         }
         {
+            // A mark goes only while the next one agrees with Raft's log: a deposed leader whose
+            // own entries Raft replaced keeps the last mark both logs share, the point its log is
+            // cut back to (see `StoreSide::missing`). Without it, a node that had piled up many
+            // entries of its own cut them one per restart.
             let mut marks = lock(&self.shared.marks);
-            while marks.len() > 1 && marks.front().is_some_and(|(i, _, _)| *i < keep_from) {
+            while marks.len() > 1
+                && marks.front().is_some_and(|(i, _, _)| *i < keep_from)
+                && marks.get(1).is_some_and(|(i, t, _)| agrees(&raw.raft.raft_log, *i, *t))
+            {
                 marks.pop_front();
             }
         }

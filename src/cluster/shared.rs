@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex};
 
 use raft::prelude::Message;
-use raft::RawNode;
+use raft::{RaftLog, RawNode};
 
 use super::clock::ClockView;
 pub(super) use super::log_store::lock;
@@ -94,12 +94,32 @@ impl Shared {
         lock(&self.marks).iter().take_while(|(i, _, _)| *i <= index).last().map(|(_, _, end)| *end)
     }
 
+    /// The newest local entry at or below `index` that Raft's log holds too, same index and
+    /// term (all before it then agree as well): its index and the end offset of its mark. A
+    /// deposed leader's own entries, which Raft replaced by the new leader's, never count: they
+    /// are neither committed here nor a point to cut back to.
+    pub(super) fn newest_agreed(&self, index: u64, log: &RaftLog<LogStore>) -> Option<(u64, u64)> {
+        lock(&self.marks)
+            .iter()
+            .rev()
+            .filter(|(i, _, _)| *i <= index)
+            .find(|(i, t, _)| agrees(log, *i, *t))
+            .map(|(i, _, end)| (*i, *end))
+    }
+
     /// Whether the local log holds entry (`index`, `term`) durably (its mark ends at or before
     /// `offset`). The term matters: after a leader change Raft may replace entries this log still
     /// holds (a deposed leader's own), and those must not count as the new ones being durable.
     pub(super) fn holds(&self, index: u64, term: u64, offset: u64) -> bool {
         lock(&self.marks).iter().any(|(i, t, end)| *i == index && *t == term && *end <= offset)
     }
+}
+
+/// Whether Raft's log holds entry (`index`, `term`). One compacted out of Raft's window cannot be
+/// checked, and counts as held: it was committed, and a node whose log disagreed below the
+/// window is sent a snapshot.
+pub(super) fn agrees(log: &RaftLog<LogStore>, index: u64, term: u64) -> bool {
+    index + 1 < log.first_index() || log.term(index).is_ok_and(|t| t == term)
 }
 
 /// Hands the lead to the node that holds most of the log (a leader refused for its clock, or

@@ -35,14 +35,7 @@ impl Replicator for StoreSide {
         // agree too). Not to the commit index: Raft's may already count the leader's entries at
         // indexes where this log still holds a deposed leader's own, and not one entry a
         // restart either.
-        let agreed = |below: u64| {
-            let marks = lock(&self.shared.marks);
-            let found = marks.iter().rev().filter(|(i, _, _)| *i <= below);
-            found
-                .map(|(i, t, _)| (*i, *t))
-                .find(|(i, t)| log.term(*i).is_ok_and(|lt| lt == *t))
-                .map(|(i, _)| i)
-        };
+        let agreed = |below: u64| self.shared.newest_agreed(below, log).map(|(i, _)| i);
         if sealed.index > last {
             return Err(Diverged {
                 keep: agreed(last).unwrap_or(committed.min(last)),
