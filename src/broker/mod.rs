@@ -232,6 +232,19 @@ impl Broker {
         })
     }
 
+    /// Like [`Broker::waker`], but the step is taken right on the calling thread when the
+    /// engine is free and idle with nothing queued (see `Shared::try_inline`). The caller must
+    /// hold no lock the engine's step may take.
+    pub fn inline_waker(&self) -> Box<dyn Fn() + Send + Sync> {
+        let shared = Arc::downgrade(&self.shared);
+        Box::new(move || {
+            let Some(shared) = shared.upgrade() else { return };
+            if let Some(cmd) = shared.try_inline(Command::Wake) {
+                let _ = shared.tx.try_send(cmd);
+            }
+        })
+    }
+
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command) -> Result<T> {
         let (tx, rx) = oneshot::channel();
         // Applied inline, the reply is already in `rx` (or, in sync mode under load, on its way

@@ -1,6 +1,7 @@
-//! The raft thread: it owns the ticking of raft-rs's state machine, steps the messages other
-//! nodes send, handles each `Ready` (messages out, term and vote saved, entries handed to the
-//! engine), tells raft-rs what became durable, and publishes role, indexes and progress.
+//! The driver of raft-rs's state machine: it steps the messages other nodes send, handles each
+//! `Ready` (messages out, term and vote saved, entries handed to the engine), tells raft-rs what
+//! became durable, and publishes role, indexes and progress. The raft thread ticks its clock;
+//! the other threads step it where their news happens (see `shared`).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -40,10 +41,13 @@ pub(super) struct Driver {
     /// The other nodes.
     pub(super) peers: Vec<u64>,
     pub(super) next_probe: Instant,
+    /// When the consensus clock ticks next.
+    pub(super) next_tick: Instant,
     /// Entries in the window, with their sizes.
     pub(super) window: VecDeque<(u64, u64)>,
     pub(super) window_bytes: u64,
-    pub(super) wake_engine: Box<dyn Fn() + Send>,
+    /// The engine is to take a step once the driver's lock is released (see `Shared::wake`).
+    pub(super) engine_wanted: bool,
     pub(super) snapshots: Arc<Snapshots>,
     pub(super) restart: Arc<dyn Fn() + Send + Sync>,
     pub(super) window_entries: usize,
@@ -53,59 +57,84 @@ pub(super) struct Driver {
     pub(super) promoting: std::collections::HashSet<u64>,
 }
 
+/// The raft thread: ticks the consensus clock; everything else steps the driver where it
+/// happens (see `shared`).
+pub(super) fn run(shared: &Shared) {
+    let Some(driver) = shared.driver.get() else { return };
+    loop {
+        let wait = lock(driver).next_tick.saturating_duration_since(Instant::now());
+        std::thread::sleep(wait);
+        if stepped(|| lock(driver).step(true)) {
+            (shared.wake_engine)();
+        }
+    }
+}
+
+/// Runs one step of the driver. raft-rs stops on a broken invariant by panicking, on whichever
+/// thread steps it: a node whose consensus state may be half-changed must not go on answering
+/// as if it were part of the cluster.
+pub(super) fn stepped<T>(step: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        Ok(t) => t,
+        Err(_) => {
+            tracing::error!(
+                "the consensus state machine stopped on an internal error; exiting so the node restarts"
+            );
+            std::process::exit(70);
+        }
+    }
+}
+
 impl Driver {
-    pub(super) fn run(&mut self) {
-        let mut next_tick = Instant::now() + TICK;
-        loop {
-            let wait = next_tick.saturating_duration_since(Instant::now());
-            let mut events = Vec::new();
-            match self.rx.recv_timeout(wait) {
-                Ok(ev) => events.push(ev),
-                Err(flume::RecvTimeoutError::Timeout) => {}
-                Err(flume::RecvTimeoutError::Disconnected) => return,
+    /// Steps the events queued for the driver (and the clock, when `tick` and its time has
+    /// come), then handles what raft-rs has ready. True when the engine is to take a step.
+    pub(super) fn step(&mut self, tick: bool) -> bool {
+        let events: Vec<Event> = self.rx.try_iter().collect();
+        let shared = self.shared.clone();
+        let mut raw = lock(&shared.raw);
+        if tick && Instant::now() >= self.next_tick {
+            self.tick(&mut raw);
+            self.next_tick = Instant::now() + TICK;
+        }
+        for ev in events {
+            self.event(&mut raw, ev);
+        }
+        self.send_passed(&raw);
+        self.ready(&mut raw);
+        self.persisted(&mut raw);
+        self.publish(&raw);
+        std::mem::take(&mut self.engine_wanted)
+    }
+
+    /// Steps one event.
+    fn event(&mut self, raw: &mut RawNode<LogStore>, ev: Event) {
+        match ev {
+            Event::Msg(m) => {
+                let from = m.from;
+                self.shared.state.update_node(from, |n| n.last_contact_ms = Some(now_ms()));
+                let _ = raw.step(m);
             }
-            events.extend(self.rx.try_iter());
-            let shared = self.shared.clone();
-            let mut raw = lock(&shared.raw);
-            if Instant::now() >= next_tick {
-                self.tick(&mut raw);
-                next_tick = Instant::now() + TICK;
-            }
-            for ev in events {
-                match ev {
-                    Event::Msg(m) => {
-                        let from = m.from;
-                        self.shared.state.update_node(from, |n| n.last_contact_ms = Some(now_ms()));
-                        let _ = raw.step(m);
-                    }
-                    Event::Clock { from, sample, at_mono_us } => {
-                        if let Err(e) = lock(&self.shared.clocks).record(from, sample, at_mono_us) {
-                            tracing::debug!(peer = from, error = %e, "clock probe not used");
-                        }
-                    }
-                    Event::SnapshotFetched { from } => {
-                        info!(node = from, "node fetched its snapshot");
-                        lock(&self.snapshots.sent).remove(&from);
-                        raw.report_snapshot(from, raft::SnapshotStatus::Finish);
-                    }
-                    Event::Removed { by } => {
-                        if by == raw.raft.leader_id && !self.members.voters.is_empty() {
-                            warn!(leader = by, "the leader removed this node from the cluster: stopping");
-                            std::process::exit(0);
-                        }
-                    }
-                    Event::Passed { from, p } => {
-                        if from == raw.raft.leader_id && raw.raft.state != StateRole::Leader {
-                            *lock(&self.shared.passed_in) = Some(p);
-                        }
-                    }
-                    Event::Wake => {}
+            Event::Clock { from, sample, at_mono_us } => {
+                if let Err(e) = lock(&self.shared.clocks).record(from, sample, at_mono_us) {
+                    tracing::debug!(peer = from, error = %e, "clock probe not used");
                 }
             }
-            self.send_passed(&raw);
-            self.ready(&mut raw);
-            self.persisted(&mut raw);
-            self.publish(&raw);
+            Event::SnapshotFetched { from } => {
+                info!(node = from, "node fetched its snapshot");
+                lock(&self.snapshots.sent).remove(&from);
+                raw.report_snapshot(from, raft::SnapshotStatus::Finish);
+            }
+            Event::Removed { by } => {
+                if by == raw.raft.leader_id && !self.members.voters.is_empty() {
+                    warn!(leader = by, "the leader removed this node from the cluster: stopping");
+                    std::process::exit(0);
+                }
+            }
+            Event::Passed { from, p } => {
+                if from == raw.raft.leader_id && raw.raft.state != StateRole::Leader {
+                    *lock(&self.shared.passed_in) = Some(p);
+                }
+            }
         }
     }
 
@@ -124,10 +153,12 @@ impl Driver {
         }
         self.expire_snapshots(raw);
         self.promote_caught_up(raw);
+        // Fails replies that waited too long for a majority (none comes while it is cut off).
+        self.shared.release_waiting();
         // Entries this node's store has not taken yet (its append failed: a full disk) are
         // tried again at every tick, not only when more arrive.
         if self.shared.state.indexes().3 < raw.raft.raft_log.last_index() {
-            (self.wake_engine)();
+            self.engine_wanted = true;
         }
         self.tick_by_clock(raw);
     }
@@ -252,7 +283,12 @@ impl Driver {
             if let Err(e) = raw.mut_store().0.wl().append(&entries) {
                 warn!(error = %e, "raft entries out of order");
             }
-            (self.wake_engine)();
+            // The engine appends a proposal's mark itself right after proposing it: a wake-up
+            // for that one would cost a context switch for a step with nothing to do.
+            let own = entries.len() == 1 && last.is_some_and(|(i, t)| *lock(&self.shared.proposed) == (t, i));
+            if !own {
+                self.engine_wanted = true;
+            }
         }
         let committed = rd.take_committed_entries();
         for e in committed.iter().filter(|e| e.get_entry_type() == EntryType::EntryConfChangeV2) {
@@ -345,7 +381,7 @@ impl Driver {
                 change: super::members::Change::Promote { id: *id },
                 reply: None,
             });
-            (self.wake_engine)();
+            self.engine_wanted = true;
         }
     }
 
@@ -424,7 +460,7 @@ impl Driver {
             state.set_soft(role, r.term, r.leader_id);
             self.shared.changed.notify_all();
             if role == Role::Leader {
-                (self.wake_engine)();
+                self.engine_wanted = true;
             }
         }
         let commit = r.raft_log.committed;
@@ -453,6 +489,7 @@ impl Driver {
             }
         }
         self.trim(raw, commit);
+        self.shared.release_waiting();
     }
 
     /// Forgets marks both durable and committed, and compacts the window past its bounds.

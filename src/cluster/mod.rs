@@ -517,7 +517,9 @@ pub fn open_broker(
     // Due times are stamped by this node's own clock; timers fire by the majority's (never
     // ahead of it): a correction that varies with each measurement then only ever delays.
     let broker = crate::Broker::open_replicated(bc, system.clone(), Some(replication))?;
-    let _ = waker.set(broker.waker());
+    // Entries that arrive are appended on the link reader's thread when the engine is free:
+    // a hand-off to the engine thread is most of a follower's part in a lone write's time.
+    let _ = waker.set(broker.inline_waker());
     let _ = state.wake_engine.set(broker.waker());
     broker.set_cluster(state.clone());
     let pops = broker.clone();

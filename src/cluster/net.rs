@@ -66,6 +66,9 @@ const CHUNK: usize = 1 << 20;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
+/// Where a link's reader hands what arrives: the driver steps it on the reader's thread.
+pub type Inbound = Arc<dyn Fn(Event) + Send + Sync>;
+
 /// The links to the other nodes, by node id.
 type Peers = Arc<std::sync::RwLock<HashMap<u64, PeerLink>>>;
 
@@ -132,7 +135,7 @@ impl Net {
         rt: &tokio::runtime::Handle,
         cfg: &ClusterConfig,
         state: Arc<ClusterState>,
-        inbound: flume::Sender<Event>,
+        inbound: Inbound,
         stamps: Arc<Stamps>,
     ) -> Result<Net> {
         let data_dir = cfg.data_dir.clone();
@@ -304,7 +307,7 @@ struct Serve {
     me: u64,
     secret: Arc<[u8]>,
     state: Arc<ClusterState>,
-    inbound: flume::Sender<Event>,
+    inbound: Inbound,
     stamps: Arc<Stamps>,
     peers: Peers,
     /// The data directory, whose segments a node installing a snapshot fetches.
@@ -620,9 +623,7 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
             }
             _ => continue,
         };
-        if inbound.send_async(event).await.is_err() {
-            return Ok(());
-        }
+        inbound(event);
     }
 }
 

@@ -27,7 +27,7 @@ use super::log_store::{entry_of, window_entries, LogStore, Snapshots};
 use super::net::Net;
 use super::persist::load_hard_state;
 use super::recover::Recovered;
-use super::shared::{lock, Event, Progress, Shared};
+use super::shared::{lock, Progress, Shared};
 use super::store_side::{MajorityDurable, StoreSide};
 use super::{ClusterConfig, ClusterState, Stamps};
 use crate::error::{Error, Result};
@@ -52,7 +52,7 @@ pub struct Node {
 /// What a node is given by the process around it.
 pub struct Hooks {
     /// Makes the engine take a step (to append entries that arrived).
-    pub wake_engine: Box<dyn Fn() + Send>,
+    pub wake_engine: Box<dyn Fn() + Send + Sync>,
     /// Restarts the process (after a divergence was recorded).
     pub restart: Arc<dyn Fn() + Send + Sync>,
     /// The clocks probes are stamped with.
@@ -70,7 +70,7 @@ impl Node {
         cfg: &ClusterConfig,
         state: Arc<ClusterState>,
         recovered: Recovered,
-        net_start: impl FnOnce(flume::Sender<Event>, Arc<Stamps>) -> Result<Net>,
+        net_start: impl FnOnce(super::net::Inbound, Arc<Stamps>) -> Result<Net>,
         hooks: Hooks,
     ) -> Result<Node> {
         let Hooks { wake_engine, restart, stamps, behind_us, members } = hooks;
@@ -102,14 +102,27 @@ impl Node {
             voters: std::sync::atomic::AtomicUsize::new(members.voters.len().max(1)),
             passed_out: Mutex::new(None),
             passed_in: Mutex::new(None),
+            driver: std::sync::OnceLock::new(),
+            proposed: Mutex::new((0, 0)),
+            waiting: Mutex::new(VecDeque::new()),
+            wake_engine,
         });
         {
             let mut p = lock(&shared.progress);
             p.local_durable = recovered.last.end;
         }
         shared.state.set_sealed(recovered.last.index);
-        let net = net_start(tx, stamps)?;
-        let mut driver = Driver {
+        let inbound: super::net::Inbound = {
+            // Weak: the driver (inside `shared`) holds the links, whose readers hold this.
+            let shared = Arc::downgrade(&shared);
+            Arc::new(move |ev| {
+                if let Some(s) = shared.upgrade() {
+                    s.deliver(ev);
+                }
+            })
+        };
+        let net = net_start(inbound, stamps)?;
+        let driver = Driver {
             shared: shared.clone(),
             rx,
             net,
@@ -118,27 +131,23 @@ impl Node {
             unpersisted: VecDeque::new(),
             peers: cfg.others().map(|(id, _)| *id).collect(),
             next_probe: Instant::now(),
+            next_tick: Instant::now() + super::driver::TICK,
             window,
             window_bytes,
-            wake_engine,
             snapshots,
             restart: restart.clone(),
             window_entries: window_entries(),
             members,
             promoting: std::collections::HashSet::new(),
+            engine_wanted: false,
         };
+        if shared.driver.set(Mutex::new(driver)).is_err() {
+            return Err(Error::Config("raft driver started twice".into()));
+        }
+        let ticking = shared.clone();
         let thread = std::thread::Builder::new()
             .name("delayd-raft".into())
-            .spawn(move || {
-                // raft-rs stops on a broken invariant by panicking: a node without its consensus
-                // thread must not go on answering as if it were part of the cluster.
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.run())).is_err() {
-                    tracing::error!(
-                        "the consensus thread stopped on an internal error; exiting so the node restarts"
-                    );
-                    std::process::exit(70);
-                }
-            })
+            .spawn(move || super::driver::run(&ticking))
             .map_err(|e| Error::io("spawn raft thread", e))?;
         Ok(Node { shared, thread: Some(thread), dir: cfg.data_dir.clone(), restart })
     }

@@ -1,10 +1,17 @@
 //! What the raft thread, the engine's commit and the writer's flusher share: raft-rs's state
-//! machine behind one lock, how far the log is durable and committed, and the events the raft
-//! thread is woken with.
+//! machine behind one lock, how far the log is durable and committed, and the events other
+//! threads hand the driver.
+//!
+//! The driver is stepped by whichever thread has news for it (a link's reader with a message,
+//! the engine with a proposal, the flusher with a durable end), under the driver's lock, rather
+//! than by handing the news to the raft thread: on this path a write used to cross about four
+//! thread hand-offs more, each a wake-up and a context switch that cost more than the step. The
+//! raft thread only ticks the clock.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use raft::prelude::Message;
 use raft::{RaftLog, RawNode};
@@ -12,15 +19,16 @@ use raft::{RaftLog, RawNode};
 use super::clock::ClockView;
 pub(super) use super::log_store::lock;
 use super::log_store::LogStore;
+use super::Role;
 use super::{ClusterState, Stamps};
+use crate::error::Error;
 use crate::storage::replica::Passed;
+use crate::storage::writer::Deferred;
 
 /// What the driver thread is told.
 pub enum Event {
     /// A message from another node.
     Msg(Message),
-    /// Something changed (a proposal, the durable end of the log): look again.
-    Wake,
     /// Node `from` copied every segment of the snapshot it was sent.
     SnapshotFetched {
         /// The node.
@@ -77,11 +85,84 @@ pub struct Shared {
     pub(super) passed_out: Mutex<Option<Passed>>,
     /// On a follower: the leader's newest queue positions, not yet applied.
     pub(super) passed_in: Mutex<Option<Passed>>,
+    /// The driver, stepped by whichever thread holds its lock (set once it is built).
+    pub(super) driver: std::sync::OnceLock<Mutex<super::driver::Driver>>,
+    /// (term, index) of the newest entry the engine proposed: a leader's `Ready` holding only
+    /// that entry needs no wake-up of the engine, which appends its mark itself.
+    pub(super) proposed: Mutex<(u64, u64)>,
+    /// Makes the engine take a step: on this thread when it is free, else on its own.
+    pub(super) wake_engine: Box<dyn Fn() + Send + Sync>,
+    /// On a leader: replies of writes waiting for a majority to have them, in log order.
+    pub(super) waiting: Mutex<VecDeque<Waiting>>,
 }
 
+/// Replies of a write that wait for a majority (see `MajorityDurable::defer`).
+pub(super) struct Waiting {
+    /// Log offset one past the write.
+    pub(super) end: u64,
+    /// The term this node led in when the write was made.
+    pub(super) term: u64,
+    pub(super) since: Instant,
+    pub(super) release: Deferred,
+}
+
+/// Longest a reply waits for a majority before it is answered 503.
+pub(super) const MAJORITY_WAIT: Duration = Duration::from_secs(10);
+
 impl Shared {
+    /// Steps the driver on this thread: the events queued for it, then its `Ready`.
     pub(super) fn wake(&self) {
-        let _ = self.events.try_send(Event::Wake);
+        let Some(d) = self.driver.get() else { return };
+        // The engine's step is asked for once the driver's lock is free: it may take it on this
+        // very thread (a follower appending what just arrived), and its commit steps the driver.
+        if super::driver::stepped(|| lock(d).step(false)) {
+            (self.wake_engine)();
+        }
+    }
+
+    /// Hands the driver an event and steps it on this thread. Events are taken from the queue
+    /// only under the driver's lock, so those of one sender are stepped in the order sent.
+    pub(super) fn deliver(&self, ev: Event) {
+        // Dropped only when the queue is full, which stepping right away prevents; Raft
+        // resends what is lost.
+        let _ = self.events.try_send(ev);
+        self.wake();
+    }
+
+    /// Releases the replies of writes a majority now has; fails those made in a term this node no
+    /// longer leads (another leader may have replaced them) and those that waited longer than
+    /// [`MAJORITY_WAIT`]. Called after every step of the driver and at every tick.
+    pub(super) fn release_waiting(&self) {
+        let (leads, term) = (self.state.role() == Role::Leader, self.state.term());
+        let committed = lock(&self.progress).committed_end;
+        let mut done = Vec::new();
+        {
+            let mut waiting = lock(&self.waiting);
+            while let Some(w) = waiting.front() {
+                let outcome = if !leads || w.term != term {
+                    Err("leadership changed before a majority had this write; it may or may not be applied: retry on the leader")
+                } else if w.end <= committed {
+                    Ok(())
+                } else if w.since.elapsed() > MAJORITY_WAIT {
+                    Err("no majority acknowledged this write in time; it may or may not be applied")
+                } else {
+                    break;
+                };
+                if let Some(w) = waiting.pop_front() {
+                    done.push((w, outcome));
+                }
+            }
+        }
+        // Released outside the lock: a release answers a request, which may take a while.
+        for (w, outcome) in done {
+            match outcome {
+                Ok(()) => {
+                    self.state.quorum_wait_us.observe(w.since.elapsed().as_micros() as u64);
+                    (w.release)(None);
+                }
+                Err(why) => (w.release)(Some(&Error::Unavailable(why.into()))),
+            }
+        }
     }
 
     /// The highest entry whose mark ends at or before `offset`.

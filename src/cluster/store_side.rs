@@ -10,14 +10,11 @@ use raft::{GetEntriesContext, StateRole};
 use tracing::{info, warn};
 
 use super::log_store::replica_entry;
-use super::shared::{hand_over_lead, lock, Shared};
+use super::shared::{hand_over_lead, lock, Shared, Waiting, MAJORITY_WAIT};
 use super::Role;
 use crate::error::{Error, Result};
 use crate::storage::replica::{Diverged, Passed, ReplicaEntry, Replicator, Sealed};
-use crate::storage::writer::Condition;
-
-/// Longest a reply waits for a majority before it is answered 503.
-const MAJORITY_WAIT: Duration = Duration::from_secs(10);
+use crate::storage::writer::{Condition, Deferred};
 
 /// The store's side: see [`Replicator`].
 pub struct StoreSide {
@@ -70,6 +67,7 @@ impl Replicator for StoreSide {
         // places them at the same offsets (records refer to each other by offset).
         raw.propose(data_start.to_le_bytes().to_vec(), records).ok()?;
         let at = (raw.raft.term, raw.raft.raft_log.last_index());
+        *lock(&self.shared.proposed) = at;
         drop(raw);
         self.shared.wake();
         Some(at)
@@ -205,6 +203,32 @@ impl Replicator for StoreSide {
 pub struct MajorityDurable(pub Arc<Shared>);
 
 impl Condition for MajorityDurable {
+    fn defers(&self) -> bool {
+        true
+    }
+
+    /// Parks the replies until a majority has the write: the link reader that steps the last
+    /// acknowledgement it needs releases them (`Shared::release_waiting`).
+    fn defer(&mut self, end: u64, release: Deferred) -> Option<Deferred> {
+        let shared = &self.0;
+        {
+            let mut p = lock(&shared.progress);
+            p.local_durable = p.local_durable.max(end);
+        }
+        if shared.state.role() == Role::Leader {
+            let w = Waiting { end, term: shared.state.term(), since: Instant::now(), release };
+            lock(&shared.waiting).push_back(w);
+        } else {
+            release(Some(&Error::Unavailable(
+                "this node no longer leads; the write may or may not be applied: retry on the leader".into(),
+            )));
+        }
+        // Steps the driver: this node's own durable entries count toward the majority, which
+        // may already be complete.
+        shared.wake();
+        None
+    }
+
     fn reach(&mut self, _paths: &[&PathBuf], end: u64, owed: bool) -> Result<()> {
         let shared = &self.0;
         {

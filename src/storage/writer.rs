@@ -66,6 +66,27 @@ pub trait Condition: Send + 'static {
     /// when the batches owe no reply: a condition need not wait for them then (a replicated one
     /// must not: its wait could depend on a later batch this one holds back).
     fn reach(&mut self, paths: &[&PathBuf], end: u64, owed: bool) -> Result<()>;
+
+    /// Whether this condition can take a batch's replies and release them itself once met (see
+    /// [`Condition::defer`]).
+    fn defers(&self) -> bool {
+        false
+    }
+
+    /// Takes the release of an owed batch ending at `end`, to run once this condition is met or
+    /// with why it cannot be, on whichever thread learns it; no thread waits meanwhile. Gives it
+    /// back when this condition cannot defer (`reach` is then called).
+    fn defer(&mut self, _end: u64, release: Deferred) -> Option<Deferred> {
+        Some(release)
+    }
+}
+
+/// A batch's replies, released by whoever meets a deferred condition (see [`Condition::defer`]).
+pub type Deferred = Box<dyn FnOnce(Option<&Error>) + Send>;
+
+/// The replies as one release.
+fn deferred<R: Release>(replies: Vec<R>) -> Deferred {
+    Box::new(move |failure| replies.into_iter().for_each(|r| r.release(failure)))
 }
 
 /// Who is committing, and what may wait on it.
@@ -124,6 +145,9 @@ pub struct Writer<R: Release> {
     replicated: bool,
     /// Whether a batch's conditions include the local sync (all but a cluster's `async`).
     syncs: bool,
+    /// The last condition releases replies itself (a cluster's majority): a lone batch that owes
+    /// replies is then synced on the committing thread, with no thread left waiting on it.
+    defers: bool,
     /// The batches' durability conditions, run by the flusher, or on the committing thread for a
     /// cluster batch that owes no reply while the flusher is idle.
     conditions: Arc<Mutex<Conditions>>,
@@ -170,6 +194,7 @@ impl<R: Release> Writer<R> {
             conditions.push(Box::new(LocalSync::new(durability.clone())));
         }
         conditions.extend(more);
+        let defers = replicated && conditions.last().is_some_and(|c| c.defers());
         let conditions = Arc::new(Mutex::new(Conditions { list: conditions, durability: durability.clone() }));
         let flusher = Flusher {
             syncs,
@@ -208,6 +233,7 @@ impl<R: Release> Writer<R> {
             flush: cfg.flush,
             replicated,
             syncs,
+            defers,
             conditions,
             flush_every: cfg.flush_every,
             durability,
@@ -283,6 +309,21 @@ impl<R: Release> Writer<R> {
                 self.handed_off = end;
                 return;
             }
+            // A lone batch that owes replies: synced here as well, its replies handed to the
+            // majority condition, released by the thread that learns a majority has it. The
+            // flusher would cost two thread hand-offs more (to it, and from the link's reader
+            // back to it), the largest share of a lone replicated write's time.
+            if lone && self.defers {
+                let paths = log.paths(self.handed_off, end);
+                let paths: Vec<&PathBuf> = paths.iter().collect();
+                let started = Instant::now();
+                lock(&self.conditions).settle(&paths, end, deferred(std::mem::take(replies)));
+                if self.syncs {
+                    (self.on_flush)(started.elapsed());
+                }
+                self.handed_off = end;
+                return;
+            }
         }
         let lone = lone && !self.replicated;
         match self.sync_tx.as_ref() {
@@ -320,7 +361,7 @@ impl<R: Release> Writer<R> {
     /// request channel's lock) only when the answer matters.
     pub fn lone_batch_possible(&self, replies: usize, end: u64) -> bool {
         (self.flush == FlushMode::Sync || self.replicated)
-            && (!self.replicated || replies == 0)
+            && (!self.replicated || replies == 0 || self.defers)
             && end > self.handed_off
             && self.lone_small_batch(replies, end)
     }
@@ -462,23 +503,26 @@ impl Flusher {
             let mut jobs = vec![first];
             jobs.extend(rx.try_iter());
             let started = Instant::now();
+            let replies: Vec<R> = jobs.iter_mut().flat_map(|j| std::mem::take(&mut j.replies)).collect();
             let mut paths: Vec<&PathBuf> = jobs.iter().flat_map(|j| &j.paths).collect();
             paths.sort();
             paths.dedup();
             let end = jobs.iter().map(|j| j.end).max().unwrap_or(0);
-            let owed = jobs.iter().any(|j| !j.replies.is_empty());
-            let failure = lock(&self.conditions).reach(&paths, end, owed).err();
+            let n = jobs.len();
+            {
+                let mut conditions = lock(&self.conditions);
+                if replies.is_empty() {
+                    let _ = conditions.reach(&paths, end, false);
+                } else {
+                    conditions.settle(&paths, end, deferred(replies));
+                }
+            }
             if self.syncs {
                 (self.on_flush)(started.elapsed());
-            }
-            let n = jobs.len();
-            for job in jobs {
-                job.replies.into_iter().for_each(|r| r.release(failure.as_ref()));
             }
             self.in_flight.fetch_sub(n, Ordering::AcqRel);
         }
     }
-
 }
 
 /// A batch's durability conditions, in order.
@@ -495,6 +539,29 @@ impl Conditions {
             c.reach(paths, end, owed)?;
         }
         self.durability.check()
+    }
+
+    /// Every condition of a batch that owes replies, in order, the last one deferred when it can
+    /// be (see [`Condition::defer`]): `release` runs once all are met, or with the first failure.
+    fn settle(&mut self, paths: &[&PathBuf], end: u64, release: Deferred) {
+        let durability = self.durability.clone();
+        let Some((last, first)) = self.list.split_last_mut() else {
+            return release(durability.check().err().as_ref());
+        };
+        for c in first {
+            if let Err(e) = c.reach(paths, end, true) {
+                return release(Some(&e));
+            }
+        }
+        // A sync on another thread may fail while the batch waits: nothing is acknowledged
+        // after that, whoever releases it.
+        let release: Deferred = Box::new(move |failure: Option<&Error>| {
+            let late = if failure.is_none() { durability.check().err() } else { None };
+            release(failure.or(late.as_ref()))
+        });
+        let Some(release) = last.defer(end, release) else { return };
+        let failure = last.reach(paths, end, true).err();
+        release(failure.as_ref())
     }
 }
 
@@ -753,6 +820,80 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
         w.stop();
         assert_eq!(durability.log_durable(), log.end());
+    }
+
+    /// A majority-like condition that keeps the releases it is given, for the test to run.
+    struct Parks(Arc<Mutex<Vec<(u64, Deferred, std::thread::ThreadId)>>>);
+    impl Condition for Parks {
+        fn reach(&mut self, _paths: &[&PathBuf], _end: u64, _owed: bool) -> Result<()> {
+            Ok(())
+        }
+        fn defers(&self) -> bool {
+            true
+        }
+        fn defer(&mut self, end: u64, release: Deferred) -> Option<Deferred> {
+            self.0.lock().unwrap().push((end, release, std::thread::current().id()));
+            None
+        }
+    }
+
+    #[test]
+    fn a_lone_replicated_batch_is_synced_here_and_its_replies_wait_for_the_deferred_condition() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let parked = Arc::new(Mutex::new(Vec::new()));
+        let mut w = writer(FlushMode::Sync, &durability, &log, vec![Box::new(Parks(parked.clone()))]);
+        let (tx, rx) = channel();
+        append_one(&mut log, 1);
+        assert!(w.lone_batch_possible(1, log.end()), "a lone replicated batch owing a reply may be synced here");
+        w.commit(&mut log, &mut vec![Reply(tx.clone())], Driver::Engine { alone: true });
+        assert_eq!(durability.log_durable(), log.end(), "synced on the committing thread");
+        assert!(w.settled(), "no thread waits on the batch");
+        let (end, release, on) = parked.lock().unwrap().pop().expect("the replies were handed to the condition");
+        assert_eq!((end, on), (log.end(), std::thread::current().id()));
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "answered before the condition was met");
+        release(None);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(1)).unwrap(), None);
+
+        // A failure the condition reports goes to the replies; so does one of the store that
+        // happens while a batch waits, though the condition then reports success.
+        append_one(&mut log, 2);
+        w.commit(&mut log, &mut vec![Reply(tx.clone())], Driver::Engine { alone: true });
+        let (_, release, _) = parked.lock().unwrap().pop().unwrap();
+        release(Some(&Error::Unavailable("no majority".into())));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(1)).unwrap().as_deref(), Some("store unavailable: no majority"));
+        append_one(&mut log, 3);
+        w.commit(&mut log, &mut vec![Reply(tx.clone())], Driver::Engine { alone: true });
+        let (_, release, _) = parked.lock().unwrap().pop().unwrap();
+        durability.poison(Failure::new("sync", "commit log", "injected"));
+        release(None);
+        assert!(rx.recv_timeout(Duration::from_secs(1)).unwrap().is_some(), "a poisoned store acknowledges nothing");
+        w.stop();
+    }
+
+    /// Batches the flusher handles (not lone) hand their replies to the deferred condition too,
+    /// from the flusher's thread.
+    #[test]
+    fn the_flusher_defers_replicated_replies_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let parked = Arc::new(Mutex::new(Vec::new()));
+        let mut w = writer(FlushMode::Sync, &durability, &log, vec![Box::new(Parks(parked.clone()))]);
+        let (tx, rx) = channel();
+        append_one(&mut log, 1);
+        w.commit(&mut log, &mut vec![Reply(tx.clone())], Driver::Engine { alone: false });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while parked.lock().unwrap().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (end, release, on) = parked.lock().unwrap().pop().expect("the flusher handed the replies over");
+        assert_eq!(end, log.end());
+        assert_ne!(on, std::thread::current().id(), "handed over by the flusher");
+        assert_eq!(durability.log_durable(), log.end(), "the local sync came first");
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        release(None);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(1)).unwrap(), None);
+        w.stop();
     }
 
     #[test]
