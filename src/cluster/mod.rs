@@ -476,14 +476,16 @@ pub fn open_broker(
     let state = Arc::new(ClusterState::new(cc));
     type Waker = Box<dyn Fn() + Send + Sync>;
     let waker: Arc<OnceLock<Waker>> = Arc::new(OnceLock::new());
-    let wake_engine = {
-        let waker = waker.clone();
+    let waker_here: Arc<OnceLock<Waker>> = Arc::new(OnceLock::new());
+    let call = |slot: &Arc<OnceLock<Waker>>| -> Waker {
+        let slot = slot.clone();
         Box::new(move || {
-            if let Some(w) = waker.get() {
+            if let Some(w) = slot.get() {
                 w();
             }
         })
     };
+    let (wake_engine, wake_engine_here) = (call(&waker), call(&waker_here));
     let restart: Arc<dyn Fn() + Send + Sync> = Arc::new(move || restart_self(listen));
     let net_state = state.clone();
     let system = system_clock();
@@ -500,6 +502,7 @@ pub fn open_broker(
         |tx, stamps| net::Net::start(rt, cc, net_state, tx, stamps),
         node::Hooks {
             wake_engine,
+            wake_engine_here,
             restart,
             stamps: Arc::new(Stamps::new(system.clone())),
             behind_us,
@@ -519,7 +522,8 @@ pub fn open_broker(
     let broker = crate::Broker::open_replicated(bc, system.clone(), Some(replication))?;
     // Entries that arrive are appended on the link reader's thread when the engine is free:
     // a hand-off to the engine thread is most of a follower's part in a lone write's time.
-    let _ = waker.set(broker.inline_waker());
+    let _ = waker.set(broker.waker());
+    let _ = waker_here.set(broker.inline_waker());
     let _ = state.wake_engine.set(broker.waker());
     broker.set_cluster(state.clone());
     let pops = broker.clone();

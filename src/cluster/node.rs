@@ -53,6 +53,8 @@ pub struct Node {
 pub struct Hooks {
     /// Makes the engine take a step (to append entries that arrived).
     pub wake_engine: Box<dyn Fn() + Send + Sync>,
+    /// Makes the engine take a step on the calling thread when it is free (else as above).
+    pub wake_engine_here: Box<dyn Fn() + Send + Sync>,
     /// Restarts the process (after a divergence was recorded).
     pub restart: Arc<dyn Fn() + Send + Sync>,
     /// The clocks probes are stamped with.
@@ -73,7 +75,7 @@ impl Node {
         net_start: impl FnOnce(super::net::Inbound, Arc<Stamps>) -> Result<Net>,
         hooks: Hooks,
     ) -> Result<Node> {
-        let Hooks { wake_engine, restart, stamps, behind_us, members } = hooks;
+        let Hooks { wake_engine, wake_engine_here, restart, stamps, behind_us, members } = hooks;
         let conf = members.conf_state();
         let store = MemStorage::new_with_conf_state(conf.clone());
         let mut hs = load_hard_state(&cfg.data_dir)?;
@@ -106,6 +108,7 @@ impl Node {
             proposed: Mutex::new((0, 0)),
             waiting: Mutex::new(VecDeque::new()),
             wake_engine,
+            wake_engine_here,
         });
         {
             let mut p = lock(&shared.progress);
@@ -211,6 +214,12 @@ fn raft_config(id: u64, applied: u64) -> Result<raft::Config> {
         check_quorum: true,
         pre_vote: true,
         priority: MAY_LEAD_PRIORITY,
+        // raft-rs otherwise sends every follower an append carrying the new commit index each
+        // time it moves, and each follower answers it: per write, twice the messages. Followers
+        // learn it with the next append or heartbeat (one tick) instead, which nothing of theirs
+        // waits on: a write is answered by the leader, and a follower's reclaim and queue
+        // positions only trail by that tick.
+        skip_bcast_commit: true,
         ..Default::default()
     };
     c.validate().map_err(|e| Error::Config(format!("raft: {e}")))?;

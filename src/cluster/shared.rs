@@ -90,8 +90,11 @@ pub struct Shared {
     /// (term, index) of the newest entry the engine proposed: a leader's `Ready` holding only
     /// that entry needs no wake-up of the engine, which appends its mark itself.
     pub(super) proposed: Mutex<(u64, u64)>,
-    /// Makes the engine take a step: on this thread when it is free, else on its own.
+    /// Makes the engine thread take a step.
     pub(super) wake_engine: Box<dyn Fn() + Send + Sync>,
+    /// Makes the engine take a step on the calling thread when it is free and idle, else on its
+    /// own; only for a caller that holds no lock (the engine's step takes several).
+    pub(super) wake_engine_here: Box<dyn Fn() + Send + Sync>,
     /// On a leader: replies of writes waiting for a majority to have them, in log order.
     pub(super) waiting: Mutex<VecDeque<Waiting>>,
 }
@@ -110,23 +113,33 @@ pub(super) struct Waiting {
 pub(super) const MAJORITY_WAIT: Duration = Duration::from_secs(10);
 
 impl Shared {
-    /// Steps the driver on this thread: the events queued for it, then its `Ready`.
+    /// Steps the driver on this thread: the events queued for it, then its `Ready`. An engine
+    /// step it asks for goes to the engine's thread: the callers (the engine's commit, the
+    /// flusher) hold locks that step takes.
     pub(super) fn wake(&self) {
-        let Some(d) = self.driver.get() else { return };
-        // The engine's step is asked for once the driver's lock is free: it may take it on this
-        // very thread (a follower appending what just arrived), and its commit steps the driver.
-        if super::driver::stepped(|| lock(d).step(false)) {
+        if self.step_driver() {
             (self.wake_engine)();
         }
     }
 
-    /// Hands the driver an event and steps it on this thread. Events are taken from the queue
-    /// only under the driver's lock, so those of one sender are stepped in the order sent.
+    /// Hands the driver an event and steps it on this thread (a link's reader, holding no lock).
+    /// Events are taken from the queue only under the driver's lock, so those of one sender are
+    /// stepped in the order sent.
     pub(super) fn deliver(&self, ev: Event) {
         // Dropped only when the queue is full, which stepping right away prevents; Raft
         // resends what is lost.
         let _ = self.events.try_send(ev);
-        self.wake();
+        // The engine's step is asked for once the driver's lock is free, and taken right here
+        // when the engine is free: a follower appends what just arrived without a hand-off.
+        if self.step_driver() {
+            (self.wake_engine_here)();
+        }
+    }
+
+    /// One step of the driver; true when it asks for an engine step.
+    fn step_driver(&self) -> bool {
+        let Some(d) = self.driver.get() else { return false };
+        super::driver::stepped(|| lock(d).step(false))
     }
 
     /// Releases the replies of writes a majority now has; fails those made in a term this node no
