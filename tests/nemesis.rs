@@ -125,7 +125,7 @@ fn pushed(s: Arc<Shared>, c: &Cluster, mut rng: Rng) -> std::thread::JoinHandle<
 }
 
 /// One fault, drawn at random, applied and undone.
-fn nemesis(c: &mut Cluster, rng: &mut Rng) -> String {
+fn nemesis(c: &mut Cluster, rng: &mut Rng, s: &Shared) -> String {
     let leader = c.wait_leader(ELECTION);
     let other = other_than(leader, rng);
     match rng.below(6) {
@@ -143,9 +143,22 @@ fn nemesis(c: &mut Cluster, rng: &mut Rng) -> String {
         }
         2 => {
             c.isolate(leader);
-            std::thread::sleep(rng.millis(1_500, 4_000));
+            // Clients that reach only the cut-off leader pile up entries of its own in its log,
+            // none acknowledged: after the heal it must cut them all back and rejoin.
+            let stop = AtomicBool::new(false);
+            let sent = std::thread::scope(|sc| {
+                let writers: Vec<_> = (0..16)
+                    .map(|t| {
+                        let (url, stop) = (c.url(leader), &stop);
+                        sc.spawn(move || produce_to_one_node(s, url, t, stop))
+                    })
+                    .collect();
+                std::thread::sleep(rng.millis(1_500, 4_000));
+                stop.store(true, Ordering::SeqCst);
+                writers.into_iter().map(|w| w.join().expect("direct writer")).sum::<usize>()
+            });
             c.heal();
-            format!("leader {leader} isolated, healed")
+            format!("leader {leader} isolated ({sent} writes sent to it alone), healed")
         }
         3 => {
             c.isolate(other);
@@ -169,6 +182,24 @@ fn nemesis(c: &mut Cluster, rng: &mut Rng) -> String {
     }
 }
 
+/// Produces to node `url` alone, each write given up after 300 ms (the node keeps it in its log
+/// all the same), until `stop`; every answer goes into the history. Returns how many were sent.
+fn produce_to_one_node(s: &Shared, url: String, who: usize, stop: &AtomicBool) -> usize {
+    let direct = common::cluster::ClusterClient::with_urls(vec![url])
+        .with_deadline(Duration::from_millis(300))
+        .with_timeout(Duration::from_millis(300));
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let id = format!("{}-alone{who}-{n}-{}", s.topic, now_ms());
+        let due = now_ms();
+        s.last_due.fetch_max(due, Ordering::SeqCst);
+        let r = direct.produce(&s.topic, &json!({"id": id, "body": "x", "delay_ms": 0}));
+        record_produce(s, &id, due, &r);
+    }
+    n
+}
+
 fn run(length: Duration, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut c = Cluster::start(3, &[("DELAYD_LOG_LEVEL", "info")]);
@@ -186,7 +217,7 @@ fn run(length: Duration, seed: u64) {
     let started = Instant::now();
     let mut faults = 0;
     while started.elapsed() < length {
-        let what = nemesis(&mut c, &mut rng);
+        let what = nemesis(&mut c, &mut rng, &w.shared);
         faults += 1;
         eprintln!("nemesis: {:>6.1}s {what}", started.elapsed().as_secs_f64());
         std::thread::sleep(rng.millis(500, 3_000));
