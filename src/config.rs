@@ -804,9 +804,9 @@ mod tests {
         assert_eq!(c.open_queues, 1024);
         assert_eq!(c.push_max_in_flight, None);
         assert_eq!(c.max_push_subscriptions, 1000);
-        assert_eq!(c.levels.len(), 18);
+        assert_eq!(c.levels.len(), 21);
         assert_eq!(c.levels[0], 1000);
-        assert_eq!(*c.levels.last().unwrap(), 7_200_000);
+        assert_eq!(*c.levels.last().unwrap(), 86_400_000);
         assert_eq!(c.backoff.len(), 16);
         assert_eq!(c.backoff[0], 10_000);
         assert_eq!(c.max_delay, 30 * DAY_MS);

@@ -204,7 +204,7 @@ fn idempotent_produce_and_conflicts() {
     // Whitespace in ids is the native HTTP API's rule (compat ids may have it); control
     // characters are refused everywhere.
     assert!(matches!(e.produce("t", req("bell\u{7}", When::Now)), Err(crate::Error::Invalid { .. })));
-    assert!(matches!(e.produce("t", req("lvl", When::LevelIndex(19))), Err(crate::Error::Invalid { .. })));
+    assert!(matches!(e.produce("t", req("lvl", When::LevelIndex(22))), Err(crate::Error::Invalid { .. })));
     let generated = e.produce("t", ProduceRequest { id: None, ..req("", When::Now) }).unwrap();
     assert!(e.get(&generated.id).is_ok());
 }

@@ -606,7 +606,7 @@ fn stats_and_metrics_report_the_counters() {
 
     let (st, stats) = s.get("/v1/stats");
     assert_eq!(st, 200);
-    assert_eq!(stats["levels"].as_array().unwrap().len(), 18, "{stats}");
+    assert_eq!(stats["levels"].as_array().unwrap().len(), 21, "{stats}");
     let backlog: u64 =
         stats["levels"].as_array().unwrap().iter().map(|l| l["backlog"].as_u64().unwrap()).sum();
     assert!(backlog >= 1, "the 10m message waits on a level: {stats}");

@@ -4,10 +4,14 @@ use crate::error::{Error, Result};
 use crate::storage::format::Route;
 use crate::units::{fmt_ms, HOUR_MS as H, MINUTE_MS as M, SECOND_MS as S};
 
-/// Default delay levels, RocketMQ's list: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+/// Default delay levels: RocketMQ's list (1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h
+/// 2h, so its 1-based level numbers mean the same), then 6h 12h 1d, so a delay of days hops about
+/// once a day instead of every two hours (docs/benchmarks.md, "Long delays").
 #[rustfmt::skip]
-pub const DEFAULT_LEVELS_MS: [u64; 18] =
-    [S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H];
+pub const DEFAULT_LEVELS_MS: [u64; 21] = [
+    S, 5 * S, 10 * S, 30 * S, M, 2 * M, 3 * M, 4 * M, 5 * M, 6 * M, 7 * M, 8 * M, 9 * M, 10 * M, 20 * M, 30 * M, H, 2 * H,
+    6 * H, 12 * H, 24 * H,
+];
 
 /// Checks a level list: non-empty, strictly ascending, every level at least 1 ms.
 pub fn validate_levels(levels: &[u64]) -> Result<()> {
@@ -103,10 +107,21 @@ mod tests {
     }
 
     #[test]
+    fn a_delay_of_days_hops_once_a_day_on_the_defaults() {
+        let l = defaults();
+        assert_eq!(chain(&l, 3 * 86_400_000), vec![86_400_000; 3]);
+        // 30 days and 90 minutes: 30 hops of a day, then 1h and 30m, where 2h levels took 360.
+        let c = chain(&l, 30 * 86_400_000 + 5_400_000);
+        assert_eq!(c.len(), 32, "{c:?}");
+        assert_eq!(c.iter().sum::<u64>(), 30 * 86_400_000 + 5_400_000);
+    }
+
+    #[test]
     fn rounds_to_the_nearest_level() {
         let l = defaults();
         assert_eq!(nearest_level(&l, 4_000), 5_000);
         assert_eq!(nearest_level(&l, 100), 1_000);
-        assert_eq!(nearest_level(&l, 86_400_000), 7_200_000);
+        assert_eq!(nearest_level(&l, 86_400_000), 86_400_000);
+        assert_eq!(nearest_level(&l, 30 * 86_400_000), 86_400_000);
     }
 }
