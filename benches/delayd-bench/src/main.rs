@@ -5,6 +5,7 @@
 //! comparison (a few minutes); `--quick` is a seconds-long smoke run. See docs/benchmarks.md.
 
 mod backlog;
+mod beanstalk;
 mod chart;
 mod failover;
 mod group;
@@ -46,8 +47,12 @@ struct Cli {
     /// The redis-server binary (default: from PATH).
     #[arg(long)]
     redis_server: Option<PathBuf>,
+    /// The beanstalkd binary (default: from PATH).
+    #[arg(long)]
+    beanstalkd: Option<PathBuf>,
     /// Comma-separated systems to run (default all single-server ones): delayd-sync, delayd-async,
-    /// redis-lua-always, redis-lua-everysec, redis-plain-always, redis-plain-everysec; and, only
+    /// redis-lua-always, redis-lua-everysec, redis-plain-always, redis-plain-everysec,
+    /// beanstalkd-fsync (or `beanstalkd`: binlog on, fsync after every write); and, only
     /// when named, delayd-cluster3-sync (three nodes) and redis-replica-wait (master + replica).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
@@ -430,7 +435,8 @@ fn main() -> ExitCode {
 async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let run_started = std::time::Instant::now();
     let p = params(&cli);
-    let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
+    let mut all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
+    all_systems.push(("beanstalkd".to_string(), System::BEANSTALKD));
     let mut systems =
         if cli.systems.is_empty() { System::default_set() } else { selected(&cli.systems, &all_systems)? };
     let all_workloads: Vec<(String, &str)> =
@@ -451,7 +457,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let soak_systems: Vec<System> = if cli.systems.is_empty() {
         vec![System::single(systems::Engine::Delayd, true)]
     } else {
-        systems.iter().copied().filter(|s| !s.needs_redis()).collect()
+        systems.iter().copied().filter(|s| s.is_delayd()).collect()
     };
     if workloads.contains(&"soak") && soak_systems.is_empty() {
         return Err("the soak workload runs on delayd systems only; --systems names none".to_string());
@@ -460,7 +466,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let failover_systems: Vec<System> = if cli.systems.is_empty() {
         vec![System::CLUSTER3_SYNC]
     } else {
-        systems.iter().copied().filter(|s| s.replicated && !s.needs_redis()).collect()
+        systems.iter().copied().filter(|s| s.replicated && s.is_delayd()).collect()
     };
     if workloads.contains(&"failover") && failover_systems.is_empty() {
         return Err("the failover workload runs on a delayd cluster only; --systems names none".to_string());
@@ -494,6 +500,15 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             None
         }
     };
+    let beanstalkd = cli.beanstalkd.clone().or_else(|| servers::which("beanstalkd")).filter(|p| p.is_file());
+    if beanstalkd.is_none() && systems.contains(&System::BEANSTALKD) {
+        let msg = "beanstalkd not found: it was NOT run. Install it with `apt-get install beanstalkd` \
+                   (Debian/Ubuntu) or pass --beanstalkd PATH."
+            .to_string();
+        eprintln!("delayd-bench: WARNING: {msg}");
+        r.notes.push(msg);
+        systems.retain(|s| *s != System::BEANSTALKD);
+    }
     let mut delayd_env = Vec::new();
     for kv in &cli.delayd_env {
         let (k, v) = kv.split_once('=').ok_or_else(|| format!("--delayd-env wants KEY=VALUE, got {kv:?}"))?;
@@ -506,6 +521,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let progs = Programs {
         delayd: delayd.clone(),
         redis: redis.clone(),
+        beanstalkd: beanstalkd.clone(),
         tmp_base: cli.tmp_dir.clone(),
         delayd_env: delayd_env.clone(),
         server_cpus: pinning.server.clone(),
@@ -543,6 +559,12 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
         ),
         format!("redis-server: {}", redis.as_deref().map(servers::redis_version).unwrap_or_else(|| "not installed".into())),
+        format!(
+            "beanstalkd: {} (binlog on, `-f 0`: fsync after every write; delays, TTRs and reserve \
+             timeouts are whole seconds, so its delays are rounded up and its lateness is measured \
+             from that rounded-up due time)",
+            beanstalkd.as_deref().map(servers::beanstalkd_version).unwrap_or_else(|| "not installed".into())
+        ),
         format!("CPU pinning: {}", pinning.note),
         format!(
             "Order: each repeat runs every system on a fresh server, in an order rotated by one system per \
@@ -611,7 +633,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     for w in &workloads {
         if *w == "push" {
             // delayd delivers to a webhook itself; the Redis designs have no such thing.
-            for sys in systems.iter().copied().filter(|s| !s.needs_redis()) {
+            for sys in systems.iter().copied().filter(|s| s.is_delayd()) {
                 eprintln!("delayd-bench: push on {} ...", sys.name());
                 let outcome = match Running::start(sys, &progs, &p).await {
                     Ok(run) => {

@@ -72,6 +72,8 @@ pub struct Programs {
     pub delayd: PathBuf,
     /// redis-server, when installed.
     pub redis: Option<PathBuf>,
+    /// beanstalkd, when installed.
+    pub beanstalkd: Option<PathBuf>,
     /// Parent of the scratch directories.
     pub tmp_base: Option<PathBuf>,
     /// Extra `DELAYD_*` settings for every delayd started.
@@ -177,6 +179,21 @@ impl Server {
                 .map(|s| s.to_string())
                 .collect();
                 (redis, args, Vec::new())
+            }
+            Engine::Beanstalkd => {
+                let Some(bin) = progs.beanstalkd.clone() else {
+                    return Err("beanstalkd is not installed".to_string());
+                };
+                let dir = data.path().join("binlog");
+                std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                // -f 0: fsync the binlog after every write, as delayd's sync flush and Redis's
+                // appendfsync always do.
+                let args =
+                    ["-l", "127.0.0.1", "-p", &port.to_string(), "-b", &dir.display().to_string(), "-f", "0"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                (bin, args, Vec::new())
             }
         };
         args.extend(extra_args);
@@ -287,6 +304,7 @@ impl Server {
                 // While the AOF loads, Redis answers LOADING errors; that is not ready yet.
                 redis::cmd("PING").query_async::<String>(&mut con).await.is_ok()
             }
+            Engine::Beanstalkd => crate::beanstalk::answers(self.port).await,
         }
     }
 
@@ -369,12 +387,24 @@ impl Server {
         })
     }
 
+    /// Resident memory of the server process in bytes (VmRSS: anonymous, file-backed and shared).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let pid = self.pid()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status.lines().find_map(|l| {
+            let rest = l.strip_prefix("VmRSS:")?;
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    }
+
     /// (allocated, apparent) bytes of the server's data files, the log excluded.
     pub fn disk_bytes(&self) -> (u64, u64) {
         let mut total = (0, 0);
         let sub = match self.system.engine {
             Engine::Delayd => "data",
-            _ => "redis",
+            Engine::Beanstalkd => "binlog",
+            Engine::RedisLua | Engine::RedisPlain => "redis",
         };
         dir_usage(&self.data.path().join(sub), &mut total);
         total
@@ -407,6 +437,16 @@ fn dir_usage(dir: &Path, total: &mut (u64, u64)) {
             total.1 += md.len();
         }
     }
+}
+
+/// `beanstalkd -v`, for the report.
+pub fn beanstalkd_version(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("-v")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 /// `redis-server --version`, for the report.

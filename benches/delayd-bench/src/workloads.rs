@@ -818,7 +818,7 @@ pub async fn capacity(run: &Running, p: &Params) -> Result<Capacity, String> {
 
 /// Produce/pop/ack load, SIGKILL, restart, drain; counts losses and duplicates.
 pub async fn crash(run: &mut Running, p: &Params) -> Result<Crash, String> {
-    if run.server.system.replicated && !run.server.system.needs_redis() {
+    if run.server.system.replicated && run.server.system.is_delayd() {
         // Its clients would follow the new leader while this waits for the old one to restart.
         return Err("the crash workload restarts one server in place; a cluster's is `failover`".to_string());
     }
