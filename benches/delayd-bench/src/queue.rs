@@ -117,6 +117,23 @@ impl Queue {
         }
     }
 
+    /// Like [`Queue::produce`], plus the ids delayd gave the accepted messages (none from the
+    /// other systems, whose ids are not looked up).
+    pub async fn produce_ids(
+        &mut self,
+        topic: &str,
+        jobs: &[Job],
+    ) -> Result<(Vec<bool>, Vec<String>), String> {
+        match self {
+            Queue::Delayd(q) => {
+                let (results, _) = q.produce_results(topic, jobs).await?;
+                let ok = results.iter().map(|r| r.deliver_at_ms.is_some()).collect();
+                Ok((ok, results.into_iter().filter_map(|r| r.id).collect()))
+            }
+            _ => Ok((self.produce(topic, jobs).await?, Vec::new())),
+        }
+    }
+
     /// Pops up to `max` messages, waiting up to `wait_ms` for the first.
     pub async fn pop(
         &mut self,
@@ -189,6 +206,7 @@ struct AckOut<'a> {
 #[derive(Deserialize)]
 struct ProduceResult {
     deliver_at_ms: Option<i64>,
+    id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -238,6 +256,15 @@ impl DelaydQ {
 
     /// Produces `jobs` in one call; per-job success and the port of the node that answered.
     pub async fn produce_on(&mut self, topic: &str, jobs: &[Job]) -> Result<(Vec<bool>, u16), String> {
+        let (results, port) = self.produce_results(topic, jobs).await?;
+        Ok((results.iter().map(|r| r.deliver_at_ms.is_some()).collect(), port))
+    }
+
+    async fn produce_results(
+        &mut self,
+        topic: &str,
+        jobs: &[Job],
+    ) -> Result<(Vec<ProduceResult>, u16), String> {
         // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
         let bodies: Vec<String> = jobs.iter().map(|j| body_for(j.seq, 0, self.body_bytes)).collect();
         let mut msgs =
@@ -246,7 +273,7 @@ impl DelaydQ {
             let json = to_json(&msgs.next().ok_or("no job")?)?;
             let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages"), Some(&json)).await?;
             let r: ProduceResult = from_json(&a)?;
-            return Ok((vec![r.deliver_at_ms.is_some()], a.port));
+            return Ok((vec![r], a.port));
         }
         let json = to_json(&BatchOut { messages: msgs.collect() })?;
         let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages/batch"), Some(&json)).await?;
@@ -254,7 +281,7 @@ impl DelaydQ {
         if r.results.len() != jobs.len() {
             return Err(format!("batch of {} got {} results", jobs.len(), r.results.len()));
         }
-        Ok((r.results.iter().map(|v| v.deliver_at_ms.is_some()).collect(), a.port))
+        Ok((r.results, a.port))
     }
 
     async fn pop(

@@ -320,6 +320,18 @@ impl Server {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the spawned process has exited (reaped if so).
+    pub fn has_exited(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(Some(_))) => {
+                self.child = None;
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
+    }
+
     /// SIGKILL, then reap.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -330,18 +342,23 @@ impl Server {
 
     /// SIGTERM and wait up to 10 s for a clean exit, else SIGKILL.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => return,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        return;
-                    }
+        self.stop_within(Duration::from_secs(10));
+    }
+
+    /// SIGTERM and wait up to `limit` for a clean exit, else SIGKILL. Returns how long the clean
+    /// exit took; None when it had to be killed or nothing was running.
+    pub fn stop_within(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let t0 = Instant::now();
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return Some(t0.elapsed()),
+                Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
                 }
             }
         }
