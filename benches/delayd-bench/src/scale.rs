@@ -24,6 +24,8 @@ const LOOKUPS: usize = 1_000;
 const FILL_SEQ: u64 = 1 << 60;
 const CATCHUP_SEQ: u64 = 1 << 61;
 const PROBE_SEQ: u64 = 1 << 59;
+/// Acks each catch-up consumer has in flight at once.
+const ACK_WORKERS: usize = 16;
 
 /// The workload's knobs.
 #[derive(Debug, Clone)]
@@ -106,7 +108,9 @@ pub struct Point {
     pub pop_ack: Result<Throughput, String>,
     /// The steady stream's lateness.
     pub stream: Result<E2e, String>,
-    /// RssAnon and VmRSS, bytes.
+    /// RssAnon of the freshly started server, bytes: the part of RssAnon that is not the backlog's.
+    pub rss_anon_base: Option<u64>,
+    /// RssAnon, bytes.
     pub rss_anon: Option<u64>,
     /// VmRSS, bytes.
     pub rss: Option<u64>,
@@ -200,12 +204,19 @@ pub async fn run(
 
 async fn start(sys: System, progs: &Programs, p: &Params, sp: &ScaleParams) -> Result<Running, String> {
     let extra = match sys.engine {
-        Engine::RedisLua | Engine::RedisPlain => vec![
-            "--maxmemory".to_string(),
-            sp.redis_maxmemory.clone(),
-            "--maxmemory-policy".to_string(),
-            "noeviction".to_string(),
-        ],
+        // No automatic AOF rewrite: its fork's copy-on-write under the fill could take a Redis
+        // at its maxmemory past the machine's memory.
+        Engine::RedisLua | Engine::RedisPlain => [
+            "--maxmemory",
+            &sp.redis_maxmemory,
+            "--maxmemory-policy",
+            "noeviction",
+            "--auto-aof-rewrite-percentage",
+            "0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
         Engine::Delayd | Engine::Beanstalkd => Vec::new(),
     };
     Running::start_single_with(sys, progs, p, extra).await
@@ -221,6 +232,7 @@ async fn one_system(
     save: &dyn Fn(&[SystemRun]),
 ) -> Result<(), String> {
     let mut run = start(sys, progs, p, sp).await?;
+    let rss_anon_base = run.server.rss_anon_bytes();
     let mut ids = Vec::new();
     let seq = Arc::new(AtomicU64::new(FILL_SEQ));
     let mut pending = 0usize;
@@ -233,6 +245,7 @@ async fn one_system(
             pending += f.acked;
             let mut point = measure(&mut run, p, sp, k, pending, &f, &ids, &seq).await;
             point.target = target;
+            point.rss_anon_base = rss_anon_base;
             log_point(sys, &point);
             let stopped = point.stopped.is_some();
             runs[i].points.push(point);
@@ -255,7 +268,26 @@ struct Filled {
     /// Messages sent with no delay left: their shared due time had passed (catch-up only).
     late: usize,
     secs: f64,
-    stopped: Option<String>,
+    stopped: Option<Stop>,
+}
+
+/// Why a fill stopped before its count.
+#[derive(Debug, Clone)]
+enum Stop {
+    /// beanstalkd's RSS passed the cap.
+    RssCap,
+    /// The system refused a write (the first such reply).
+    Refused(String),
+}
+
+impl Stop {
+    /// "RSS cap at N" or "refused at N (reply)", N being the messages it holds.
+    fn at(&self, n: usize) -> String {
+        match self {
+            Stop::RssCap => format!("RSS cap at {n}"),
+            Stop::Refused(r) => format!("refused at {n} ({})", r.chars().take(80).collect::<String>()),
+        }
+    }
 }
 
 /// What to produce: `count` messages on `topic`, due in `sp.delay_days` or all at `due_at_ms`.
@@ -279,7 +311,7 @@ async fn fill(
     let left = Arc::new(AtomicUsize::new(spec.count));
     let counts = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let stop = Arc::new(AtomicBool::new(false));
-    let why = Arc::new(std::sync::Mutex::new(None::<String>));
+    let why = Arc::new(std::sync::Mutex::new(None::<Stop>));
     let keep = keep_ids.is_some();
     let chunk = ((2 << 20) / sp.body_bytes.max(1)).clamp(1, 1000);
     let cap = (run.server.system.engine == Engine::Beanstalkd).then_some((run.server.pid(), sp.rss_cap));
@@ -321,11 +353,10 @@ async fn fill(
                     Err(e) if e.contains("OOM") || e.contains("OUT_OF_MEMORY") => Some(e),
                     Err(e) => return Err(e),
                 };
-                let acked = counts.0.load(Ordering::Relaxed);
                 let over = cap.and_then(|(pid, cap)| (pid.and_then(rss_of)? > cap).then_some(()));
                 let reason = match (over, refusal) {
-                    (Some(()), _) => Some(format!("RSS cap at {acked}")),
-                    (None, Some(r)) => Some(format!("refused at {acked} ({r})")),
+                    (Some(()), _) => Some(Stop::RssCap),
+                    (None, Some(r)) => Some(Stop::Refused(r)),
                     (None, None) => None,
                 };
                 if let Some(reason) = reason {
@@ -395,12 +426,13 @@ async fn measure(
     Point {
         target: 0,
         pending,
-        stopped: f.stopped.clone(),
+        stopped: f.stopped.as_ref().map(|s| s.at(pending)),
         fill_rate,
         single,
         batch,
         pop_ack,
         stream,
+        rss_anon_base: None,
         rss_anon,
         rss,
         disk_alloc,
@@ -535,7 +567,7 @@ async fn catch_up(
     let spec = FillSpec { topic: &topic, count: n, due_at_ms: Some(due) };
     let f = fill(run, p, sp, spec, &seq, None).await?;
     if let Some(why) = f.stopped {
-        return Err(format!("catch-up produce stopped: {why}"));
+        return Err(format!("catch-up produce stopped: {}", why.at(f.acked)));
     }
     tokio::time::sleep(Duration::from_millis((due - now_ms()).max(0) as u64)).await;
     let popped = Arc::new(AtomicUsize::new(0));
@@ -552,17 +584,21 @@ async fn catch_up(
                     continue;
                 };
                 popped.fetch_add(got.len(), Ordering::Relaxed);
-                // The acks of one pop go out together, as a worker pool would send them.
-                let acks: Vec<_> = got
-                    .into_iter()
-                    .map(|d| {
-                        let mut q = q.clone();
-                        tokio::spawn(async move { q.ack(&d).await })
-                    })
-                    .collect();
-                for a in acks {
-                    if let Ok(Ok(true)) = a.await {
-                        acked.fetch_add(1, Ordering::Relaxed);
+                // A pop's acks go out ACK_WORKERS at a time, as a worker pool would send them: a
+                // thousand at once would each open a connection.
+                for chunk in got.chunks(ACK_WORKERS) {
+                    let acks: Vec<_> = chunk
+                        .iter()
+                        .cloned()
+                        .map(|d| {
+                            let mut q = q.clone();
+                            tokio::spawn(async move { q.ack(&d).await })
+                        })
+                        .collect();
+                    for a in acks {
+                        if let Ok(Ok(true)) = a.await {
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
             }

@@ -125,7 +125,7 @@ pub fn markdown(header: &[String], runs: &[SystemRun], sp: &ScaleParams, p: &Par
             ));
         }
         s.push_str(
-            "\n| pending | RssAnon MiB | RssAnon B/pending | RSS MiB | RSS B/pending | disk MiB | disk B/pending | \
+            "\n| pending | RssAnon MiB | RssAnon B/pending (above the fresh server's) | RSS MiB | RSS B/pending | disk MiB | disk B/pending | \
              longest step wall / CPU ms / CPU steps > 10 ms ; index entries / slots | SIGTERM exit / first pop \
              ms, SIGKILL first pop ms | catch-up |\n|---|---|---|---|---|---|---|---|---|---|\n",
         );
@@ -134,7 +134,7 @@ pub fn markdown(header: &[String], runs: &[SystemRun], sp: &ScaleParams, p: &Par
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 pt.pending,
                 mib(pt.rss_anon),
-                per(pt.rss_anon, pt.pending),
+                per(pt.rss_anon.map(|r| r.saturating_sub(pt.rss_anon_base.unwrap_or(0))), pt.pending),
                 mib(pt.rss),
                 per(pt.rss, pt.pending),
                 mib(Some(pt.disk_alloc)),
@@ -151,9 +151,10 @@ pub fn markdown(header: &[String], runs: &[SystemRun], sp: &ScaleParams, p: &Par
 fn method(sp: &ScaleParams, p: &Params) -> String {
     format!(
         "- Sizes {:?}; one server per system, filled cumulatively to each size in turn ({} clients, batches \
-         of up to 1,000, {} B bodies, delays uniform in {}-{} days). Redis: maxmemory {} with noeviction, a \
-         write refused for memory ends its fill (\"refused at N\"). beanstalkd (binlog, `-f 0`): its fill \
-         ends once its RSS passes {} B (\"RSS cap at N\"); its delays are whole seconds, rounded up, and its \
+         of up to 1,000, {} B bodies, delays uniform in {}-{} days). Redis: maxmemory {} with noeviction and \
+         no automatic AOF rewrite (its fork could take the machine past its memory), a write refused for \
+         memory ends its fill (\"refused at N\"). beanstalkd (binlog, `-f 0`): its fill \
+         ends once its RSS passes {:.1} GiB (\"RSS cap at N\"); its delays are whole seconds, rounded up, and its \
          lateness is measured from the rounded-up due time.\n\
          - At each size: produce one at a time (1 client) and in batches ({} clients × {}), each {} s after \
          0.5 s of warm-up; pop ≤ {} + ack each (16 consumers) of {} messages made ready on their own topic \
@@ -174,7 +175,7 @@ fn method(sp: &ScaleParams, p: &Params) -> String {
         sp.delay_days.0,
         sp.delay_days.1,
         sp.redis_maxmemory,
-        sp.rss_cap,
+        sp.rss_cap as f64 / (1u64 << 30) as f64,
         p.clients,
         p.batch_size,
         sp.measure.as_secs_f64(),
@@ -200,7 +201,10 @@ const PANELS: [Panel; 6] = [
     ("stream lateness p99, ms", |pt| {
         pt.stream.as_ref().ok().and_then(|e| percentile(&e.lateness, 99.0)).map(|v| v as f64)
     }),
-    ("RssAnon, bytes per pending message", |pt| pt.rss_anon.map(|b| b as f64 / pt.pending.max(1) as f64)),
+    ("RssAnon above a fresh server's, bytes per pending message", |pt| {
+        let grown = pt.rss_anon?.saturating_sub(pt.rss_anon_base.unwrap_or(0));
+        Some(grown as f64 / pt.pending.max(1) as f64)
+    }),
     ("restart to first pop after SIGKILL, s", |pt| pt.kill.as_ref().ok().map(|r| r.first_pop_ms / 1000.0)),
 ];
 
@@ -247,7 +251,7 @@ fn panel<DB: DrawingBackend>(
     let mut chart = b.build_cartesian_2d(x0..x1, 0f64..(y1 * 1.15).max(1e-6)).map_err(err)?;
     let mut mesh = chart.configure_mesh();
     if labels {
-        mesh.x_desc("pending messages (log)").x_label_formatter(&|x| count_label(10f64.powf(*x)));
+        mesh.x_desc("pending messages (log)").x_labels(6).x_label_formatter(&|x| count_label(10f64.powf(*x)));
     } else {
         mesh.disable_x_axis().disable_y_axis();
     }
