@@ -171,6 +171,9 @@ struct Cli {
     /// Scale: seconds the 1,000 msgs/s stream of 1-10 s delays is produced at each size.
     #[arg(long, default_value_t = 20.0)]
     scale_stream_secs: f64,
+    /// Scale: seconds of idle whose server CPU is measured at each size (0: not measured).
+    #[arg(long, default_value_t = 60.0)]
+    scale_idle_secs: f64,
     /// Failover: leader kills on the cluster (default 10; 2 with --quick).
     #[arg(long)]
     failover_repeats: Option<usize>,
@@ -920,6 +923,9 @@ fn scale_params(cli: &Cli, systems: Vec<System>) -> Result<scale::ScaleParams, S
             "--scale-measure-secs, --scale-stream-secs and --scale-body-bytes must be positive".into()
         );
     }
+    if !(cli.scale_idle_secs.is_finite() && cli.scale_idle_secs >= 0.0) {
+        return Err("--scale-idle-secs must not be negative".into());
+    }
     Ok(scale::ScaleParams {
         sizes,
         body_bytes: cli.scale_body_bytes,
@@ -931,6 +937,7 @@ fn scale_params(cli: &Cli, systems: Vec<System>) -> Result<scale::ScaleParams, S
         catchup: scale::parse_count(&cli.scale_catchup).map_err(|e| format!("--scale-catchup: {e}"))?,
         measure: Duration::from_secs_f64(cli.scale_measure_secs),
         stream_secs: cli.scale_stream_secs,
+        idle: Duration::from_secs_f64(cli.scale_idle_secs),
     })
 }
 

@@ -48,6 +48,8 @@ pub struct ScaleParams {
     pub measure: Duration,
     /// The 1,000 msgs/s stream is produced this long.
     pub stream_secs: f64,
+    /// Server CPU is read over this much idle time at each size (zero: not measured).
+    pub idle: Duration,
 }
 
 /// Restart until the first successful pop.
@@ -87,6 +89,8 @@ pub struct Steps {
     pub index_slots: Option<u64>,
     /// Entries of the id index.
     pub index_entries: Option<u64>,
+    /// Level hops the schedulers performed (since the server started).
+    pub hops: Option<u64>,
 }
 
 /// Everything measured at one size on one system.
@@ -100,6 +104,8 @@ pub struct Point {
     pub stopped: Option<String>,
     /// Fill rate of this step, msgs/s.
     pub fill_rate: f64,
+    /// Server CPU while nothing was asked of it, % of one core.
+    pub idle_cpu_pct: Result<f64, String>,
     /// Produce, one client, one message per call.
     pub single: Result<Throughput, String>,
     /// Produce, `clients` clients, batches.
@@ -239,11 +245,13 @@ async fn one_system(
     let outcome = async {
         for (k, &target) in sp.sizes.iter().enumerate() {
             eprintln!("delayd-bench: scale on {}: filling {pending} -> {target} ...", sys.name());
+            let probes = (probe(&run, p, k, false).await, probe(&run, p, k, true).await);
             let keep = if k == 0 { Some(&mut ids) } else { None };
             let spec = FillSpec { topic: "backlog", count: target - pending, due_at_ms: None };
             let f = fill(&run, p, sp, spec, &seq, keep).await?;
             pending += f.acked;
-            let mut point = measure(&mut run, p, sp, k, pending, &f, &ids, &seq).await;
+            let step = Step { k, pending, f: &f, ids: &ids, seq: &seq, probes };
+            let mut point = measure(&mut run, p, sp, step).await;
             point.target = target;
             point.rss_anon_base = rss_anon_base;
             log_point(sys, &point);
@@ -388,20 +396,36 @@ fn rss_of(pid: u32) -> Option<u64> {
     })
 }
 
+/// One size's fill and what its measurements need from it.
+struct Step<'a> {
+    k: usize,
+    pending: usize,
+    f: &'a Filled,
+    ids: &'a [String],
+    seq: &'a Arc<AtomicU64>,
+    /// Topics with a ready message for the SIGTERM and the SIGKILL restart.
+    probes: (Result<String, String>, Result<String, String>),
+}
+
+/// Server CPU over `idle` with no requests (after a settle of a few seconds), % of one core.
+async fn idle_cpu(run: &Running, idle: Duration) -> Result<f64, String> {
+    if idle.is_zero() {
+        return Err("not measured (--scale-idle-secs 0)".to_string());
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let cpu0 = run.cpu_secs().ok_or("cannot read /proc/PID/stat")?;
+    let t0 = Instant::now();
+    tokio::time::sleep(idle).await;
+    let cpu1 = run.cpu_secs().ok_or("cannot read /proc/PID/stat")?;
+    Ok((cpu1 - cpu0) / t0.elapsed().as_secs_f64() * 100.0)
+}
+
 /// Every measurement at one size, in an order that keeps each from disturbing the next: the
 /// throughput cases and the stream, then what only reads (look-ups, metrics, memory, disk), then
 /// the catch-up, then the two restarts.
-#[allow(clippy::too_many_arguments)]
-async fn measure(
-    run: &mut Running,
-    p: &Params,
-    sp: &ScaleParams,
-    k: usize,
-    pending: usize,
-    f: &Filled,
-    ids: &[String],
-    seq: &Arc<AtomicU64>,
-) -> Point {
+async fn measure(run: &mut Running, p: &Params, sp: &ScaleParams, step: Step<'_>) -> Point {
+    let Step { k, pending, f, ids, seq, probes } = step;
+    let idle_cpu_pct = idle_cpu(run, sp.idle).await;
     // Seq ranges of their own at every size (throughput keys its messages by this number).
     let rep = 1024 + k;
     let tp = Params { measure: sp.measure, warmup: Duration::from_millis(500), ..p.clone() };
@@ -421,13 +445,14 @@ async fn measure(
         (None, 0) => Err("not run (--scale-catchup 0)".to_string()),
         (None, n) => catch_up(run, p, sp, n, fill_rate, seq).await,
     };
-    let term = restart(run, p, false, k).await;
-    let kill = restart(run, p, true, k).await;
+    let term = restart(run, p, false, &probes.0).await;
+    let kill = restart(run, p, true, &probes.1).await;
     Point {
         target: 0,
         pending,
         stopped: f.stopped.as_ref().map(|s| s.at(pending)),
         fill_rate,
+        idle_cpu_pct,
         single,
         batch,
         pop_ack,
@@ -494,6 +519,7 @@ pub fn parse_metrics(text: &str) -> Steps {
             "delayd_engine_step_cpu_seconds_count" => count = Some(v as u64),
             "delayd_index_slots" => s.index_slots = Some(v as u64),
             "delayd_index_entries" => s.index_entries = Some(v as u64),
+            "delayd_hops_total" => s.hops = Some(v as u64),
             _ => {}
         }
     }
@@ -501,9 +527,9 @@ pub fn parse_metrics(text: &str) -> Steps {
     s
 }
 
-/// Stops the server (SIGTERM, or SIGKILL when `kill`) with one message ready, restarts it on the
-/// same data, and times spawn until a pop returns that message.
-async fn restart(run: &mut Running, p: &Params, kill: bool, k: usize) -> Result<Restart, String> {
+/// Makes one message ready on a topic of its own for a restart to pop, before the fill: a system
+/// that ends its fill at its memory limit refuses it afterwards.
+async fn probe(run: &Running, p: &Params, k: usize, kill: bool) -> Result<String, String> {
     let topic = topic(if kill { "probe-kill" } else { "probe-term" });
     let mut q = run.queue(p)?;
     let job = Job { seq: PROBE_SEQ + 2 * k as u64 + u64::from(kill), delay_ms: 0, ttr_ms: 30_000 };
@@ -517,7 +543,18 @@ async fn restart(run: &mut Running, p: &Params, kill: bool, k: usize) -> Result<
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    drop(q);
+    Ok(topic)
+}
+
+/// Stops the server (SIGTERM, or SIGKILL when `kill`) with the probe ready on `probe`, restarts it
+/// on the same data, and times spawn until a pop returns that message.
+async fn restart(
+    run: &mut Running,
+    p: &Params,
+    kill: bool,
+    probe: &Result<String, String>,
+) -> Result<Restart, String> {
+    let topic = probe.clone()?;
     let exit_ms = if kill {
         run.server.kill9();
         None
@@ -720,13 +757,15 @@ mod tests {
                     delayd_engine_step_cpu_seconds_bucket{le=\"0.01\"} 97\n\
                     delayd_engine_step_cpu_seconds_count 100\n\
                     delayd_index_slots 2097152\n\
-                    delayd_index_entries 1000000\n";
+                    delayd_index_entries 1000000\n\
+                    delayd_hops_total 42\n";
         let s = parse_metrics(text);
         assert_eq!(s.max_s, Some(0.012));
         assert_eq!(s.cpu_max_s, Some(0.0105));
         assert_eq!(s.cpu_over_10ms, Some(3));
         assert_eq!(s.index_slots, Some(2_097_152));
         assert_eq!(s.index_entries, Some(1_000_000));
+        assert_eq!(s.hops, Some(42));
         assert_eq!(parse_metrics("unrelated 1\n"), Steps::default());
     }
 }

@@ -54,12 +54,13 @@ fn lookups(pt: &Point) -> String {
 fn steps(pt: &Point) -> String {
     match &pt.steps {
         Ok(s) => format!(
-            "{} / {} / {} ; {} / {}",
+            "{} / {} / {} ; {} / {} ; {}",
             opt_ms(s.max_s.map(|x| x * 1000.0)),
             opt_ms(s.cpu_max_s.map(|x| x * 1000.0)),
             s.cpu_over_10ms.map_or("–".to_string(), |x| x.to_string()),
             s.index_entries.map_or("–".to_string(), |x| x.to_string()),
             s.index_slots.map_or("–".to_string(), |x| x.to_string()),
+            s.hops.map_or("–".to_string(), |x| x.to_string()),
         ),
         Err(e) => format!("– ({})", short(e)),
     }
@@ -109,11 +110,12 @@ pub fn markdown(header: &[String], runs: &[SystemRun], sp: &ScaleParams, p: &Par
         }
         s.push_str(
             "| pending | fill msgs/s | produce 1×1 msgs/s | produce batches msgs/s | pop + ack msgs/s | \
-             stream lateness p50 / p99 / max ms | GET old id p50 / p99 µs |\n|---|---|---|---|---|---|---|\n",
+             stream lateness p50 / p99 / max ms | GET old id p50 / p99 µs | idle CPU % of a core |\n\
+             |---|---|---|---|---|---|---|---|\n",
         );
         for pt in &r.points {
             s.push_str(&format!(
-                "| {}{} | {:.0} | {} | {} | {} | {} | {} |\n",
+                "| {}{} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
                 pt.pending,
                 pt.stopped.as_ref().map_or(String::new(), |x| format!(" ({x})")),
                 pt.fill_rate,
@@ -121,12 +123,13 @@ pub fn markdown(header: &[String], runs: &[SystemRun], sp: &ScaleParams, p: &Par
                 rate(&pt.batch),
                 rate(&pt.pop_ack),
                 lateness(pt),
-                lookups(pt)
+                lookups(pt),
+                pt.idle_cpu_pct.as_ref().map_or_else(|e| format!("– ({})", short(e)), |c| format!("{c:.2}"))
             ));
         }
         s.push_str(
             "\n| pending | RssAnon MiB | RssAnon B/pending (above the fresh server's) | RSS MiB | RSS B/pending | disk MiB | disk B/pending | \
-             longest step wall / CPU ms / CPU steps > 10 ms ; index entries / slots | SIGTERM exit / first pop \
+             longest step wall / CPU ms / CPU steps > 10 ms ; index entries / slots ; hops | SIGTERM exit / first pop \
              ms, SIGKILL first pop ms | catch-up |\n|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for pt in &r.points {
@@ -156,17 +159,20 @@ fn method(sp: &ScaleParams, p: &Params) -> String {
          memory ends its fill (\"refused at N\"). beanstalkd (binlog, `-f 0`): its fill \
          ends once its RSS passes {:.1} GiB (\"RSS cap at N\"); its delays are whole seconds, rounded up, and its \
          lateness is measured from the rounded-up due time.\n\
-         - At each size: produce one at a time (1 client) and in batches ({} clients × {}), each {} s after \
+         - At each size, after the fill: 5 s to settle, then server CPU over {:.0} s of idle (utime + \
+         stime from /proc/PID/stat); produce one at a time (1 client) and in batches ({} clients × {}), each {} s after \
          0.5 s of warm-up; pop ≤ {} + ack each (16 consumers) of {} messages made ready on their own topic \
          first. Those produces stay pending (due in an hour), on top of the backlog. Stream: 1,000 msgs/s \
          for {} s with delays 1-10 s, popped and acked by {} consumers; lateness = pop return − due time. \
          Then 1,000 `GET /v1/messages/{{id}}` of random ids among the first 100,000 produced (delayd), \
-         `/metrics` (delayd: longest engine step since the server's last start, index), RssAnon and VmRSS \
+         `/metrics` (delayd: longest engine step since the server's last start, i.e. the previous size's \
+         SIGKILL restart; the id index; level hops since then), RssAnon and VmRSS \
          from /proc/PID/status, allocated bytes (st_blocks × 512) of the data directory; then the catch-up \
          ({} messages sharing one due time, 16 consumers popping ≤ 1,000 and acking each pop's messages \
          concurrently; rates are messages / seconds from the due time until all were ready (ready + \
          popped counted every 50 ms) and all acked); then a SIGTERM and a SIGKILL restart on the same \
-         data, each timed from spawn until a pop returns a message made ready before the stop.\n\
+         data, each timed from spawn until a pop returns a message made ready (on its own topic) before \
+         the fill.\n\
          - Bytes per pending divide by the backlog alone. Page cache is shared and not per process: the \
          data directory's allocated bytes stand for it.\n",
         sp.sizes,
@@ -175,6 +181,7 @@ fn method(sp: &ScaleParams, p: &Params) -> String {
         sp.delay_days.0,
         sp.delay_days.1,
         sp.redis_maxmemory,
+        sp.idle.as_secs_f64(),
         sp.rss_cap as f64 / (1u64 << 30) as f64,
         p.clients,
         p.batch_size,

@@ -275,6 +275,8 @@ fn quick_scale_fills_each_system_and_writes_its_tables_and_chart() {
         "0.5",
         "--scale-redis-maxmemory",
         "256mb",
+        "--scale-idle-secs",
+        "0.5",
     ]);
     let path = out.path().join("scale.md");
     assert!(stdout.contains(&format!("results: {}", path.display())), "{stdout}");
@@ -299,6 +301,7 @@ fn quick_scale_fills_each_system_and_writes_its_tables_and_chart() {
         for v in restarts {
             number(v);
         }
+        number(&speed[7]);
         if *s == "delayd-sync" {
             number(&speed[6]);
             assert!(!cost[7].starts_with('–'), "{s}: engine steps {}", cost[7]);
