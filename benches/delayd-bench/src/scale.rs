@@ -250,7 +250,7 @@ async fn one_system(
             let spec = FillSpec { topic: "backlog", count: target - pending, due_at_ms: None };
             let f = fill(&run, p, sp, spec, &seq, keep).await?;
             pending += f.acked;
-            let step = Step { k, pending, f: &f, ids: &ids, seq: &seq, probes };
+            let step = Step { k, pending, f: &f, ids: &ids, probes };
             let mut point = measure(&mut run, p, sp, step).await;
             point.target = target;
             point.rss_anon_base = rss_anon_base;
@@ -402,7 +402,6 @@ struct Step<'a> {
     pending: usize,
     f: &'a Filled,
     ids: &'a [String],
-    seq: &'a Arc<AtomicU64>,
     /// Topics with a ready message for the SIGTERM and the SIGKILL restart.
     probes: (Result<String, String>, Result<String, String>),
 }
@@ -424,7 +423,7 @@ async fn idle_cpu(run: &Running, idle: Duration) -> Result<f64, String> {
 /// throughput cases and the stream, then what only reads (look-ups, metrics, memory, disk), then
 /// the catch-up, then the two restarts.
 async fn measure(run: &mut Running, p: &Params, sp: &ScaleParams, step: Step<'_>) -> Point {
-    let Step { k, pending, f, ids, seq, probes } = step;
+    let Step { k, pending, f, ids, probes } = step;
     let idle_cpu_pct = idle_cpu(run, sp.idle).await;
     // Seq ranges of their own at every size (throughput keys its messages by this number).
     let rep = 1024 + k;
@@ -443,7 +442,8 @@ async fn measure(run: &mut Running, p: &Params, sp: &ScaleParams, step: Step<'_>
     let catchup = match (&f.stopped, sp.catchup) {
         (Some(_), _) => Err("skipped: the system is at its limit".to_string()),
         (None, 0) => Err("not run (--scale-catchup 0)".to_string()),
-        (None, n) => catch_up(run, p, sp, n, fill_rate, seq).await,
+        // A range of its own at each size: an earlier one's unacked messages keep their seqs.
+        (None, n) => catch_up(run, p, sp, n, fill_rate, CATCHUP_SEQ + ((k as u64) << 40)).await,
     };
     let term = restart(run, p, false, &probes.0).await;
     let kill = restart(run, p, true, &probes.1).await;
@@ -595,12 +595,12 @@ async fn catch_up(
     sp: &ScaleParams,
     n: usize,
     fill_rate: f64,
-    seq: &Arc<AtomicU64>,
+    seq_base: u64,
 ) -> Result<CatchUp, String> {
     let topic = topic("catchup");
     // Far enough ahead that the produce ends before it at the fill's rate, with a margin.
     let due = now_ms() + (n as f64 / fill_rate.max(1.0) * 1500.0) as i64 + 5_000;
-    let seq = Arc::new(AtomicU64::new(seq.fetch_add(0, Ordering::Relaxed).max(CATCHUP_SEQ)));
+    let seq = Arc::new(AtomicU64::new(seq_base));
     let spec = FillSpec { topic: &topic, count: n, due_at_ms: Some(due) };
     let f = fill(run, p, sp, spec, &seq, None).await?;
     if let Some(why) = f.stopped {
