@@ -100,6 +100,11 @@ pub struct Point {
     pub target: usize,
     /// Backlog messages acknowledged (the fill stops early on a refusal or the RSS cap).
     pub pending: usize,
+    /// Messages the server held when its memory and disk were read: the backlog plus what the
+    /// measurements so far left (produces due in an hour, preloaded messages not popped).
+    pub held: usize,
+    /// Messages this size's measurements left behind (counted in later sizes' `held`).
+    pub left: usize,
     /// Why the fill stopped early: "refused at N (...)" or "RSS cap at N".
     pub stopped: Option<String>,
     /// Fill rate of this step, msgs/s.
@@ -241,7 +246,7 @@ async fn one_system(
     let rss_anon_base = run.server.rss_anon_bytes();
     let mut ids = Vec::new();
     let seq = Arc::new(AtomicU64::new(FILL_SEQ));
-    let mut pending = 0usize;
+    let (mut pending, mut left) = (0usize, 0usize);
     let outcome = async {
         for (k, &target) in sp.sizes.iter().enumerate() {
             eprintln!("delayd-bench: scale on {}: filling {pending} -> {target} ...", sys.name());
@@ -250,8 +255,9 @@ async fn one_system(
             let spec = FillSpec { topic: "backlog", count: target - pending, due_at_ms: None };
             let f = fill(&run, p, sp, spec, &seq, keep).await?;
             pending += f.acked;
-            let step = Step { k, pending, f: &f, ids: &ids, probes };
+            let step = Step { k, pending, left_before: left, f: &f, ids: &ids, probes };
             let mut point = measure(&mut run, p, sp, step).await;
+            left += point.left;
             point.target = target;
             point.rss_anon_base = rss_anon_base;
             log_point(sys, &point);
@@ -400,10 +406,43 @@ fn rss_of(pid: u32) -> Option<u64> {
 struct Step<'a> {
     k: usize,
     pending: usize,
+    /// Messages earlier sizes' measurements left on the server.
+    left_before: usize,
     f: &'a Filled,
     ids: &'a [String],
     /// Topics with a ready message for the SIGTERM and the SIGKILL restart.
     probes: (Result<String, String>, Result<String, String>),
+}
+
+/// One throughput case at size `k`: 0.5 s of it unmeasured, then `sp.measure` measured. Returns the
+/// measured run and how many messages both left on the server: every acknowledged produce (due in
+/// an hour), and of a pop + ack case the preloaded messages it did not ack.
+async fn counted_case(
+    run: &Running,
+    p: &Params,
+    sp: &ScaleParams,
+    case: Case,
+    k: usize,
+) -> (Result<Throughput, String>, usize) {
+    // Seq ranges of their own at every size, the warm-up's apart (the Lua queue keys jobs by seq).
+    let (rep, warm_rep) = (1024 + k, 2048 + k);
+    let warm = Params {
+        measure: Duration::from_millis(500),
+        warmup: Duration::ZERO,
+        preload: (p.preload / 10).max(1),
+        ..p.clone()
+    };
+    let real = Params { measure: sp.measure, warmup: Duration::ZERO, ..p.clone() };
+    let left = |t: &Result<Throughput, String>, preload: usize| match (case, t) {
+        (Case::PopAckBatch, Ok(t)) => preload.saturating_sub(t.ok),
+        (Case::PopAckBatch, Err(_)) => preload,
+        (_, Ok(t)) => t.ok,
+        (_, Err(_)) => 0,
+    };
+    let w = throughput(run, &warm, case, warm_rep).await;
+    let t = throughput(run, &real, case, rep).await;
+    let n = left(&w, warm.preload) + left(&t, real.preload);
+    (t, n)
 }
 
 /// Server CPU over `idle` with no requests (after a settle of a few seconds), % of one core.
@@ -423,14 +462,13 @@ async fn idle_cpu(run: &Running, idle: Duration) -> Result<f64, String> {
 /// throughput cases and the stream, then what only reads (look-ups, metrics, memory, disk), then
 /// the catch-up, then the two restarts.
 async fn measure(run: &mut Running, p: &Params, sp: &ScaleParams, step: Step<'_>) -> Point {
-    let Step { k, pending, f, ids, probes } = step;
+    let Step { k, pending, left_before, f, ids, probes } = step;
     let idle_cpu_pct = idle_cpu(run, sp.idle).await;
     // Seq ranges of their own at every size (throughput keys its messages by this number).
-    let rep = 1024 + k;
-    let tp = Params { measure: sp.measure, warmup: Duration::from_millis(500), ..p.clone() };
-    let single = throughput(run, &tp, Case::Single, rep).await;
-    let batch = throughput(run, &tp, Case::BatchN, rep).await;
-    let pop_ack = throughput(run, &tp, Case::PopAckBatch, rep).await;
+    let (single, a) = counted_case(run, p, sp, Case::Single, k).await;
+    let (batch, b) = counted_case(run, p, sp, Case::BatchN, k).await;
+    let (pop_ack, c) = counted_case(run, p, sp, Case::PopAckBatch, k).await;
+    let left_by_cases = a + b + c;
     let stream_p =
         Params { e2e_secs: sp.stream_secs, delay_min_ms: 1_000, delay_max_ms: 10_000, ..p.clone() };
     let stream = end_to_end(run, &stream_p, 1_000, k).await;
@@ -445,11 +483,14 @@ async fn measure(run: &mut Running, p: &Params, sp: &ScaleParams, step: Step<'_>
         // A range of its own at each size: an earlier one's unacked messages keep their seqs.
         (None, n) => catch_up(run, p, sp, n, fill_rate, CATCHUP_SEQ + ((k as u64) << 40)).await,
     };
+    let left_by_catchup = catchup.as_ref().map_or(0, |c| c.produced.saturating_sub(c.acked));
     let term = restart(run, p, false, &probes.0).await;
     let kill = restart(run, p, true, &probes.1).await;
     Point {
         target: 0,
         pending,
+        held: pending + left_before + left_by_cases,
+        left: left_by_cases + left_by_catchup,
         stopped: f.stopped.as_ref().map(|s| s.at(pending)),
         fill_rate,
         idle_cpu_pct,
