@@ -37,6 +37,8 @@ pub enum Reply {
     Watching(u64),
     /// `NOT_IGNORED`: the last watched tube cannot be ignored.
     NotIgnored,
+    /// `RELEASED`.
+    Released,
     /// `OK <bytes>`; YAML data follows.
     Ok(usize),
 }
@@ -97,6 +99,7 @@ pub fn parse_reply(line: &str) -> Result<Reply, ServerError> {
         ("USING", 1) => Reply::Using(args[0].to_string()),
         ("WATCHING", 1) => Reply::Watching(num(0)?),
         ("NOT_IGNORED", 0) => Reply::NotIgnored,
+        ("RELEASED", 0) => Reply::Released,
         ("OK", 1) => Reply::Ok(num(0)? as usize),
         ("OUT_OF_MEMORY", 0) => return Err(ServerError::OutOfMemory),
         ("INTERNAL_ERROR", 0) => return Err(ServerError::Internal),
@@ -136,13 +139,24 @@ struct Conn {
     io: BufStream<TcpStream>,
     using: String,
     watching: String,
+    /// The reply line read so far: a pop's wait can end while a line is half read, and the next
+    /// read carries on from here.
+    line: Vec<u8>,
+    /// A blocking reserve was sent whose reply has not been read.
+    outstanding: bool,
 }
 
 impl Conn {
     async fn open(port: u16) -> Result<Conn, String> {
         let s = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| format!("connect: {e}"))?;
         let _ = s.set_nodelay(true);
-        Ok(Conn { io: BufStream::new(s), using: "default".into(), watching: "default".into() })
+        Ok(Conn {
+            io: BufStream::new(s),
+            using: "default".into(),
+            watching: "default".into(),
+            line: Vec::new(),
+            outstanding: false,
+        })
     }
 
     async fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
@@ -152,12 +166,38 @@ impl Conn {
 
     /// The next reply line; a server error is an `Ok(Err(..))` so the caller can read on.
     async fn reply(&mut self) -> Result<Result<Reply, ServerError>, String> {
-        let mut line = String::new();
-        let n = self.io.read_line(&mut line).await.map_err(|e| format!("read: {e}"))?;
-        if n == 0 {
-            return Err("beanstalkd closed the connection".to_string());
+        self.fill_line().await?;
+        let line = std::mem::take(&mut self.line);
+        let text = String::from_utf8_lossy(&line);
+        Ok(parse_reply(text.trim_end_matches(['\r', '\n'])))
+    }
+
+    /// Reads until a whole reply line is buffered. Cancelling it loses nothing: `read_until` keeps
+    /// what it read in `self.line`, and the next call goes on from there.
+    async fn fill_line(&mut self) -> Result<(), String> {
+        while !self.line.ends_with(b"\n") {
+            let n = self.io.read_until(b'\n', &mut self.line).await.map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err("beanstalkd closed the connection".to_string());
+            }
         }
-        Ok(parse_reply(line.trim_end_matches(['\r', '\n'])))
+        Ok(())
+    }
+
+    /// Reads the reply of a reserve left waiting by a pop that gave up, and releases the job it
+    /// may have taken, so the connection can be used for something else.
+    async fn settle(&mut self) -> Result<(), String> {
+        if !self.outstanding {
+            return Ok(());
+        }
+        let mut taken = Vec::new();
+        take_reserved(self, &mut taken).await?;
+        self.outstanding = false;
+        for d in taken {
+            let cmd = format!("release {} 0 0\r\n", d.token);
+            self.expect(&cmd, |r| matches!(r, Reply::Released | Reply::Buried(_))).await?;
+        }
+        Ok(())
     }
 
     /// The `bytes` of data after a RESERVED or OK line, without its CRLF.
@@ -245,21 +285,11 @@ impl BeanQ {
     pub async fn pop(&self, topic: &str, max: usize, wait_ms: u64) -> Result<Vec<Delivery>, String> {
         let mut g = self.lock().await?;
         let Some(c) = g.as_mut() else { return Err("no connection".to_string()) };
-        // The server's timeout is whole seconds; the wait is cut at `wait_ms` here, and the
-        // connection then dropped, since a reserve left pending could still hand it a job (which
-        // beanstalkd releases when the connection closes).
-        let wait = Duration::from_millis(wait_ms.max(1));
-        match tokio::time::timeout(wait, reserve(c, topic, max, delay_secs(wait_ms))).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                *g = None;
-                Err(e)
-            }
-            Err(_) => {
-                *g = None;
-                Ok(Vec::new())
-            }
+        let r = reserve(c, topic, max, wait_ms).await;
+        if r.is_err() {
+            *g = None;
         }
+        r
     }
 
     /// Deletes a reserved job; false when the server no longer knew it (or it was not ours).
@@ -267,7 +297,10 @@ impl BeanQ {
         let mut g = self.lock().await?;
         let Some(c) = g.as_mut() else { return Err("no connection".to_string()) };
         let cmd = format!("delete {}\r\n", d.token);
-        let r = c.expect(&cmd, |r| matches!(r, Reply::Deleted | Reply::NotFound)).await;
+        let r = match c.settle().await {
+            Ok(()) => c.expect(&cmd, |r| matches!(r, Reply::Deleted | Reply::NotFound)).await,
+            Err(e) => Err(e),
+        };
         match r {
             Ok(r) => Ok(r == Reply::Deleted),
             Err(e) => {
@@ -305,6 +338,7 @@ impl Fail {
 }
 
 async fn put_all(c: &mut Conn, topic: &str, jobs: &[Job], body_bytes: usize) -> Result<Vec<bool>, Fail> {
+    c.settle().await.map_err(Fail::Io)?;
     c.use_tube(topic).await.map_err(Fail::Io)?;
     let now = now_ms();
     let mut wire = Vec::new();
@@ -334,10 +368,24 @@ async fn put_all(c: &mut Conn, topic: &str, jobs: &[Job], body_bytes: usize) -> 
     }
 }
 
-/// One blocking reserve, then `max - 1` non-blocking ones pipelined behind it.
-async fn reserve(c: &mut Conn, topic: &str, max: usize, wait_s: u64) -> Result<Vec<Delivery>, String> {
-    c.watch_only(topic).await?;
-    c.send(format!("reserve-with-timeout {wait_s}\r\n").as_bytes()).await?;
+/// One blocking reserve, then `max - 1` non-blocking ones pipelined behind it. The server's timeout
+/// is whole seconds, so the wait ends at `wait_ms` here and the reserve stays outstanding: the next
+/// pop reads its reply instead of sending another. Dropping the connection instead would make
+/// beanstalkd release a job it was just handing over, to be delivered again later.
+async fn reserve(c: &mut Conn, topic: &str, max: usize, wait_ms: u64) -> Result<Vec<Delivery>, String> {
+    if c.outstanding && c.watching != topic {
+        c.settle().await?;
+    }
+    if !c.outstanding {
+        c.watch_only(topic).await?;
+        c.send(format!("reserve-with-timeout {}\r\n", delay_secs(wait_ms).max(1)).as_bytes()).await?;
+        c.outstanding = true;
+    }
+    match tokio::time::timeout(Duration::from_millis(wait_ms.max(1)), c.fill_line()).await {
+        Err(_) => return Ok(Vec::new()),
+        Ok(r) => r?,
+    }
+    c.outstanding = false;
     let mut out = Vec::new();
     if !take_reserved(c, &mut out).await? || max <= 1 {
         return Ok(out);
@@ -367,6 +415,7 @@ async fn take_reserved(c: &mut Conn, out: &mut Vec<Delivery>) -> Result<bool, St
 }
 
 async fn tube_ready(c: &mut Conn, topic: &str) -> Result<usize, String> {
+    c.settle().await?;
     c.send(format!("stats-tube {topic}\r\n").as_bytes()).await?;
     match c.reply().await? {
         Ok(Reply::Ok(bytes)) => {
@@ -395,6 +444,7 @@ mod tests {
         assert_eq!(parse_reply("DEADLINE_SOON"), Ok(Reply::DeadlineSoon));
         assert_eq!(parse_reply("DELETED"), Ok(Reply::Deleted));
         assert_eq!(parse_reply("NOT_FOUND"), Ok(Reply::NotFound));
+        assert_eq!(parse_reply("RELEASED"), Ok(Reply::Released));
         assert_eq!(parse_reply("USING bench-x-1"), Ok(Reply::Using("bench-x-1".into())));
         assert_eq!(parse_reply("WATCHING 2"), Ok(Reply::Watching(2)));
         assert_eq!(parse_reply("OK 42"), Ok(Reply::Ok(42)));
@@ -464,6 +514,29 @@ mod tests {
         assert!(d.at_ms >= d.due_ms, "delivered {} ms before its due time", d.due_ms - d.at_ms);
         assert!(q.ack(d).await.expect("delete"));
         assert!(!q.ack(d).await.expect("second delete"), "a deleted job is gone");
+
+        // A pop that gives up before beanstalkd's whole-second timeout leaves its reserve waiting:
+        // the next pop takes up its reply, so the job comes once, on time, on the same connection.
+        let t1 = now_ms();
+        q.produce("t", &[Job { seq: 3, delay_ms: 500, ttr_ms: 30_000 }]).await.expect("put");
+        assert!(q.pop("t", 5, 100).await.expect("reserve").is_empty(), "not due yet");
+        let mut got = Vec::new();
+        while got.is_empty() && now_ms() < t1 + 5_000 {
+            got = q.pop("t", 5, 100).await.expect("reserve");
+        }
+        assert_eq!(got.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![3]);
+        assert!(got[0].at_ms >= got[0].due_ms);
+        assert!(q.ack(&got[0]).await.expect("delete"));
+
+        // A job the waiting reserve took while nobody asked is released when the connection is
+        // used for something else, not lost.
+        q.produce("t", &[Job { seq: 4, delay_ms: 1, ttr_ms: 30_000 }]).await.expect("put");
+        assert!(q.pop("t", 1, 1).await.expect("reserve").len() <= 1);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(q.ready_count("t").await.expect("stats-tube"), 1, "the job is ready again");
+        let again = q.pop("t", 1, 500).await.expect("reserve");
+        assert_eq!(again.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![4]);
+        assert!(q.ack(&again[0]).await.expect("delete"));
         server.finish().expect("beanstalkd stops and its data dir is removed");
     }
 }
