@@ -19,6 +19,7 @@ pub fn color(s: System) -> (RGBColor, &'static str) {
             Engine::Delayd => (RGBColor(0x6a, 0x1b, 0x9a), "purple"),
             Engine::RedisLua => (RGBColor(0x79, 0x55, 0x48), "brown"),
             Engine::RedisPlain => (RGBColor(0x75, 0x75, 0x75), "grey"),
+            Engine::Beanstalkd => (RGBColor(0x00, 0x83, 0x8f), "teal"),
         };
     }
     match (s.engine, s.strict) {
@@ -28,6 +29,7 @@ pub fn color(s: System) -> (RGBColor, &'static str) {
         (Engine::RedisLua, false) => (RGBColor(0xf5, 0x8c, 0x2a), "orange"),
         (Engine::RedisPlain, true) => (RGBColor(0x1b, 0x6e, 0x20), "dark green"),
         (Engine::RedisPlain, false) => (RGBColor(0x8b, 0xc3, 0x4a), "light green"),
+        (Engine::Beanstalkd, _) => (RGBColor(0x00, 0x83, 0x8f), "teal"),
     }
 }
 

@@ -104,7 +104,7 @@ impl Produced {
 
 /// Runs every repeat on `run` (a delayd cluster), restarting the killed node after each.
 pub async fn run(run: &mut Running, p: &Params, fp: &FailoverParams) -> Result<Vec<FailoverRun>, String> {
-    if run.peers.len() < 2 || run.server.system.needs_redis() {
+    if run.peers.len() < 2 || !run.server.system.is_delayd() {
         return Err("the failover workload needs a delayd cluster (delayd-cluster3-sync)".to_string());
     }
     let mut out = Vec::new();

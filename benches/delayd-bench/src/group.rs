@@ -33,6 +33,7 @@ pub async fn start(system: System, progs: &Programs) -> Result<(Server, Vec<Serv
     match system.engine {
         Engine::Delayd => start_cluster(system, progs, 3).await,
         Engine::RedisLua | Engine::RedisPlain => start_redis_pair(system, progs).await,
+        Engine::Beanstalkd => Err("beanstalkd has no replicated setup here".to_string()),
     }
 }
 

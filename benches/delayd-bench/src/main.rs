@@ -5,6 +5,7 @@
 //! comparison (a few minutes); `--quick` is a seconds-long smoke run. See docs/benchmarks.md.
 
 mod backlog;
+mod beanstalk;
 mod chart;
 mod failover;
 mod group;
@@ -13,6 +14,8 @@ mod pin;
 mod push;
 mod queue;
 mod report;
+mod scale;
+mod scale_report;
 mod servers;
 mod soak;
 mod systems;
@@ -46,8 +49,12 @@ struct Cli {
     /// The redis-server binary (default: from PATH).
     #[arg(long)]
     redis_server: Option<PathBuf>,
+    /// The beanstalkd binary (default: from PATH).
+    #[arg(long)]
+    beanstalkd: Option<PathBuf>,
     /// Comma-separated systems to run (default all single-server ones): delayd-sync, delayd-async,
-    /// redis-lua-always, redis-lua-everysec, redis-plain-always, redis-plain-everysec; and, only
+    /// redis-lua-always, redis-lua-everysec, redis-plain-always, redis-plain-everysec,
+    /// beanstalkd-fsync (or `beanstalkd`: binlog on, fsync after every write); and, only
     /// when named, delayd-cluster3-sync (three nodes) and redis-replica-wait (master + replica).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
@@ -89,9 +96,10 @@ struct Cli {
     /// Messages per batch.
     #[arg(long)]
     batch: Option<usize>,
-    /// Messages pending in the capacity workload (issue 5 names 1000000).
-    #[arg(long)]
-    pending: Option<usize>,
+    /// Messages pending in the capacity workload (issue 5 names 1000000); in the scale workload,
+    /// the comma-separated ascending backlog sizes (default 1M,10M,30M,100M). Suffixes k, M, G.
+    #[arg(long, value_delimiter = ',')]
+    pending: Vec<String>,
     /// End-to-end producer rates, msgs/s.
     #[arg(long, value_delimiter = ',')]
     rates: Vec<u64>,
@@ -142,6 +150,30 @@ struct Cli {
     /// Backlog: seconds the 1,000 msgs/s stream of 1-2 s delays is produced.
     #[arg(long, default_value_t = 20.0)]
     backlog_stream_secs: f64,
+    /// Scale: body bytes of the backlog's messages.
+    #[arg(long, default_value_t = 100)]
+    scale_body_bytes: usize,
+    /// Scale: the backlog's delays in whole days, A-B, uniform.
+    #[arg(long, default_value = "1-30")]
+    scale_delay_days: String,
+    /// Scale: beanstalkd's fill stops once its RSS passes this (e.g. 16GiB).
+    #[arg(long, default_value = "16GiB")]
+    scale_rss_cap: String,
+    /// Scale: Redis maxmemory (with noeviction), as redis-server takes it.
+    #[arg(long, default_value = "16gb")]
+    scale_redis_maxmemory: String,
+    /// Scale: messages falling due at once in the catch-up at each size (0: none). Suffixes k, M.
+    #[arg(long, default_value = "10M")]
+    scale_catchup: String,
+    /// Scale: seconds each throughput case is measured at each size.
+    #[arg(long, default_value_t = 3.0)]
+    scale_measure_secs: f64,
+    /// Scale: seconds the 1,000 msgs/s stream of 1-10 s delays is produced at each size.
+    #[arg(long, default_value_t = 20.0)]
+    scale_stream_secs: f64,
+    /// Scale: seconds of idle whose server CPU is measured at each size (0: not measured).
+    #[arg(long, default_value_t = 60.0)]
+    scale_idle_secs: f64,
     /// Failover: leader kills on the cluster (default 10; 2 with --quick).
     #[arg(long)]
     failover_repeats: Option<usize>,
@@ -274,7 +306,8 @@ fn params(cli: &Cli) -> Params {
     if let Some(v) = cli.batch {
         p.batch_size = v.clamp(1, 1000);
     }
-    if let Some(v) = cli.pending {
+    // A list is the scale workload's; the capacity workload takes the last size.
+    if let Some(v) = cli.pending.last().and_then(|v| scale::parse_count(v).ok()) {
         p.pending = v.max(1);
     }
     if !cli.rates.is_empty() {
@@ -430,11 +463,12 @@ fn main() -> ExitCode {
 async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let run_started = std::time::Instant::now();
     let p = params(&cli);
-    let all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
+    let mut all_systems: Vec<(String, System)> = System::all().into_iter().map(|s| (s.name(), s)).collect();
+    all_systems.push(("beanstalkd".to_string(), System::BEANSTALKD));
     let mut systems =
         if cli.systems.is_empty() { System::default_set() } else { selected(&cli.systems, &all_systems)? };
     let all_workloads: Vec<(String, &str)> =
-        ["produce", "e2e", "capacity", "crash", "push", "soak", "backlog", "failover"]
+        ["produce", "e2e", "capacity", "crash", "push", "soak", "backlog", "failover", "scale"]
             .iter()
             .map(|w| (w.to_string(), *w))
             .collect();
@@ -442,16 +476,18 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     // The soak takes an hour at its defaults, the backlog compares builds of delayd: only when
     // asked for.
     if cli.workloads.is_empty() {
-        workloads.retain(|w| *w != "soak" && *w != "backlog" && *w != "failover");
+        workloads.retain(|w| *w != "soak" && *w != "backlog" && *w != "failover" && *w != "scale");
     }
-    if workloads.contains(&"backlog") && workloads.len() > 1 {
-        return Err("the backlog workload runs alone: name only it in --workloads".to_string());
+    for alone in ["backlog", "scale"] {
+        if workloads.contains(&alone) && workloads.len() > 1 {
+            return Err(format!("the {alone} workload runs alone: name only it in --workloads"));
+        }
     }
     // Soak compares reclaim on and off on delayd alone: delayd-sync unless --systems names others.
     let soak_systems: Vec<System> = if cli.systems.is_empty() {
         vec![System::single(systems::Engine::Delayd, true)]
     } else {
-        systems.iter().copied().filter(|s| !s.needs_redis()).collect()
+        systems.iter().copied().filter(|s| s.is_delayd()).collect()
     };
     if workloads.contains(&"soak") && soak_systems.is_empty() {
         return Err("the soak workload runs on delayd systems only; --systems names none".to_string());
@@ -460,7 +496,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let failover_systems: Vec<System> = if cli.systems.is_empty() {
         vec![System::CLUSTER3_SYNC]
     } else {
-        systems.iter().copied().filter(|s| s.replicated && !s.needs_redis()).collect()
+        systems.iter().copied().filter(|s| s.replicated && s.is_delayd()).collect()
     };
     if workloads.contains(&"failover") && failover_systems.is_empty() {
         return Err("the failover workload runs on a delayd cluster only; --systems names none".to_string());
@@ -494,6 +530,15 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             None
         }
     };
+    let beanstalkd = cli.beanstalkd.clone().or_else(|| servers::which("beanstalkd")).filter(|p| p.is_file());
+    if beanstalkd.is_none() && systems.contains(&System::BEANSTALKD) {
+        let msg = "beanstalkd not found: it was NOT run. Install it with `apt-get install beanstalkd` \
+                   (Debian/Ubuntu) or pass --beanstalkd PATH."
+            .to_string();
+        eprintln!("delayd-bench: WARNING: {msg}");
+        r.notes.push(msg);
+        systems.retain(|s| *s != System::BEANSTALKD);
+    }
     let mut delayd_env = Vec::new();
     for kv in &cli.delayd_env {
         let (k, v) = kv.split_once('=').ok_or_else(|| format!("--delayd-env wants KEY=VALUE, got {kv:?}"))?;
@@ -506,6 +551,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     let progs = Programs {
         delayd: delayd.clone(),
         redis: redis.clone(),
+        beanstalkd: beanstalkd.clone(),
         tmp_base: cli.tmp_dir.clone(),
         delayd_env: delayd_env.clone(),
         server_cpus: pinning.server.clone(),
@@ -513,6 +559,10 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("cannot create {}: {e}", cli.out.display()))?;
     if workloads.contains(&"backlog") {
         return run_backlog(&cli, &p, &progs, &pinning).await;
+    }
+    if workloads.contains(&"scale") {
+        let sys = if cli.systems.is_empty() { scale_default_systems(&progs) } else { systems.clone() };
+        return run_scale(&cli, &p, &progs, &pinning, sys).await;
     }
     let results_path = cli.out.join("results.md");
     let chart_path = cli.out.join("bench.png");
@@ -543,6 +593,12 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
         ),
         format!("redis-server: {}", redis.as_deref().map(servers::redis_version).unwrap_or_else(|| "not installed".into())),
+        format!(
+            "beanstalkd: {} (binlog on, `-f 0`: fsync after every write; delays, TTRs and reserve \
+             timeouts are whole seconds, so its delays are rounded up and its lateness is measured \
+             from that rounded-up due time)",
+            beanstalkd.as_deref().map(servers::beanstalkd_version).unwrap_or_else(|| "not installed".into())
+        ),
         format!("CPU pinning: {}", pinning.note),
         format!(
             "Order: each repeat runs every system on a fresh server, in an order rotated by one system per \
@@ -611,7 +667,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
     for w in &workloads {
         if *w == "push" {
             // delayd delivers to a webhook itself; the Redis designs have no such thing.
-            for sys in systems.iter().copied().filter(|s| !s.needs_redis()) {
+            for sys in systems.iter().copied().filter(|s| s.is_delayd()) {
                 eprintln!("delayd-bench: push on {} ...", sys.name());
                 let outcome = match Running::start(sys, &progs, &p).await {
                     Ok(run) => {
@@ -836,6 +892,108 @@ async fn run_backlog(
     println!("{md}");
     println!("results: {}", path.display());
     Ok(ok)
+}
+
+/// The scale workload's systems when `--systems` names none: delayd-sync and its durable peers
+/// that are installed.
+fn scale_default_systems(progs: &Programs) -> Vec<System> {
+    let mut v = vec![System::single(systems::Engine::Delayd, true)];
+    if progs.redis.is_some() {
+        v.push(System::single(systems::Engine::RedisLua, true));
+    }
+    if progs.beanstalkd.is_some() {
+        v.push(System::BEANSTALKD);
+    }
+    v
+}
+
+/// The scale settings from the command line, checked.
+fn scale_params(cli: &Cli, systems: Vec<System>) -> Result<scale::ScaleParams, String> {
+    let sizes = if cli.pending.is_empty() {
+        vec![1_000_000, 10_000_000, 30_000_000, 100_000_000]
+    } else {
+        scale::parse_sizes(&cli.pending)?
+    };
+    if let Some(s) = systems.iter().find(|s| s.replicated) {
+        return Err(format!("the scale workload runs single servers; --systems names {}", s.name()));
+    }
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(cli.scale_measure_secs) || !positive(cli.scale_stream_secs) || cli.scale_body_bytes == 0 {
+        return Err(
+            "--scale-measure-secs, --scale-stream-secs and --scale-body-bytes must be positive".into()
+        );
+    }
+    if !(cli.scale_idle_secs.is_finite() && cli.scale_idle_secs >= 0.0) {
+        return Err("--scale-idle-secs must not be negative".into());
+    }
+    Ok(scale::ScaleParams {
+        sizes,
+        body_bytes: cli.scale_body_bytes,
+        delay_days: scale::parse_days(&cli.scale_delay_days)?,
+        systems,
+        rss_cap: delayd::config::units::parse_size(&cli.scale_rss_cap)
+            .map_err(|e| format!("--scale-rss-cap: {e}"))?,
+        redis_maxmemory: cli.scale_redis_maxmemory.clone(),
+        catchup: scale::parse_count(&cli.scale_catchup).map_err(|e| format!("--scale-catchup: {e}"))?,
+        measure: Duration::from_secs_f64(cli.scale_measure_secs),
+        stream_secs: cli.scale_stream_secs,
+        idle: Duration::from_secs_f64(cli.scale_idle_secs),
+    })
+}
+
+/// The scale workload: every system over every size, then `scale.md` and `scale.png`.
+async fn run_scale(
+    cli: &Cli,
+    p: &Params,
+    progs: &Programs,
+    pinning: &pin::Pinning,
+    systems: Vec<System>,
+) -> Result<bool, String> {
+    let started = std::time::Instant::now();
+    let sp = scale_params(cli, systems)?;
+    let mut header = vec![
+        format!("Date: {}", utc_now()),
+        format!("Machine: {}", machine()),
+        format!("1-minute load average at start: {}", loadavg()),
+        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+        format!(
+            "delayd: {}, DELAYD_FLUSH=sync{}",
+            progs.delayd.display(),
+            progs.delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
+        ),
+        format!(
+            "redis-server: {}",
+            progs.redis.as_deref().map(servers::redis_version).unwrap_or("not installed".into())
+        ),
+        format!(
+            "beanstalkd: {}",
+            progs.beanstalkd.as_deref().map(servers::beanstalkd_version).unwrap_or("not installed".into())
+        ),
+        format!("CPU pinning: {}", pinning.note),
+    ];
+    let md_path = cli.out.join("scale.md");
+    let save = |runs: &[scale::SystemRun]| {
+        let md = scale_report::markdown(&header, runs, &sp, p);
+        if let Err(e) = std::fs::write(&md_path, md) {
+            eprintln!("delayd-bench: cannot write {}: {e}", md_path.display());
+        }
+    };
+    let runs = scale::run(progs, p, &sp, &save).await;
+    header.push(format!(
+        "1-minute load average at end: {}; whole run took {:.0} s",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    ));
+    let md = scale_report::markdown(&header, &runs, &sp, p);
+    std::fs::write(&md_path, &md).map_err(|e| format!("cannot write {}: {e}", md_path.display()))?;
+    let chart_path = cli.out.join("scale.png");
+    if let Err(e) = scale_report::draw(&chart_path, &runs) {
+        eprintln!("delayd-bench: {e}");
+        return Ok(false);
+    }
+    println!("{md}");
+    println!("results: {}\nchart:   {}", md_path.display(), chart_path.display());
+    Ok(runs.iter().all(|r| r.error.is_none()))
 }
 
 /// One repeat of a comparison workload on a fresh server: every throughput case, every end-to-end

@@ -39,7 +39,7 @@ pub struct Delivery {
     pub due_ms: i64,
     /// When the pop returned it to us (unix ms).
     pub at_ms: i64,
-    token: String,
+    pub(crate) token: String,
 }
 
 /// Buckets per Redis queue; ouqiang/delay-queue ships with 3.
@@ -47,7 +47,7 @@ const BUCKETS: u64 = 3;
 /// Jobs a Lua mover promotes per script call, so one call never blocks Redis for long.
 const MOVE_LIMIT: i64 = 1000;
 
-fn body_for(seq: u64, due_ms: i64, size: usize) -> String {
+pub(crate) fn body_for(seq: u64, due_ms: i64, size: usize) -> String {
     let mut b = format!("{seq}:{due_ms}:");
     while b.len() < size {
         b.push('x');
@@ -55,7 +55,7 @@ fn body_for(seq: u64, due_ms: i64, size: usize) -> String {
     b
 }
 
-fn parse_body(body: &str) -> Option<(u64, i64)> {
+pub(crate) fn parse_body(body: &str) -> Option<(u64, i64)> {
     let mut it = body.splitn(3, ':');
     let seq = it.next()?.parse().ok()?;
     let due = it.next()?.parse().ok()?;
@@ -70,6 +70,8 @@ pub enum Queue {
     Delayd(DelaydQ),
     /// Either Redis design.
     Redis(RedisQ),
+    /// beanstalkd over its text protocol.
+    Beanstalk(crate::beanstalk::BeanQ),
 }
 
 impl Queue {
@@ -77,6 +79,7 @@ impl Queue {
     pub fn connect(system: System, port: u16, body_bytes: usize) -> Result<Queue, String> {
         match system.engine {
             Engine::Delayd => Ok(Queue::Delayd(DelaydQ { http: HttpConn::new(port), body_bytes })),
+            Engine::Beanstalkd => Ok(Queue::Beanstalk(crate::beanstalk::BeanQ::new(port, body_bytes))),
             engine => Ok(Queue::Redis(RedisQ {
                 lua: engine == Engine::RedisLua,
                 wait: system.replicated,
@@ -110,6 +113,24 @@ impl Queue {
         match self {
             Queue::Delayd(q) => q.produce(topic, jobs).await,
             Queue::Redis(q) => q.produce(topic, jobs).await,
+            Queue::Beanstalk(q) => q.produce(topic, jobs).await,
+        }
+    }
+
+    /// Like [`Queue::produce`], plus the ids delayd gave the accepted messages (none from the
+    /// other systems, whose ids are not looked up).
+    pub async fn produce_ids(
+        &mut self,
+        topic: &str,
+        jobs: &[Job],
+    ) -> Result<(Vec<bool>, Vec<String>), String> {
+        match self {
+            Queue::Delayd(q) => {
+                let (results, _) = q.produce_results(topic, jobs).await?;
+                let ok = results.iter().map(|r| r.deliver_at_ms.is_some()).collect();
+                Ok((ok, results.into_iter().filter_map(|r| r.id).collect()))
+            }
+            _ => Ok((self.produce(topic, jobs).await?, Vec::new())),
         }
     }
 
@@ -124,6 +145,7 @@ impl Queue {
         match self {
             Queue::Delayd(q) => q.pop(topic, max, wait_ms, ttr_ms).await,
             Queue::Redis(q) => q.pop(topic, max.max(1), wait_ms, ttr_ms).await,
+            Queue::Beanstalk(q) => q.pop(topic, max.max(1), wait_ms).await,
         }
     }
 
@@ -143,6 +165,7 @@ impl Queue {
         match self {
             Queue::Delayd(q) => q.ready_count(topic).await,
             Queue::Redis(q) => q.ready_count(topic).await,
+            Queue::Beanstalk(q) => q.ready_count(topic).await,
         }
     }
 
@@ -151,6 +174,7 @@ impl Queue {
         match self {
             Queue::Delayd(q) => q.ack(d).await,
             Queue::Redis(q) => q.ack(d).await,
+            Queue::Beanstalk(q) => q.ack(d).await,
         }
     }
 }
@@ -182,6 +206,7 @@ struct AckOut<'a> {
 #[derive(Deserialize)]
 struct ProduceResult {
     deliver_at_ms: Option<i64>,
+    id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -231,6 +256,15 @@ impl DelaydQ {
 
     /// Produces `jobs` in one call; per-job success and the port of the node that answered.
     pub async fn produce_on(&mut self, topic: &str, jobs: &[Job]) -> Result<(Vec<bool>, u16), String> {
+        let (results, port) = self.produce_results(topic, jobs).await?;
+        Ok((results.iter().map(|r| r.deliver_at_ms.is_some()).collect(), port))
+    }
+
+    async fn produce_results(
+        &mut self,
+        topic: &str,
+        jobs: &[Job],
+    ) -> Result<(Vec<ProduceResult>, u16), String> {
         // The due time comes back in the pop as deliver_at_ms, so the body needs only the seq.
         let bodies: Vec<String> = jobs.iter().map(|j| body_for(j.seq, 0, self.body_bytes)).collect();
         let mut msgs =
@@ -239,7 +273,7 @@ impl DelaydQ {
             let json = to_json(&msgs.next().ok_or("no job")?)?;
             let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages"), Some(&json)).await?;
             let r: ProduceResult = from_json(&a)?;
-            return Ok((vec![r.deliver_at_ms.is_some()], a.port));
+            return Ok((vec![r], a.port));
         }
         let json = to_json(&BatchOut { messages: msgs.collect() })?;
         let a = self.http.call("POST", &format!("/v1/topics/{topic}/messages/batch"), Some(&json)).await?;
@@ -247,7 +281,7 @@ impl DelaydQ {
         if r.results.len() != jobs.len() {
             return Err(format!("batch of {} got {} results", jobs.len(), r.results.len()));
         }
-        Ok((r.results.iter().map(|v| v.deliver_at_ms.is_some()).collect(), a.port))
+        Ok((r.results, a.port))
     }
 
     async fn pop(
@@ -734,7 +768,8 @@ pub fn spawn_mover(
     stop: Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     match system.engine {
-        Engine::Delayd => Vec::new(),
+        // Both promote due jobs themselves.
+        Engine::Delayd | Engine::Beanstalkd => Vec::new(),
         Engine::RedisLua => vec![tokio::spawn(lua_mover(port, lua_tick, stop))],
         Engine::RedisPlain => {
             (0..BUCKETS).map(|k| tokio::spawn(plain_timer(port, k, stop.clone()))).collect()
@@ -861,6 +896,7 @@ mod tests {
         let progs = Programs {
             delayd: std::path::PathBuf::new(),
             redis: Some(redis),
+            beanstalkd: None,
             tmp_base: None,
             delayd_env: Vec::new(),
             server_cpus: None,

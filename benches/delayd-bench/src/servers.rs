@@ -72,6 +72,8 @@ pub struct Programs {
     pub delayd: PathBuf,
     /// redis-server, when installed.
     pub redis: Option<PathBuf>,
+    /// beanstalkd, when installed.
+    pub beanstalkd: Option<PathBuf>,
     /// Parent of the scratch directories.
     pub tmp_base: Option<PathBuf>,
     /// Extra `DELAYD_*` settings for every delayd started.
@@ -177,6 +179,21 @@ impl Server {
                 .map(|s| s.to_string())
                 .collect();
                 (redis, args, Vec::new())
+            }
+            Engine::Beanstalkd => {
+                let Some(bin) = progs.beanstalkd.clone() else {
+                    return Err("beanstalkd is not installed".to_string());
+                };
+                let dir = data.path().join("binlog");
+                std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                // -f 0: fsync the binlog after every write, as delayd's sync flush and Redis's
+                // appendfsync always do.
+                let args =
+                    ["-l", "127.0.0.1", "-p", &port.to_string(), "-b", &dir.display().to_string(), "-f", "0"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                (bin, args, Vec::new())
             }
         };
         args.extend(extra_args);
@@ -287,6 +304,7 @@ impl Server {
                 // While the AOF loads, Redis answers LOADING errors; that is not ready yet.
                 redis::cmd("PING").query_async::<String>(&mut con).await.is_ok()
             }
+            Engine::Beanstalkd => crate::beanstalk::answers(self.port).await,
         }
     }
 
@@ -302,6 +320,18 @@ impl Server {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the spawned process has exited (reaped if so).
+    pub fn has_exited(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(Some(_))) => {
+                self.child = None;
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
+    }
+
     /// SIGKILL, then reap.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -312,18 +342,23 @@ impl Server {
 
     /// SIGTERM and wait up to 10 s for a clean exit, else SIGKILL.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => return,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        return;
-                    }
+        self.stop_within(Duration::from_secs(10));
+    }
+
+    /// SIGTERM and wait up to `limit` for a clean exit, else SIGKILL. Returns how long the clean
+    /// exit took; None when it had to be killed or nothing was running.
+    pub fn stop_within(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let t0 = Instant::now();
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return Some(t0.elapsed()),
+                Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
                 }
             }
         }
@@ -369,12 +404,24 @@ impl Server {
         })
     }
 
+    /// Resident memory of the server process in bytes (VmRSS: anonymous, file-backed and shared).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let pid = self.pid()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status.lines().find_map(|l| {
+            let rest = l.strip_prefix("VmRSS:")?;
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    }
+
     /// (allocated, apparent) bytes of the server's data files, the log excluded.
     pub fn disk_bytes(&self) -> (u64, u64) {
         let mut total = (0, 0);
         let sub = match self.system.engine {
             Engine::Delayd => "data",
-            _ => "redis",
+            Engine::Beanstalkd => "binlog",
+            Engine::RedisLua | Engine::RedisPlain => "redis",
         };
         dir_usage(&self.data.path().join(sub), &mut total);
         total
@@ -407,6 +454,16 @@ fn dir_usage(dir: &Path, total: &mut (u64, u64)) {
             total.1 += md.len();
         }
     }
+}
+
+/// `beanstalkd -v`, for the report.
+pub fn beanstalkd_version(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("-v")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 /// `redis-server --version`, for the report.

@@ -11,6 +11,8 @@ pub enum Engine {
     RedisLua,
     /// The ouqiang/delay-queue style: separate commands, no Lua, a 1-second timer.
     RedisPlain,
+    /// beanstalkd (Debian's package) over its text protocol, binlog on.
+    Beanstalkd,
 }
 
 /// One system under test.
@@ -39,6 +41,9 @@ impl System {
     pub const REDIS_REPLICA_WAIT: System =
         System { engine: Engine::RedisLua, strict: true, replicated: true };
 
+    /// beanstalkd with its binlog fsynced after every write (`-b DIR -f 0`): the peer of delayd-sync.
+    pub const BEANSTALKD: System = System { engine: Engine::Beanstalkd, strict: true, replicated: false };
+
     /// Every system `--systems` can name, in report order.
     pub fn all() -> Vec<System> {
         let mut v = Self::default_set();
@@ -56,6 +61,7 @@ impl System {
                 v.push(System::single(engine, strict));
             }
         }
+        v.push(Self::BEANSTALKD);
         v
     }
 
@@ -74,13 +80,19 @@ impl System {
             (Engine::RedisLua, false, true) => "redis-replica-wait-everysec",
             (Engine::RedisPlain, true, true) => "redis-plain-replica-wait",
             (Engine::RedisPlain, false, true) => "redis-plain-replica-wait-everysec",
+            (Engine::Beanstalkd, _, _) => "beanstalkd-fsync",
         }
         .to_string()
     }
 
     /// Needs a redis-server.
     pub fn needs_redis(&self) -> bool {
-        self.engine != Engine::Delayd
+        matches!(self.engine, Engine::RedisLua | Engine::RedisPlain)
+    }
+
+    /// One or more delayd servers.
+    pub fn is_delayd(&self) -> bool {
+        self.engine == Engine::Delayd
     }
 }
 
@@ -98,5 +110,7 @@ mod tests {
         assert!(names.contains(&"delayd-cluster3-sync".to_string()));
         assert!(names.contains(&"redis-replica-wait".to_string()));
         assert!(System::default_set().iter().all(|s| !s.replicated));
+        assert!(System::default_set().contains(&System::BEANSTALKD));
+        assert!(!System::BEANSTALKD.needs_redis() && !System::BEANSTALKD.is_delayd());
     }
 }

@@ -279,6 +279,21 @@ impl Running {
         Ok(Running { server, peers, stop, movers })
     }
 
+    /// Starts one server of `system` fresh, with `extra_args` after its usual arguments.
+    pub async fn start_single_with(
+        system: System,
+        progs: &Programs,
+        p: &Params,
+        extra_args: Vec<String>,
+    ) -> Result<Running, String> {
+        let port = crate::servers::free_port().map_err(|e| format!("no free port: {e}"))?;
+        let mut server = Server::prepare(system, progs, &system.name(), port, extra_args, Vec::new())?;
+        server.spawn_and_wait().await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let movers = spawn_mover(system, server.port, p.lua_tick, stop.clone());
+        Ok(Running { server, peers: Vec::new(), stop, movers })
+    }
+
     /// Stops mover and servers and waits until the servers are gone: processes exited and reaped,
     /// data dirs removed, ports free, so the next server starts on a quiet machine. Returns how
     /// long the servers took to exit, or what was left behind.
@@ -818,7 +833,7 @@ pub async fn capacity(run: &Running, p: &Params) -> Result<Capacity, String> {
 
 /// Produce/pop/ack load, SIGKILL, restart, drain; counts losses and duplicates.
 pub async fn crash(run: &mut Running, p: &Params) -> Result<Crash, String> {
-    if run.server.system.replicated && !run.server.system.needs_redis() {
+    if run.server.system.replicated && run.server.system.is_delayd() {
         // Its clients would follow the new leader while this waits for the old one to restart.
         return Err("the crash workload restarts one server in place; a cluster's is `failover`".to_string());
     }

@@ -8,10 +8,14 @@ const DELAYD: [&str; 2] = ["delayd-sync", "delayd-async"];
 const REDIS: [&str; 4] =
     ["redis-lua-always", "redis-lua-everysec", "redis-plain-always", "redis-plain-everysec"];
 
-fn redis_installed() -> bool {
+fn installed(program: &str) -> bool {
     std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("redis-server").is_file()))
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
         .unwrap_or(false)
+}
+
+fn redis_installed() -> bool {
+    installed("redis-server")
 }
 
 /// The table rows of one `## ` section.
@@ -89,6 +93,11 @@ fn quick_run_writes_every_table_and_a_png() {
         for s in REDIS {
             assert!(!md.contains(&format!("| {s} |")), "{s} reported without redis-server:\n{md}");
         }
+    }
+    if installed("beanstalkd") {
+        present.push("beanstalkd-fsync");
+    } else {
+        assert!(md.contains("apt-get install beanstalkd"), "missing beanstalkd not reported:\n{md}");
     }
 
     let produce = section(&md, "## Produce throughput");
@@ -239,4 +248,67 @@ fn quick_backlog_compares_binaries_and_writes_its_table() {
         assert_eq!(cells[6], "500", "delivered: {}", rows[0]);
         assert_eq!((cells[7], cells[8]), ("0", "0"), "missing, early: {}", rows[0]);
     }
+}
+
+#[test]
+fn quick_scale_fills_each_system_and_writes_its_tables_and_chart() {
+    let mut systems = vec!["delayd-sync"];
+    if redis_installed() {
+        systems.push("redis-lua-always");
+    }
+    if installed("beanstalkd") {
+        systems.push("beanstalkd-fsync");
+    }
+    let list = systems.join(",");
+    let (out, stdout) = run_quick(&[
+        "--workloads",
+        "scale",
+        "--systems",
+        &list,
+        "--pending",
+        "2k",
+        "--scale-catchup",
+        "1k",
+        "--scale-measure-secs",
+        "0.3",
+        "--scale-stream-secs",
+        "0.5",
+        "--scale-redis-maxmemory",
+        "256mb",
+        "--scale-idle-secs",
+        "0.5",
+    ]);
+    let path = out.path().join("scale.md");
+    assert!(stdout.contains(&format!("results: {}", path.display())), "{stdout}");
+    let md = std::fs::read_to_string(&path).expect("scale.md");
+    for s in &systems {
+        // Two tables, one row each for the one size.
+        let rows: Vec<Vec<String>> =
+            section(&md, &format!("## {s}\n")).iter().map(|r| cells(r)).filter(|c| c[0] == "2000").collect();
+        assert_eq!(rows.len(), 2, "{s}:\n{md}");
+        let (speed, cost) = (&rows[0], &rows[1]);
+        for v in &speed[1..=4] {
+            assert!(number(v) > 0.0, "{s}: fill, produce or pop + ack rate {v:?}:\n{md}");
+        }
+        assert!(speed[5].contains("(0 early, 0 missing)"), "{s}: stream {}", speed[5]);
+        number(&speed[5]);
+        // Held: the backlog and at least the produces the throughput cases left behind.
+        assert!(number(&cost[1]) > 2000.0, "{s}: held {}", cost[1]);
+        assert!(number(&cost[2]) > 0.0 && number(&cost[6]) > 0.0, "{s}: RssAnon or disk missing:\n{md}");
+        assert!(cost[10].starts_with("1000 due at once"), "{s}: catch-up {}", cost[10]);
+        assert!(cost[10].contains("(1000 acked)"), "{s}: catch-up {}", cost[10]);
+        // SIGTERM exit, then first pop after SIGTERM and after SIGKILL, all measured.
+        let restarts: Vec<&str> = cost[9].split(" / ").collect();
+        assert_eq!(restarts.len(), 3, "{s}: restarts {}", cost[9]);
+        for v in restarts {
+            number(v);
+        }
+        number(&speed[7]);
+        if *s == "delayd-sync" {
+            number(&speed[6]);
+            assert!(!cost[8].starts_with('–'), "{s}: engine steps {}", cost[8]);
+        }
+    }
+    let png = std::fs::read(out.path().join("scale.png")).expect("scale.png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 }
