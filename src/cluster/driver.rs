@@ -476,11 +476,9 @@ impl Driver {
                 });
             }
         }
-        if let Some((index, end)) = self.shared.newest_agreed(commit, &r.raft_log) {
+        if let Some((index, term, end)) = self.shared.newest_agreed(commit, &r.raft_log) {
             if index == commit {
-                if let Ok(term) = r.raft_log.term(commit) {
-                    *lock(&self.snapshots.point) = Some(SnapPoint { index: commit, term, end });
-                }
+                *lock(&self.snapshots.point) = Some(SnapPoint { index, term, end });
             }
             let mut p = lock(&self.shared.progress);
             if end > p.committed_end {

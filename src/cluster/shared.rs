@@ -189,16 +189,16 @@ impl Shared {
     }
 
     /// The newest local entry at or below `index` that Raft's log holds too, same index and
-    /// term (all before it then agree as well): its index and the end offset of its mark. A
+    /// term (all before it then agree as well): its mark (index, term, end offset). A
     /// deposed leader's own entries, which Raft replaced by the new leader's, never count: they
     /// are neither committed here nor a point to cut back to.
-    pub(super) fn newest_agreed(&self, index: u64, log: &RaftLog<LogStore>) -> Option<(u64, u64)> {
+    pub(super) fn newest_agreed(&self, index: u64, log: &RaftLog<LogStore>) -> Option<(u64, u64, u64)> {
         lock(&self.marks)
             .iter()
             .rev()
             .filter(|(i, _, _)| *i <= index)
             .find(|(i, t, _)| agrees(log, *i, *t))
-            .map(|(i, _, end)| (*i, *end))
+            .copied()
     }
 
     /// Whether the local log holds entry (`index`, `term`) durably (its mark ends at or before

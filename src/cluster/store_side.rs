@@ -32,7 +32,7 @@ impl Replicator for StoreSide {
         // agree too). Not to the commit index: Raft's may already count the leader's entries at
         // indexes where this log still holds a deposed leader's own, and not one entry a
         // restart either.
-        let agreed = |below: u64| self.shared.newest_agreed(below, log).map(|(i, _)| i);
+        let agreed = |below: u64| self.shared.newest_agreed(below, log).map(|(i, _, _)| i);
         if sealed.index > last {
             return Err(Diverged {
                 keep: agreed(last).unwrap_or(committed.min(last)),
