@@ -95,6 +95,20 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     format!("chart: {e}")
 }
 
+/// Draws the series' legend at `at`, on a translucent white box (every chart of the bench).
+pub fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(at)
+        .draw()
+        .map_err(err)
+}
+
 /// Draws the chart to `path`; returns whether it has text labels (false when no font was found).
 pub fn draw(path: &Path, r: &Results, rates: &[u64], systems: &[System]) -> Result<bool, String> {
     let labels = load_font();
@@ -185,13 +199,7 @@ fn lateness_panel<DB: DrawingBackend>(
         }
     }
     if labels {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
     Ok(())
 }
@@ -262,13 +270,7 @@ fn bars<DB: DrawingBackend>(
         }
     }
     if labels {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(legend_at)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, legend_at)?;
     }
     Ok(())
 }

@@ -582,11 +582,8 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             delayd.display()
         ));
     }
-    r.header = vec![
-        format!("Date: {}", utc_now()),
-        format!("Machine: {}", machine()),
-        format!("1-minute load average at start: {}", loadavg()),
-        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+    r.header = run_header();
+    r.header.extend([
         format!(
             "delayd: {} ({profile}), defaults{}",
             delayd.display(),
@@ -641,7 +638,7 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
             "Chart colours: {}",
             systems.iter().map(|s| format!("{} {}", s.name(), chart::color(*s).1)).collect::<Vec<_>>().join(", ")
         ),
-    ];
+    ]);
     if let Some(sp) = &r.soak_params {
         r.header.push(format!(
             "Soak: {} msgs/s, body {} B, delays {}–{} ms, {} s per run, a sample every {} s, \
@@ -861,17 +858,14 @@ async fn run_backlog(
         delay_ms: (1_000, 2_000),
         stream_secs: secs(cli.backlog_stream_secs, "--backlog-stream-secs")?.as_secs_f64(),
     };
-    let mut header = vec![
-        format!("Date: {}", utc_now()),
-        format!("Machine: {}", machine()),
-        format!("1-minute load average at start: {}", loadavg()),
-        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+    let mut header = run_header();
+    header.extend([
         format!(
             "delayd settings: defaults + DELAYD_FLUSH=sync{}",
             progs.delayd_env.iter().map(|(k, v)| format!(" + {k}={v}")).collect::<String>()
         ),
         format!("CPU pinning: {}", pinning.note),
-    ];
+    ]);
     let path = cli.out.join("backlog.md");
     let outcome = backlog::run(progs, p, &bp).await;
     let (runs, ok) = match outcome {
@@ -896,6 +890,16 @@ async fn run_backlog(
 
 /// The scale workload's systems when `--systems` names none: delayd-sync and its durable peers
 /// that are installed.
+/// The first lines of every results file: date, machine, load, command.
+fn run_header() -> Vec<String> {
+    vec![
+        format!("Date: {}", utc_now()),
+        format!("Machine: {}", machine()),
+        format!("1-minute load average at start: {}", loadavg()),
+        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+    ]
+}
+
 fn scale_default_systems(progs: &Programs) -> Vec<System> {
     let mut v = vec![System::single(systems::Engine::Delayd, true)];
     if progs.redis.is_some() {
@@ -951,11 +955,8 @@ async fn run_scale(
 ) -> Result<bool, String> {
     let started = std::time::Instant::now();
     let sp = scale_params(cli, systems)?;
-    let mut header = vec![
-        format!("Date: {}", utc_now()),
-        format!("Machine: {}", machine()),
-        format!("1-minute load average at start: {}", loadavg()),
-        format!("Command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+    let mut header = run_header();
+    header.extend([
         format!(
             "delayd: {}, DELAYD_FLUSH=sync{}",
             progs.delayd.display(),
@@ -970,7 +971,7 @@ async fn run_scale(
             progs.beanstalkd.as_deref().map(servers::beanstalkd_version).unwrap_or("not installed".into())
         ),
         format!("CPU pinning: {}", pinning.note),
-    ];
+    ]);
     let md_path = cli.out.join("scale.md");
     let save = |runs: &[scale::SystemRun]| {
         let md = scale_report::markdown(&header, runs, &sp, p);

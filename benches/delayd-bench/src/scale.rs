@@ -367,7 +367,9 @@ async fn fill(
                     Err(e) if e.contains("OOM") || e.contains("OUT_OF_MEMORY") => Some(e),
                     Err(e) => return Err(e),
                 };
-                let over = cap.and_then(|(pid, cap)| (pid.and_then(rss_of)? > cap).then_some(()));
+                let over = cap.and_then(|(pid, cap)| {
+                    (pid.and_then(|p| crate::servers::status_bytes(p, "VmRSS"))? > cap).then_some(())
+                });
                 let reason = match (over, refusal) {
                     (Some(()), _) => Some(Stop::RssCap),
                     (None, Some(r)) => Some(Stop::Refused(r)),
@@ -391,15 +393,6 @@ async fn fill(
     let stopped = why.lock().unwrap_or_else(|e| e.into_inner()).take();
     let (acked, late) = (counts.0.load(Ordering::Relaxed), counts.1.load(Ordering::Relaxed));
     Ok(Filled { acked, late, secs: t0.elapsed().as_secs_f64(), stopped })
-}
-
-/// VmRSS of `pid` in bytes.
-fn rss_of(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| {
-        let kib: u64 = l.strip_prefix("VmRSS:")?.trim().trim_end_matches("kB").trim().parse().ok()?;
-        Some(kib * 1024)
-    })
 }
 
 /// One size's fill and what its measurements need from it.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::chart::{color, load_font};
+use crate::chart::{color, legend, load_font};
 use crate::report::percentile;
 use crate::scale::{Point, ScaleParams, SystemRun};
 use crate::workloads::{Params, Throughput};
@@ -276,13 +276,7 @@ fn panel<DB: DrawingBackend>(
         chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled()))).map_err(err)?;
     }
     if labels {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
     Ok(())
 }

@@ -395,24 +395,12 @@ impl Server {
 
     /// Anonymous resident memory of the server process in bytes (RssAnon in /proc/PID/status).
     pub fn rss_anon_bytes(&self) -> Option<u64> {
-        let pid = self.pid()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status.lines().find_map(|l| {
-            let rest = l.strip_prefix("RssAnon:")?;
-            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-            Some(kib * 1024)
-        })
+        status_bytes(self.pid()?, "RssAnon")
     }
 
     /// Resident memory of the server process in bytes (VmRSS: anonymous, file-backed and shared).
     pub fn rss_bytes(&self) -> Option<u64> {
-        let pid = self.pid()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status.lines().find_map(|l| {
-            let rest = l.strip_prefix("VmRSS:")?;
-            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-            Some(kib * 1024)
-        })
+        status_bytes(self.pid()?, "VmRSS")
     }
 
     /// (allocated, apparent) bytes of the server's data files, the log excluded.
@@ -474,4 +462,14 @@ pub fn redis_version(redis: &Path) -> String {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// A memory figure of process `pid` from /proc/PID/status (`field` as "VmRSS"), in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        let kib: u64 =
+            l.strip_prefix(field)?.strip_prefix(':')?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    })
 }

@@ -589,12 +589,7 @@ fn panel<DB: DrawingBackend>(
         c.draw_series(DashedLineSeries::new(v.clone(), 8, 6, col.stroke_width(2))).map_err(err)?;
     }
     if labels && !solid.is_empty() {
-        c.configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
+        chart::legend(&mut c, SeriesLabelPosition::UpperLeft)?;
     }
     Ok(())
 }
