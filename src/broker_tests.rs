@@ -173,3 +173,90 @@ async fn one_worker_never_fdatasyncs_inline_so_concurrent_requests_share_flushes
     assert!(flushes * 2 <= 320, "{flushes} flushes for 320 produces: no group commit");
     b.shutdown().await.unwrap();
 }
+
+/// A follower's entries come in through the replicator and are appended by the commit's seal. A
+/// lone one must be synced on the thread that hands it in (a link's reader), not handed to the
+/// flusher thread and back: that round trip was most of a follower's part in a lone write, and
+/// asking whether the batch was alone before the seal appended anything sent every one there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_lone_entry_is_synced_on_the_thread_that_hands_it_in() {
+    use crate::storage::replica::{Diverged, Passed, ReplicaEntry, Replicator, Sealed};
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+
+    type Inbox = Arc<Mutex<Vec<ReplicaEntry>>>;
+    struct Follower(Inbox);
+    impl Replicator for Follower {
+        fn missing(&mut self, _: Sealed) -> std::result::Result<Vec<ReplicaEntry>, Diverged> {
+            Ok(std::mem::take(&mut *self.0.lock().unwrap()))
+        }
+        fn propose(&mut self, _: Vec<u8>, _: u64) -> Option<(u64, u64)> {
+            None
+        }
+        fn sealed(&mut self, _: Sealed) {}
+        fn leading(&self) -> bool {
+            false
+        }
+        fn committed_end(&self) -> u64 {
+            0
+        }
+        fn diverged(&mut self, d: Diverged) {
+            panic!("diverged: {}", d.why);
+        }
+        fn membership(&mut self) -> Vec<ReplicaEntry> {
+            Vec::new()
+        }
+        fn passed(&mut self, _: Passed) {}
+        fn take_passed(&mut self, _: Sealed) -> Option<Passed> {
+            None
+        }
+        fn refuse(&mut self, why: &str) {
+            panic!("refused: {why}");
+        }
+    }
+    type Seen = Arc<Mutex<Vec<(u64, ThreadId)>>>;
+    struct Majority(Seen);
+    impl crate::storage::writer::Condition for Majority {
+        fn reach(&mut self, _: &[&PathBuf], end: u64, _owed: bool) -> Result<()> {
+            self.0.lock().unwrap().push((end, std::thread::current().id()));
+            Ok(())
+        }
+        fn defers(&self) -> bool {
+            true
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = BrokerConfig::with_defaults(dir.path());
+    c.segment_bytes = 1 << 20;
+    c.flush = FlushMode::Sync;
+    let (inbox, seen): (Inbox, Seen) = Default::default();
+    let replication = Replication {
+        replicator: Box::new(Follower(inbox.clone())),
+        sealed: Sealed::default(),
+        condition: Box::new(Majority(seen.clone())),
+        fire_clock: Arc::new(SystemClock),
+    };
+    let b = Broker::open_replicated(c, Arc::new(SystemClock), Some(replication)).unwrap();
+    let wake_here = b.inline_waker();
+    for index in 1..=3 {
+        until_engine_sleeps(&b);
+        let entry = ReplicaEntry {
+            term: 1,
+            index,
+            origin_start: None,
+            kind: crate::storage::format::EntryKind::Normal,
+            records: Vec::new(),
+            payload: Vec::new(),
+        };
+        inbox.lock().unwrap().push(entry);
+        seen.lock().unwrap().clear();
+        wake_here();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "entry {index}: the conditions were not met during the wake-up: {seen:?}");
+        assert_eq!(seen[0].1, std::thread::current().id(), "entry {index} was synced on another thread");
+        assert!(seen[0].0 > 0, "nothing was appended for entry {index}");
+    }
+    b.shutdown().await.unwrap();
+}

@@ -182,9 +182,7 @@ impl Core {
     fn step(&mut self) -> bool {
         let mut step = StepTimer::start(true);
         self.apply(&mut step);
-        let driver =
-            if self.shutdown.is_some() { Driver::Stopping } else { Driver::Engine { alone: self.alone() } };
-        self.commit(driver);
+        self.commit(None);
         step.mark("commit");
         self.notify();
         step.mark("notify");
@@ -216,7 +214,7 @@ impl Core {
         let log_end = self.engine.log_end();
         self.apply_requests(step.started + REQUESTS_UNTIL);
         step.mark("requests");
-        self.commit(Driver::Inline { may_block, alone: self.alone() });
+        self.commit(Some(may_block));
         step.mark("commit");
         self.notify();
         step.mark("notify");
@@ -266,11 +264,6 @@ impl Core {
             });
         }
         wait
-    }
-
-    /// Requests waiting in the channel, not yet taken.
-    fn queued(&self) -> usize {
-        self.shared.upgrade().map_or(0, |s| s.tx.len())
     }
 
     /// Applies requests, fires due timers and runs a slice of maintenance, each until its share
@@ -457,20 +450,28 @@ impl Core {
     }
 
     /// Makes the step's records durable and answers its requests, through the writer's one
-    /// commit call (whichever thread drives the step).
-    fn commit(&mut self, driver: Driver) {
-        self.engine.commit(&mut self.writer, &mut self.pending, driver);
-    }
-
-    /// True when nothing waits behind the step just applied: no request taken or queued, none
-    /// half applied.
-    fn alone(&self) -> bool {
-        // The writer's cheap checks first: the channel's length takes its lock, which every
-        // request sender contends for, so it is asked only when a lone batch is possible at all.
-        self.batch.is_empty()
-            && self.producing.is_none()
-            && self.writer.lone_batch_possible(self.pending.len(), self.engine.log_end())
-            && self.queued() == 0
+    /// commit call: on the engine thread (`inline` None) or on a request's own thread (`Some`,
+    /// whether it may block on an fdatasync).
+    fn commit(&mut self, inline: Option<bool>) {
+        let stopping = self.shutdown.is_some();
+        // Whether nothing waits behind this step is asked once the store sealed the log: a
+        // follower's entries are appended there. The writer's cheap checks come first: the
+        // channel's length takes its lock, which every request sender contends for, so it is
+        // asked only when a lone batch is possible at all.
+        let nothing_taken = self.batch.is_empty() && self.producing.is_none();
+        let shared = &self.shared;
+        self.engine.commit(&mut self.writer, &mut self.pending, |writer, replies, end| {
+            let alone = || {
+                nothing_taken
+                    && writer.lone_batch_possible(replies, end)
+                    && shared.upgrade().map_or(0, |s| s.tx.len()) == 0
+            };
+            match inline {
+                _ if stopping => Driver::Stopping,
+                None => Driver::Engine { alone: alone() },
+                Some(may_block) => Driver::Inline { may_block, alone: alone() },
+            }
+        });
     }
 
     /// Wakes long-polls waiting on topics that got entries.

@@ -261,7 +261,12 @@ impl Engine {
 
     /// The one commit call of the write path: the records this step appended become durable
     /// through `writer`, which releases `replies` when they are (see `storage::writer`).
-    pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
+    pub fn commit<R: Release>(
+        &mut self,
+        writer: &mut Writer<R>,
+        replies: &mut Vec<R>,
+        driver: impl FnOnce(&Writer<R>, usize, u64) -> Driver,
+    ) {
         self.store.commit(writer, replies, driver);
     }
 

@@ -370,8 +370,16 @@ impl Store {
         writer::sync_log(&mut self.log, &self.durability)
     }
 
-    /// Hands the log to `writer`'s commit of this step's appends (see [`Writer::commit`]).
-    pub fn commit<R: Release>(&mut self, writer: &mut Writer<R>, replies: &mut Vec<R>, driver: Driver) {
+    /// Hands the log to `writer`'s commit of this step's appends (see [`Writer::commit`]), as
+    /// `driver` says once the log is sealed: given the writer, the replies and the log's end, it
+    /// tells who commits and whether anything waits behind (a follower's entries are appended by
+    /// the seal, so asking before it would find nothing to commit and never sync here).
+    pub fn commit<R: Release>(
+        &mut self,
+        writer: &mut Writer<R>,
+        replies: &mut Vec<R>,
+        driver: impl FnOnce(&Writer<R>, usize, u64) -> Driver,
+    ) {
         if let Err(e) = self.seal() {
             // Retried at the next commit (the raft thread wakes the engine while entries wait);
             // said once a minute, not once a step.
@@ -383,6 +391,7 @@ impl Store {
         } else if self.seal_reported.take().is_some() {
             tracing::info!("appending the replicated log here again");
         }
+        let driver = driver(writer, replies.len(), self.log.end());
         writer.commit(&mut self.log, replies, driver);
     }
 
