@@ -93,15 +93,20 @@ impl Store {
                 && policy.should_carry(end - base, c.bytes, self.log.disk_bytes(), self.live_bytes)
     }
 
-    /// Counts what every segment holds from the index and the topic settings in effect (at open;
-    /// dispatch keeps the counts from then on).
-    pub(crate) fn recount_segments(&mut self) {
+    /// Counts the live bytes and what every segment holds from the index and the topic settings
+    /// in effect (at open; dispatch keeps the counts from then on). One pass over the index for
+    /// both: each slot's record length is a read of the log, a cold page on a large backlog.
+    pub(crate) fn recount_live(&mut self) {
         let mut segs = SegCounts::default();
+        let mut live = 0;
         let log = &self.log;
         self.index.for_each(|s| {
-            segs.add(log, s.msg_offset.get(), log.record_len(s.msg_offset.get()));
+            let len = log.record_len(s.msg_offset.get());
+            live += len;
+            segs.add(log, s.msg_offset.get(), len);
             segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
         });
+        self.live_bytes = live;
         for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
             segs.add(log, at, log.record_len(at));
         }

@@ -210,8 +210,7 @@ impl Store {
                 "no room for the reserve file; starting without it"
             );
         }
-        self.live_bytes = self.count_live_bytes();
-        self.recount_segments();
+        self.recount_live();
         self.expiry = self.log.start();
         if rebuilt {
             // The checkpoint on disk describes the derived files the rebuild replaced: until one
@@ -406,12 +405,13 @@ impl Store {
     fn slot_damage(&self, s: &Slot) -> Option<String> {
         let (start, end) = (self.log.start(), self.log.end());
         let (msg_offset, last_offset, hash) = (s.msg_offset.get(), s.last_offset.get(), s.hash.get());
-        let what = format!("slot of the message at {msg_offset} (last record {last_offset})");
+        // Built only for a damaged slot: this check runs over every live slot at each open.
+        let what = || format!("slot of the message at {msg_offset} (last record {last_offset})");
         if msg_offset >= end || last_offset >= end {
-            return Some(format!("{what} holds state from past the log end {end}"));
+            return Some(format!("{} holds state from past the log end {end}", what()));
         }
         if msg_offset < start || last_offset < msg_offset {
-            return Some(format!("{what} points outside the log [{start}, {end})"));
+            return Some(format!("{} points outside the log [{start}, {end})", what()));
         }
         let attempt = |a: u32| a.min(u32::from(u16::MAX)) as u16;
         let expect = match self.read_checked(msg_offset) {
@@ -422,10 +422,10 @@ impl Store {
             Ok(Some(Record::Carry(c))) if format::id_hash(c.put.id) == hash => {
                 (c.seq, c.state, c.home, attempt(c.attempt))
             }
-            Ok(Some(_)) => return Some(format!("{what}: no message with its id hash there")),
+            Ok(Some(_)) => return Some(format!("{}: no message with its id hash there", what())),
             // The log itself is damaged there: not the index's fault, and already reported.
             Ok(None) => return None,
-            Err(why) => return Some(format!("{what}: {why}")),
+            Err(why) => return Some(format!("{}: {why}", what())),
         };
         let expect = if last_offset == msg_offset {
             expect
@@ -434,14 +434,15 @@ impl Store {
                 Ok(Some(Record::Transition(t))) if t.msg_offset == msg_offset && t.id_hash == hash => {
                     (t.seq, t.state, t.home, attempt(t.attempt))
                 }
-                Ok(Some(_)) => return Some(format!("{what}: its last record is not a change of it")),
+                Ok(Some(_)) => return Some(format!("{}: its last record is not a change of it", what())),
                 Ok(None) => return None,
-                Err(why) => return Some(format!("{what}: {why}")),
+                Err(why) => return Some(format!("{}: {why}", what())),
             }
         };
         if expect != (s.seq, s.state, s.home, s.attempt) {
             return Some(format!(
-                "{what}: slot says seq {} {:?} {:?} attempt {}, its record says {expect:?}",
+                "{}: slot says seq {} {:?} {:?} attempt {}, its record says {expect:?}",
+                what(),
                 s.seq, s.state, s.home, s.attempt
             ));
         }
