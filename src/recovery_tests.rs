@@ -349,3 +349,21 @@ fn a_pop_over_a_damaged_record_reserves_nothing_it_does_not_return() {
     // The pop did not stop at the damage, and a later pop has nothing hidden.
     assert!(e.pop(&topics(), 1000, None).unwrap().is_empty());
 }
+
+#[test]
+fn the_open_reports_how_long_each_of_its_parts_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let (mut e, _) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
+    fill(&mut e, 20_000, 0, 0);
+    e.close().unwrap();
+    let started = std::time::Instant::now();
+    let (_e, report) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
+    let whole = started.elapsed().as_millis() as u64;
+    let t = report.took;
+    // The parts are measured one after the other inside the open: together never more than it.
+    let parts = t.log_ms + t.derived_ms + t.replay_ms + t.finish_ms;
+    assert!(parts <= whole, "{t:?} add up to {parts} ms, the whole open took {whole} ms");
+    // Checking 20,000 slots against the log is the open's largest part.
+    assert!(t.derived_ms >= t.replay_ms && t.derived_ms >= t.log_ms, "{t:?}");
+}

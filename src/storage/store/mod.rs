@@ -124,6 +124,21 @@ pub struct OpenReport {
     /// Queues found shorter than the checkpoint said was durable: a checkpoint vouched for
     /// writes nobody synced (rebuilt from the log, but a broken sync protocol, never a power cut).
     pub behind_checkpoint: Vec<String>,
+    /// How long each part of the open took, in ms: where a slow start on a large backlog goes.
+    pub took: OpenTimes,
+}
+
+/// Wall time of each part of [`Store::open`], in ms.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct OpenTimes {
+    /// Scanning the commit log's tail and opening its segments.
+    pub log_ms: u64,
+    /// Opening and checking the queues and the id index against the log (or rebuilding them).
+    pub derived_ms: u64,
+    /// Re-dispatching the records past the checkpoint.
+    pub replay_ms: u64,
+    /// Recounting live bytes per segment from the index (and the checkpoint after a rebuild).
+    pub finish_ms: u64,
 }
 
 /// The store.

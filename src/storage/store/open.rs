@@ -33,6 +33,8 @@ impl Store {
         let cp_path = dir.join("checkpoint");
         let (cp, cp_damaged) = load_checkpoint(&cp_path)?;
         let claims = durable_claims(dir, &cp_path, &cp, clean_end);
+        let ms_since = |t: std::time::Instant| t.elapsed().as_millis() as u64;
+        let started = std::time::Instant::now();
         let (log, log_report) = CommitLog::open(
             &dir.join("commitlog"),
             cfg.segment_bytes,
@@ -48,6 +50,8 @@ impl Store {
             ..Default::default()
         };
 
+        report.took.log_ms = ms_since(started);
+        let started = std::time::Instant::now();
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
         let rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
@@ -56,9 +60,15 @@ impl Store {
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         store.report_truncation(&mut report);
         store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
+        report.took.derived_ms = ms_since(started);
+        let started = std::time::Instant::now();
         let before = store.dispatched;
         store.replay(&mut report)?;
+        report.took.replay_ms = ms_since(started);
+        let started = std::time::Instant::now();
         store.finish_open(report.rebuilt)?;
+        report.took.finish_ms = ms_since(started);
+        let took = report.took;
         info!(
             clean = report.clean,
             rebuilt = report.rebuilt,
@@ -66,6 +76,10 @@ impl Store {
             from = before,
             redispatched = report.redispatched,
             entries_dropped = report.entries_dropped,
+            log_ms = took.log_ms,
+            check_ms = took.derived_ms,
+            replay_ms = took.replay_ms,
+            recount_ms = took.finish_ms,
             "store opened"
         );
         Ok((store, report))
