@@ -324,21 +324,38 @@ impl IdIndex {
     }
 
     /// Calls `f` for every slot (recovery checks).
-    pub fn for_each(&self, mut f: impl FnMut(Slot)) {
-        for i in 0..self.cur.slots {
+    pub fn for_each(&self, f: impl FnMut(Slot)) {
+        self.for_each_part(0, 1, f);
+    }
+
+    /// Calls `f` for every slot of part `k` of `parts` (a contiguous share of each table), so
+    /// threads can split a pass over the index between them; the parts together are every slot.
+    pub fn for_each_part(&self, k: u64, parts: u64, mut f: impl FnMut(Slot)) {
+        let parts = parts.max(1);
+        let share = |from: u64, to: u64| {
+            let n = u128::from(to - from);
+            let at = |j: u64| from + (n * u128::from(j) / u128::from(parts)) as u64;
+            at(k.min(parts))..at((k + 1).min(parts))
+        };
+        for i in share(0, self.cur.slots) {
             let b = self.cur.raw(i);
             if slot_is_live(b) {
                 f(Slot::from_bytes(b));
             }
         }
         if let Some(m) = &self.from {
-            for i in m.cursor..m.table.slots {
+            for i in share(m.cursor, m.table.slots) {
                 let b = m.table.raw(i);
                 if slot_is_live(b) {
                     f(Slot::from_bytes(b));
                 }
             }
         }
+    }
+
+    /// Slots in the tables (both while a resize runs): what a pass over the index walks.
+    pub fn table_slots(&self) -> u64 {
+        self.cur.slots + self.from.as_ref().map_or(0, |m| m.table.slots - m.cursor)
     }
 
     /// Why the table cannot be trusted, if it cannot: an occupied slot with unknown flag bits or
@@ -722,6 +739,16 @@ mod tests {
         let mut seen = BTreeMap::new();
         idx.for_each(|s| assert!(seen.insert((s.hash, s.msg_offset), s).is_none(), "listed twice: {s:?}"));
         assert_eq!(&seen, model, "for_each");
+        // Split between threads, the parts together list every slot once, mid-resize too.
+        for parts in [2, 3, 7] {
+            let mut seen = BTreeMap::new();
+            for k in 0..parts {
+                idx.for_each_part(k, parts, |s| {
+                    assert!(seen.insert((s.hash, s.msg_offset), s).is_none(), "listed twice in {parts} parts: {s:?}")
+                });
+            }
+            assert_eq!(&seen, model, "for_each_part, {parts} parts");
+        }
     }
 
     fn files(dir: &Path) -> Vec<String> {

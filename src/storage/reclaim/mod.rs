@@ -97,15 +97,24 @@ impl Store {
     /// in effect (at open; dispatch keeps the counts from then on). One pass over the index for
     /// both: each slot's record length is a read of the log, a cold page on a large backlog.
     pub(crate) fn recount_live(&mut self) {
+        let (log, index) = (&self.log, &self.index);
+        let parts = crate::storage::store::in_parts(index.table_slots(), |k, parts| {
+            let mut segs = SegCounts::default();
+            let mut live = 0;
+            index.for_each_part(k, parts, |s| {
+                let len = log.record_len(s.msg_offset.get());
+                live += len;
+                segs.add(log, s.msg_offset.get(), len);
+                segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
+            });
+            (segs, live)
+        });
         let mut segs = SegCounts::default();
         let mut live = 0;
-        let log = &self.log;
-        self.index.for_each(|s| {
-            let len = log.record_len(s.msg_offset.get());
-            live += len;
-            segs.add(log, s.msg_offset.get(), len);
-            segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
-        });
+        for (part, bytes) in parts {
+            segs.merge(part);
+            live += bytes;
+        }
         self.live_bytes = live;
         for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
             segs.add(log, at, log.record_len(at));

@@ -119,6 +119,16 @@ impl SegCounts {
         }
     }
 
+    /// Adds the counts of `other` (another part of the same recount).
+    pub(crate) fn merge(&mut self, other: SegCounts) {
+        for (base, c) in other.0 {
+            let mine = self.0.entry(base).or_default();
+            mine.bytes += c.bytes;
+            mine.reserved += c.reserved;
+            mine.changes += c.changes;
+        }
+    }
+
     /// The counts of the segment starting at `base`.
     pub(crate) fn get(&self, base: u64) -> SegLive {
         self.0.get(&base).copied().unwrap_or_default()

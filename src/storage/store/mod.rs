@@ -128,6 +128,41 @@ pub struct OpenReport {
     pub took: OpenTimes,
 }
 
+/// Runs `pass(k, parts)` for every part `k` of a pass over `slots` index slots, on as many
+/// threads as the machine has cores (at most 8): recovery's passes read the log at random, one
+/// record per pending message, and wait on memory more than they compute, so they scale with
+/// threads. A small index, or a thread the system refuses, runs its part here.
+pub(crate) fn in_parts<T: Send>(slots: u64, pass: impl Fn(u64, u64) -> T + Sync) -> Vec<T> {
+    // The unit tests' stores are small: there every pass is split, so they check the parts.
+    #[cfg(not(test))]
+    const SLOTS_PER_THREAD: u64 = 1 << 18;
+    #[cfg(test)]
+    const SLOTS_PER_THREAD: u64 = 8;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8) as u64;
+    let parts = cores.min(slots / SLOTS_PER_THREAD).max(1);
+    if parts == 1 {
+        return vec![pass(0, 1)];
+    }
+    let pass = &pass;
+    std::thread::scope(|scope| {
+        let spawned: Vec<_> = (1..parts)
+            .map(|k| {
+                let thread = std::thread::Builder::new().name("delayd-recover".into());
+                (k, thread.spawn_scoped(scope, move || pass(k, parts)).ok())
+            })
+            .collect();
+        let mut out = vec![pass(0, parts)];
+        for (k, handle) in spawned {
+            // A part whose thread could not start, or stopped on a panic, is run here.
+            match handle.map(|h| h.join()) {
+                Some(Ok(t)) => out.push(t),
+                _ => out.push(pass(k, parts)),
+            }
+        }
+        out
+    })
+}
+
 /// Wall time of each part of [`Store::open`], in ms.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct OpenTimes {

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 
 use tracing::{error, info, warn};
 
@@ -407,17 +408,24 @@ impl Store {
         if let Some(why) = self.index.check() {
             return Some(why);
         }
-        let mut damage = None;
-        self.index.for_each(|s| {
-            if damage.is_none() {
-                damage = self.slot_damage(&s);
-            }
+        let (log, index, corrupt) = (&self.log, &self.index, &self.corrupt_records);
+        let found = super::in_parts(index.table_slots(), |k, parts| {
+            let mut damage = None;
+            index.for_each_part(k, parts, |s| {
+                if damage.is_none() {
+                    damage = Self::slot_damage(log, corrupt, &s);
+                }
+            });
+            damage
         });
-        damage
+        found.into_iter().flatten().next()
     }
 
-    fn slot_damage(&self, s: &Slot) -> Option<String> {
-        let (start, end) = (self.log.start(), self.log.end());
+    /// Why slot `s` disagrees with the log, if it does: over the log and the damage counter
+    /// alone, so threads can share the pass.
+    fn slot_damage(log: &CommitLog, corrupt: &AtomicU64, s: &Slot) -> Option<String> {
+        let read_checked = |offset| super::reads::read_checked(log, corrupt, offset);
+        let (start, end) = (log.start(), log.end());
         let (msg_offset, last_offset, hash) = (s.msg_offset.get(), s.last_offset.get(), s.hash.get());
         // Built only for a damaged slot: this check runs over every live slot at each open.
         let what = || format!("slot of the message at {msg_offset} (last record {last_offset})");
@@ -428,7 +436,7 @@ impl Store {
             return Some(format!("{} points outside the log [{start}, {end})", what()));
         }
         let attempt = |a: u32| a.min(u32::from(u16::MAX)) as u16;
-        let expect = match self.read_checked(msg_offset) {
+        let expect = match read_checked(msg_offset) {
             Ok(Some(Record::Put(p))) if format::id_hash(p.id) == hash => {
                 let state = if p.route == Route::Topic { State::Ready } else { State::Delayed };
                 (0, state, Home::Main, 0)
@@ -444,7 +452,7 @@ impl Store {
         let expect = if last_offset == msg_offset {
             expect
         } else {
-            match self.read_checked(last_offset) {
+            match read_checked(last_offset) {
                 Ok(Some(Record::Transition(t))) if t.msg_offset == msg_offset && t.id_hash == hash => {
                     (t.seq, t.state, t.home, attempt(t.attempt))
                 }

@@ -2,6 +2,7 @@
 //! message by id, and damaged records met along the way.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 
 use tracing::error;
 
@@ -9,6 +10,7 @@ use super::{dead_letter_topic, Store};
 use crate::error::{Error, Result};
 use crate::message::{last_error, LastError};
 use crate::storage::format::{self, Cause, DeliverySettings, Home, Put, Record, State};
+use crate::storage::commitlog::CommitLog;
 use crate::storage::index::{Slot, SlotRef};
 use crate::storage::types::{IdHash, LogOffset};
 
@@ -29,28 +31,9 @@ impl Store {
     /// fails its check (damage in the log itself, logged and counted); `Err` when nothing there
     /// looks like a record (so whatever pointed there is wrong).
     pub(crate) fn read_checked(&self, offset: u64) -> std::result::Result<Option<Record<'_>>, String> {
-        match self.log.read(offset) {
-            Ok((rec, _)) => Ok(Some(rec)),
-            Err(Error::Corrupt { reason, .. }) => {
-                let h = self.log.raw(offset, format::HEADER_BYTES);
-                if h.is_some_and(format::has_record_magic) {
-                    self.corrupt_record(offset, &reason);
-                    Ok(None)
-                } else {
-                    Err(format!("no record at log offset {offset} ({reason})"))
-                }
-            }
-            Err(e) => Err(e.to_string()),
-        }
+        read_checked(&self.log, &self.corrupt_records, offset)
     }
 
-    /// Logs and counts a record that fails its CRC or layout check outside the recovery scan: its
-    /// message cannot be read, which must not pass unnoticed.
-    pub(crate) fn corrupt_record(&self, offset: u64, reason: &str) {
-        let file = self.log.segment_path(offset).map(|p| p.display().to_string()).unwrap_or_default();
-        error!(%file, offset, %reason, "commit log: damaged record; its message cannot be read");
-        self.corrupt_records.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
 
     /// Damaged records met outside the recovery scan since open.
     pub fn corrupt_records(&self) -> u64 {
@@ -257,4 +240,34 @@ impl Store {
         out.retain(|_, c| *c != (0, 0, 0));
         Ok(out)
     }
+}
+
+/// [`Store::read_checked`] over the log and the damage counter alone, for passes that threads
+/// share.
+pub(super) fn read_checked<'a>(
+    log: &'a CommitLog,
+    corrupt: &AtomicU64,
+    offset: u64,
+) -> std::result::Result<Option<Record<'a>>, String> {
+    match log.read(offset) {
+        Ok((rec, _)) => Ok(Some(rec)),
+        Err(Error::Corrupt { reason, .. }) => {
+            let h = log.raw(offset, format::HEADER_BYTES);
+            if h.is_some_and(format::has_record_magic) {
+                corrupt_record(log, corrupt, offset, &reason);
+                Ok(None)
+            } else {
+                Err(format!("no record at log offset {offset} ({reason})"))
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Logs and counts a record that fails its CRC or layout check outside the recovery scan: its
+/// message cannot be read, which must not pass unnoticed.
+fn corrupt_record(log: &CommitLog, corrupt: &AtomicU64, offset: u64, reason: &str) {
+    let file = log.segment_path(offset).map(|p| p.display().to_string()).unwrap_or_default();
+    error!(%file, offset, %reason, "commit log: damaged record; its message cannot be read");
+    corrupt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
