@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Restart time of a delayd server holding a large backlog: from spawning the binary to the first
+pop that returns a message made ready before the stop.
+
+Starts BIN on a fresh data directory (DELAYD_FLUSH=sync), produces 10 ready messages on topic
+`probe` and N messages due in 1 to 30 days on topic `bl` (batches of 1000, 100-byte bodies), then
+stops it with SIGTERM, SIGKILL and SIGTERM again, each time restarting it on the same data and
+timing until a pop of `probe` returns a message. The server's `store opened` log line (on stderr,
+kept in restart_time.log beside the data directory) says how the open's time was spent.
+
+    python3 benches/restart_time.py BIN N
+
+Run old and new binaries one after the other, several times, and compare medians.
+See docs/benchmarks.md, "Scale".
+"""
+import http.client, json, os, random, shutil, signal, socket, subprocess, sys, tempfile, time
+
+bin_, n = sys.argv[1], int(sys.argv[2])
+d = tempfile.mkdtemp(prefix="delayd-restart-")
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{port}",
+           DELAYD_FLUSH="sync", DELAYD_LOG_LEVEL="info")
+log = open(d + "/restart_time.log", "w")
+
+
+def start():
+    return subprocess.Popen([bin_], env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def conn():
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+
+def first_pop(t0):
+    while True:
+        try:
+            c = conn()
+            c.request("POST", "/v1/topics/probe/pop?max=1")
+            r = c.getresponse()
+            b = r.read()
+            if r.status == 200 and json.loads(b)["messages"]:
+                return time.time() - t0
+        except OSError:
+            pass
+        time.sleep(0.005)
+
+
+p = start()
+try:
+    while True:
+        try:
+            c = conn(); c.request("GET", "/v1/stats"); c.getresponse().read(); break
+        except OSError:
+            time.sleep(0.05)
+    c = conn()
+    for i in range(10):
+        c.request("POST", "/v1/topics/probe/messages", json.dumps({"body": "p"}), {"Content-Type": "application/json"})
+        c.getresponse().read()
+    sent, t0 = 0, time.time()
+    while sent < n:
+        k = min(1000, n - sent)
+        msgs = [{"body": "x" * 100, "delay_ms": 86400000 + random.randrange(29 * 86400000)} for _ in range(k)]
+        c.request("POST", "/v1/topics/bl/messages/batch", json.dumps({"messages": msgs}), {"Content-Type": "application/json"})
+        r = c.getresponse(); r.read()
+        if r.status >= 300:
+            sys.exit(f"batch refused: {r.status}")
+        sent += k
+    print(f"filled {n} in {time.time() - t0:.1f} s", flush=True)
+    time.sleep(3)
+    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGTERM):
+        p.send_signal(sig); p.wait()
+        t0 = time.time(); p = start()
+        print(f"{sig.name}: first pop after {first_pop(t0):.3f} s", flush=True)
+        time.sleep(2)
+finally:
+    p.terminate(); p.wait()
+    shutil.rmtree(d, ignore_errors=True)
