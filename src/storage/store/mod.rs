@@ -169,11 +169,11 @@ pub struct OpenTimes {
     /// Scanning the commit log's tail and opening its segments.
     pub log_ms: u64,
     /// Opening and checking the queues and the id index against the log (or rebuilding them).
-    pub derived_ms: u64,
+    pub check_ms: u64,
     /// Re-dispatching the records past the checkpoint.
     pub replay_ms: u64,
     /// Recounting live bytes per segment from the index (and the checkpoint after a rebuild).
-    pub finish_ms: u64,
+    pub recount_ms: u64,
 }
 
 /// The store.

@@ -61,14 +61,14 @@ impl Store {
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         store.report_truncation(&mut report);
         store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
-        report.took.derived_ms = ms_since(started);
+        report.took.check_ms = ms_since(started);
         let started = std::time::Instant::now();
         let before = store.dispatched;
         store.replay(&mut report)?;
         report.took.replay_ms = ms_since(started);
         let started = std::time::Instant::now();
         store.finish_open(report.rebuilt)?;
-        report.took.finish_ms = ms_since(started);
+        report.took.recount_ms = ms_since(started);
         let took = report.took;
         info!(
             clean = report.clean,
@@ -78,9 +78,9 @@ impl Store {
             redispatched = report.redispatched,
             entries_dropped = report.entries_dropped,
             log_ms = took.log_ms,
-            check_ms = took.derived_ms,
+            check_ms = took.check_ms,
             replay_ms = took.replay_ms,
-            recount_ms = took.finish_ms,
+            recount_ms = took.recount_ms,
             "store opened"
         );
         Ok((store, report))
