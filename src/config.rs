@@ -21,6 +21,7 @@ use crate::limits::{ENVELOPE_BYTES, MAX_ATTEMPTS_LIMIT, MAX_BATCH_LIMIT};
 use crate::schedule::levels::validate_levels;
 pub use crate::schedule::levels::DEFAULT_LEVELS_MS;
 pub use crate::storage::commitlog::RecoveryMode;
+pub use crate::storage::store::StartCheck;
 pub use crate::storage::writer::FlushMode;
 use crate::units::{fmt_ms, fmt_size, DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS};
 use value::{
@@ -253,6 +254,8 @@ config_keys! {
         "On SIGTERM, how long in-flight requests may take";
     recovery: RecoveryMode [Choice<RecoveryMode>] = RecoveryMode::Strict, "strict|truncate",
         "On a bad record inside acknowledged data: refuse to start, or drop from it on";
+    check_on_start: StartCheck [Choice<StartCheck>] = StartCheck::AfterCrash, "after_crash|always",
+        "When a start checks the queues and the id index against the log: after a crash, or always";
     /// In milliseconds.
     done_retention: u64 [Duration] = DAY_MS, "DURATION",
         "How long a done or cancelled message stays visible to look-ups and retries";
@@ -391,6 +394,8 @@ pub struct BrokerConfig {
     pub index_initial_slots: u64,
     /// What to do when recovery finds a bad record with valid records after it.
     pub recovery: RecoveryMode,
+    /// When the start checks the derived files against the log.
+    pub check_on_start: StartCheck,
     /// How long a done or cancelled message stays visible to look-ups and the idempotent produce.
     pub done_retention_ms: u64,
     /// Whether expired messages, old segments and read queue files are deleted at all.
@@ -655,6 +660,7 @@ impl Config {
             max_batch: self.max_batch,
             index_initial_slots: self.index_initial_slots,
             recovery: self.recovery,
+            check_on_start: self.check_on_start,
             done_retention_ms: self.done_retention,
             reclaim: self.reclaim,
             max_topics: self.max_topics,
@@ -680,6 +686,11 @@ impl Choices for DelayPolicy {
 impl Choices for LogFormat {
     const OPTIONS: &'static [(&'static str, LogFormat)] =
         &[("text", LogFormat::Text), ("json", LogFormat::Json)];
+}
+
+impl Choices for StartCheck {
+    const OPTIONS: &'static [(&'static str, StartCheck)] =
+        &[("after_crash", StartCheck::AfterCrash), ("always", StartCheck::Always)];
 }
 
 impl Choices for RecoveryMode {
@@ -1016,6 +1027,7 @@ mod tests {
             ("log_level", "debug"),
             ("shutdown_grace", "1s"),
             ("recovery", "Truncate"),
+            ("check_on_start", "always"),
             ("done_retention", "3s"),
             ("reclaim", "off"),
             ("max_topics", "7"),
@@ -1068,6 +1080,7 @@ mod tests {
             log_level: "debug".into(),
             shutdown_grace: 1000,
             recovery: RecoveryMode::Truncate,
+            check_on_start: StartCheck::Always,
             done_retention: 3000,
             reclaim: false,
             max_topics: 7,
@@ -1388,6 +1401,7 @@ mod tests {
             max_batch,
             index_initial_slots,
             recovery,
+            check_on_start,
             done_retention_ms,
             reclaim,
             max_topics,
@@ -1417,6 +1431,7 @@ mod tests {
         assert_eq!(max_batch, c.max_batch);
         assert_eq!(index_initial_slots, c.index_initial_slots);
         assert_eq!(recovery, c.recovery);
+        assert_eq!(check_on_start, c.check_on_start);
         assert_eq!(done_retention_ms, c.done_retention);
         assert_eq!(reclaim, c.reclaim);
         assert_eq!(max_topics, c.max_topics);

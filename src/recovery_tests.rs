@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::BrokerConfig;
+use crate::config::{BrokerConfig, StartCheck};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::message::{MessageState, ProduceRequest, When};
@@ -30,6 +30,14 @@ fn config(dir: &Path, mode: RecoveryMode) -> BrokerConfig {
 
 fn open(dir: &Path, clock: &Arc<ManualClock>, mode: RecoveryMode) -> crate::Result<(Engine, OpenReport)> {
     Engine::open(config(dir, mode), clock.clone(), Arc::new(Metrics::default()))
+}
+
+/// Opens with `check_on_start = always`: files damaged while delayd was stopped after a clean
+/// shutdown are only looked for then.
+fn open_checking(dir: &Path, clock: &Arc<ManualClock>) -> crate::Result<(Engine, OpenReport)> {
+    let mut c = config(dir, RecoveryMode::Strict);
+    c.check_on_start = StartCheck::Always;
+    Engine::open(c, clock.clone(), Arc::new(Metrics::default()))
 }
 
 fn req(id: &str, when: When) -> ProduceRequest {
@@ -238,8 +246,8 @@ fn a_damaged_topic_queue_file_is_detected_at_start_and_rebuilt() {
     e.close().unwrap();
     // 200 bytes (10 entries) of the unread part, as in the adversarial run.
     flip(&dir.path().join("cq/topic/t-t").join(format!("{:020}", 0)), 60 * 20, 200);
-    let (mut e, report) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
-    assert!(report.queue_damaged && report.rebuilt, "{report:?}");
+    let (mut e, report) = open_checking(dir.path(), &clock).unwrap();
+    assert!(report.checked && report.queue_damaged && report.rebuilt, "{report:?}");
     let got: BTreeSet<String> = drain(&mut e).into_iter().collect();
     assert_eq!(got, (50..240).map(|i| format!("m{i}")).collect::<BTreeSet<_>>());
     assert!(acked.iter().all(|id| !got.contains(id)));
@@ -290,7 +298,7 @@ fn a_damaged_id_index_is_detected_at_start_and_rebuilt() {
     assert!(size > 16 << 10);
     // 4 KiB in the middle of the table, as in the adversarial run.
     flip(&ids, size / 2 / 4096 * 4096, 4096);
-    let (mut e, report) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
+    let (mut e, report) = open_checking(dir.path(), &clock).unwrap();
     assert!(report.index_damaged && report.rebuilt, "{report:?}");
     for i in 0..3000 {
         let id = format!("m{i}");
@@ -305,21 +313,75 @@ fn a_damaged_id_index_is_detected_at_start_and_rebuilt() {
 #[test]
 fn a_slot_that_disagrees_with_its_record_is_damage() {
     // One slot's state byte changed to another valid state: only the check against the log
-    // notices (the table's structure is intact).
+    // notices (the table's structure is intact). It runs after a crash whatever the setting, and
+    // after a clean shutdown with `check_on_start = always`.
+    for crashed in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::at_ms(T0));
+        let (mut e, _) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
+        fill(&mut e, 10, 0, 0);
+        e.close().unwrap();
+        let ids = dir.path().join("index/ids");
+        let mut b = std::fs::read(&ids).unwrap();
+        let slot = (0..64).map(|i| 64 + i * 32).find(|p| b[p + 31] & 1 == 1).unwrap();
+        assert_eq!(b[slot + 30], MessageState::Ready as u8 - 1 + 2, "a Ready slot (state 2)");
+        b[slot + 30] = 4; // Done: the message would never be delivered
+        std::fs::write(&ids, &b).unwrap();
+        let (mut e, report) = if crashed {
+            std::fs::remove_file(dir.path().join("clean_shutdown")).unwrap();
+            open(dir.path(), &clock, RecoveryMode::Strict).unwrap()
+        } else {
+            open_checking(dir.path(), &clock).unwrap()
+        };
+        assert!(report.checked && report.index_damaged, "crashed {crashed}: {report:?}");
+        assert_eq!(drain(&mut e).len(), 10);
+    }
+}
+
+/// After a clean shutdown the default start takes the derived files and the counts the close
+/// recorded, without a pass over the index or a read per message; what it takes is what a
+/// recount finds. A start that must rebuild recounts.
+#[test]
+fn a_clean_shutdown_hands_its_counts_to_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::at_ms(T0));
     let (mut e, _) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
-    fill(&mut e, 10, 0, 0);
+    // Acked, reserved, ready and delayed messages over several 64 KiB segments, and a pause.
+    let (_, reserved) = fill(&mut e, 1500, 300, 40);
+    for i in 0..400 {
+        e.produce("t", req(&format!("d{i}"), When::DelayMs(60_000))).unwrap();
+    }
+    e.set_paused("other", true).unwrap();
+    let (live, segs) = {
+        let s = e.store_for_tests();
+        assert_eq!(s.segment_counts_differ(), None, "the running counts are right to begin with");
+        assert!(s.log_segments() > 3, "{} segments", s.log_segments());
+        (s.live_bytes(), s.segment_counts())
+    };
     e.close().unwrap();
-    let ids = dir.path().join("index/ids");
-    let mut b = std::fs::read(&ids).unwrap();
-    let slot = (0..64).map(|i| 64 + i * 32).find(|p| b[p + 31] & 1 == 1).unwrap();
-    assert_eq!(b[slot + 30], MessageState::Ready as u8 - 1 + 2, "a Ready slot (state 2)");
-    b[slot + 30] = 4; // Done: the message would never be delivered
-    std::fs::write(&ids, &b).unwrap();
+
     let (mut e, report) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
-    assert!(report.index_damaged, "{report:?}");
-    assert_eq!(drain(&mut e).len(), 10);
+    assert!(report.clean && !report.checked && !report.rebuilt, "{report:?}");
+    let s = e.store_for_tests();
+    assert_eq!((s.live_bytes(), s.segment_counts()), (live, segs), "the counts the close recorded");
+    assert_eq!(s.segment_counts_differ(), None);
+    assert_eq!(s.live_bytes(), s.count_live_bytes());
+    assert_eq!(s.index_len(), 1500 + 400, "every message but none forgotten is in the index");
+    for id in &reserved {
+        assert_eq!(e.get(id).unwrap().state, MessageState::Reserved, "{id}");
+    }
+    clock.advance_ms(60_000);
+    // The reservations' 30 s ran out too: every message not acked comes back.
+    assert_eq!(drain(&mut e).len(), 1500 - 300 + 400, "the ready, reserved and delayed ones");
+    e.close().unwrap();
+
+    // Derived files gone: the open rebuilds them and recounts, whatever the marker says.
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let (e, report) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
+    assert!(report.rebuilt, "{report:?}");
+    let s = e.store_for_tests();
+    assert_eq!(s.segment_counts_differ(), None);
+    assert_eq!(s.live_bytes(), s.count_live_bytes());
 }
 
 #[test]
@@ -358,7 +420,8 @@ fn the_open_reports_how_long_each_of_its_parts_took() {
     fill(&mut e, 20_000, 0, 0);
     e.close().unwrap();
     let started = std::time::Instant::now();
-    let (_e, report) = open(dir.path(), &clock, RecoveryMode::Strict).unwrap();
+    let (_e, report) = open_checking(dir.path(), &clock).unwrap();
+    assert!(report.checked, "{report:?}");
     let whole = started.elapsed().as_millis() as u64;
     let t = report.took;
     // The parts are measured one after the other inside the open: together never more than it.

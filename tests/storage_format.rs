@@ -1584,7 +1584,6 @@ mod reader {
         (dispatched, queues, paused, push, flow)
     }
 
-    /// Parses `clean_shutdown`: the log end.
     /// Checks the receipt key file against its layout; returns the key.
     pub fn read_receipt_key(path: &Path) -> Vec<u8> {
         let b = fs::read(path).unwrap();
@@ -1596,14 +1595,81 @@ mod reader {
         b[8..40].to_vec()
     }
 
-    pub fn read_clean_marker(path: &Path) -> u64 {
+    /// What a version 5 clean-shutdown marker holds.
+    pub struct CleanMarker {
+        pub log_end: u64,
+        pub index_slots: u64,
+        pub index_filled: u64,
+        pub index_live: u64,
+        pub live_bytes: u64,
+        /// Per segment: base, bytes of the records it must keep, reserved messages.
+        pub segments: Vec<(u64, u64, u64)>,
+    }
+
+    /// Parses `clean_shutdown` (version 5, the one delayd writes).
+    pub fn read_clean_marker(path: &Path) -> CleanMarker {
         let b = fs::read(path).unwrap();
-        assert_eq!(b.len(), 20, "clean marker size");
-        assert_eq!(crc32(&[&b[..16]]), le32(&b, 16), "clean marker crc");
+        assert!(b.len() >= 56, "clean marker size {}", b.len());
+        let n = b.len() - 4;
+        assert_eq!(crc32(&[&b[..n]]), le32(&b, n), "clean marker crc");
         assert_eq!(&b[0..4], b"DLCS", "clean marker magic");
-        assert_eq!(le16(&b, 4), 4, "clean marker version");
+        assert_eq!(le16(&b, 4), 5, "clean marker version");
         assert_eq!(le16(&b, 6), 0, "clean marker reserved");
-        le64(&b, 8)
+        let count = le32(&b, 48) as usize;
+        assert_eq!(b.len(), 56 + 24 * count, "clean marker size for {count} segments");
+        let segments: Vec<(u64, u64, u64)> = (0..count)
+            .map(|i| 52 + 24 * i)
+            .map(|at| (le64(&b, at), le64(&b, at + 8), le64(&b, at + 16)))
+            .collect();
+        assert!(segments.windows(2).all(|w| w[0].0 < w[1].0), "clean marker segments ascend");
+        CleanMarker {
+            log_end: le64(&b, 8),
+            index_slots: le64(&b, 16),
+            index_filled: le64(&b, 24),
+            index_live: le64(&b, 32),
+            live_bytes: le64(&b, 40),
+            segments,
+        }
+    }
+
+    /// Checks the clean marker's counts against the index table and the log: the slots of `ids`
+    /// (all zero during a resize), the live Put and Carry records' bytes, and per segment those
+    /// bytes plus the Pause, Push and Flow records in effect, and its reserved messages.
+    fn check_clean_marker(dir: &Path, log: &Log, model: &Model, index: &Index) {
+        let m = read_clean_marker(&dir.join("clean_shutdown"));
+        assert_eq!(m.log_end, log.end, "clean marker log_end");
+        if dir.join("index/ids.next").exists() {
+            assert_eq!(
+                (m.index_slots, m.index_filled, m.index_live),
+                (0, 0, 0),
+                "clean marker index counts in a resize"
+            );
+        } else {
+            let t = read_index_table(&dir.join("index/ids"), log);
+            let live = t.occupied.iter().filter(|(_, _, removed)| !removed).count() as u64;
+            assert_eq!(
+                (m.index_slots, m.index_filled, m.index_live),
+                (t.slots, t.occupied.len() as u64, live),
+                "clean marker index slots, occupied, live"
+            );
+        }
+        let len_at = |offset: u64| u64::from(log.records[log.by_offset[&offset]].len);
+        let base_of = |offset: u64| *log.bases.iter().rev().find(|b| **b <= offset).unwrap();
+        let mut segs: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        let mut live_bytes = 0;
+        for (offset, slot) in &index.used {
+            live_bytes += len_at(*offset);
+            let c = segs.entry(base_of(*offset)).or_default();
+            c.0 += len_at(*offset);
+            c.1 += u64::from(slot.state == STATE_RESERVED);
+        }
+        for offset in model.paused.values().chain(model.push.values()).chain(model.flow.values()) {
+            segs.entry(base_of(*offset)).or_default().0 += len_at(*offset);
+        }
+        assert_eq!(m.live_bytes, live_bytes, "clean marker live_bytes vs the live slots' records");
+        let segs: Vec<(u64, u64, u64)> =
+            segs.into_iter().filter(|(_, c)| *c != (0, 0)).map(|(b, (bytes, r))| (b, bytes, r)).collect();
+        assert_eq!(m.segments, segs, "clean marker segments (base, bytes, reserved)");
     }
 
     // ---- the whole directory ----------------------------------------------------------------
@@ -1807,7 +1873,7 @@ mod reader {
                 }
             }
         }
-        assert_eq!(read_clean_marker(&dir.join("clean_shutdown")), log.end, "clean marker log_end");
+        check_clean_marker(dir, &log, &model, &index);
         assert!(
             read_receipt_key(&dir.join("receipt_key")).iter().any(|b| *b != 0),
             "an all-zero receipt key"

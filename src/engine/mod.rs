@@ -123,6 +123,7 @@ impl Engine {
                 recovery: cfg.recovery,
                 open_queues: cfg.open_queues,
                 reclaim: cfg.reclaim,
+                check_on_start: cfg.check_on_start,
             },
         )?;
         let id_seed = format::id_hash(&clock.now_us().to_le_bytes()) ^ u64::from(std::process::id());

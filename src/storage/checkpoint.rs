@@ -11,10 +11,10 @@ use super::io;
 use super::mmap::{sync_dir, sync_path};
 use crate::error::{Error, Result};
 
-use super::format::checkpoint::{decode_clean_marker, encode_clean_marker};
 // The layout is storage::format's; these names stay here for the checkpoint's users.
 pub use super::format::checkpoint::{
-    Checkpoint, CheckpointDamage, QueueKind, QueueState, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CLEAN_MAGIC,
+    Checkpoint, CheckpointDamage, CleanMarker, ClosedCounts, QueueKind, QueueState, CHECKPOINT_MAGIC,
+    CHECKPOINT_VERSION, CLEAN_MAGIC,
 };
 
 impl Checkpoint {
@@ -121,13 +121,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durability: &Durability) -> Resul
     }
 }
 
-/// Writes the clean-shutdown marker holding the log end.
-pub fn write_clean_marker(path: &Path, log_end: u64, durability: &Durability) -> Result<()> {
-    write_atomic(path, &encode_clean_marker(log_end), durability)
+/// Writes the clean-shutdown marker.
+pub fn write_clean_marker(path: &Path, marker: &CleanMarker, durability: &Durability) -> Result<()> {
+    write_atomic(path, &marker.encode(), durability)
 }
 
-/// Reads and removes the clean-shutdown marker; returns the log end it holds, if valid.
-pub fn take_clean_marker(path: &Path, durability: &Durability) -> Result<Option<u64>> {
+/// Reads and removes the clean-shutdown marker; returns it if valid.
+pub fn take_clean_marker(path: &Path, durability: &Durability) -> Result<Option<CleanMarker>> {
     let b = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -137,7 +137,7 @@ pub fn take_clean_marker(path: &Path, durability: &Durability) -> Result<Option<
     if let Some(dir) = path.parent() {
         sync_dir(dir, durability)?;
     }
-    Ok(decode_clean_marker(&b).ok())
+    Ok(CleanMarker::decode(&b).ok())
 }
 
 #[cfg(test)]
@@ -214,8 +214,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("clean_shutdown");
         let d = Durability::new(dir.path());
-        write_clean_marker(&path, 77, &d).unwrap();
-        assert_eq!(take_clean_marker(&path, &d).unwrap(), Some(77));
+        let m = CleanMarker { log_end: 77, counts: Some(ClosedCounts { live_bytes: 5, ..Default::default() }) };
+        write_clean_marker(&path, &m, &d).unwrap();
+        assert_eq!(take_clean_marker(&path, &d).unwrap(), Some(m));
         assert_eq!(take_clean_marker(&path, &d).unwrap(), None);
     }
 }

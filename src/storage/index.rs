@@ -205,17 +205,37 @@ impl IdIndex {
     /// Opens the index at `path` (`index/ids`), creating it with `initial_slots` (rounded up to a
     /// power of two, at least [`MIN_SLOTS`]). A migration left by a crash is finished here.
     pub fn open(path: &Path, initial_slots: u64, durability: &Durability) -> Result<IdIndex> {
+        Self::open_counted(path, initial_slots, durability, None)
+    }
+
+    /// Like [`open`](Self::open), taking the table's occupied and live slot counts from `known`
+    /// (`slots`, `filled`, `live`, as [`counts`](Self::counts) gave them at a clean close) instead
+    /// of a pass over the table, when they describe the table found: same size, no resize to finish.
+    pub fn open_counted(
+        path: &Path,
+        initial_slots: u64,
+        durability: &Durability,
+        known: Option<(u64, u64, u64)>,
+    ) -> Result<IdIndex> {
         let initial_slots = initial_slots.max(MIN_SLOTS).next_power_of_two();
         let next_path = path.with_extension("next");
         let tmp_path = path.with_extension("new");
         let (cur, live) = if path.exists() {
             let mut cur = Table::open(path, durability)?;
+            let mut known = known.filter(|k| k.0 == cur.slots && k.1 <= cur.slots && k.2 <= k.1);
             if next_path.exists() {
                 let next = Table::open(&next_path, durability)?;
                 cur = finish_interrupted(path, cur, next)?;
+                known = None;
             }
             remove_if_exists(&tmp_path)?;
-            let live = cur.count();
+            let live = match known {
+                Some((_, filled, live)) => {
+                    cur.filled = filled;
+                    live
+                }
+                None => cur.count(),
+            };
             (cur, live)
         } else {
             // The protocol never leaves `ids.next` without `ids` (it becomes `ids` by rename); a
@@ -247,6 +267,13 @@ impl IdIndex {
     /// True when the index holds no message.
     pub fn is_empty(&self) -> bool {
         self.live == 0
+    }
+
+    /// Slots, occupied slots and live slots of the one table, for a clean close to record; none
+    /// while slots are being copied between two tables (a next table still being created is not
+    /// part of the index yet: the open deletes it).
+    pub fn counts(&self) -> Option<(u64, u64, u64)> {
+        self.from.is_none().then_some((self.cur.slots, self.cur.filled, self.live))
     }
 
     /// Number of slots in the table inserts go to.

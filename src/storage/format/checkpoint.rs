@@ -5,7 +5,8 @@
 //! then the paused, the push and the flow lists (`count u32`, then `topic len u16, topic, offset
 //! u64` each),
 //! then a CRC32 of everything before it. Clean marker: `magic "DLCS", version u16, reserved u16,
-//! log end u64, CRC32`.
+//! log end u64`, in version 5 the closing counts (index slots, filled and live, live bytes, then
+//! `count u32` and per segment `base, bytes, reserved` as u64s), then a CRC32.
 
 use super::{Dec, DecodeError, Enc};
 
@@ -16,8 +17,41 @@ pub const CLEAN_MAGIC: u32 = u32::from_le_bytes(*b"DLCS");
 /// Layout version of both files (4: per-topic state counts, paused topics, push subscriptions,
 /// flow control).
 pub const CHECKPOINT_VERSION: u16 = 4;
-/// Bytes of a clean-shutdown marker.
-pub const CLEAN_MARKER_BYTES: usize = 20;
+/// Bytes of a version 4 clean-shutdown marker (the log end alone), as earlier delayds wrote it.
+pub const CLEAN_MARKER_V4_BYTES: usize = 20;
+/// Layout version of the clean-shutdown marker that carries the closing counts.
+pub const CLEAN_MARKER_VERSION: u16 = 5;
+/// Bytes of a version 5 marker before its segment list.
+const CLEAN_MARKER_FIXED_BYTES: usize = 52;
+/// Bytes of one segment's counts in a version 5 marker.
+const CLEAN_MARKER_SEGMENT_BYTES: usize = 24;
+
+/// What a clean shutdown vouches for: where the log ends and, from version 5, the counts dispatch
+/// kept up to there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanMarker {
+    /// Offset one past the last record.
+    pub log_end: u64,
+    /// The counts at the close; none in a version 4 marker.
+    pub counts: Option<ClosedCounts>,
+}
+
+/// Counts dispatch keeps, as they were at a clean close: the next open takes them instead of
+/// recounting the index and reading a record header per live message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClosedCounts {
+    /// Slots of the table `index/ids`; 0 when a resize was under way (the index is then counted).
+    pub index_slots: u64,
+    /// Occupied slots (live and removed) of that table.
+    pub index_filled: u64,
+    /// Live slots of that table.
+    pub index_live: u64,
+    /// Bytes of the records live messages need (their Put or Carry).
+    pub live_bytes: u64,
+    /// Per segment that holds anything reclaim must keep, ascending: its base offset, the bytes
+    /// of those records, and how many of its messages are reserved.
+    pub segments: Vec<(u64, u64, u64)>,
+}
 
 /// Which family a queue belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,29 +230,66 @@ impl Dec<'_> {
     }
 }
 
-/// The clean-shutdown marker holding the log end.
-pub fn encode_clean_marker(log_end: u64) -> [u8; CLEAN_MARKER_BYTES] {
-    let mut b = [0u8; CLEAN_MARKER_BYTES];
-    b[0..4].copy_from_slice(&CLEAN_MAGIC.to_le_bytes());
-    b[4..6].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
-    b[8..16].copy_from_slice(&log_end.to_le_bytes());
-    let crc = crc32fast::hash(&b[..16]);
-    b[16..].copy_from_slice(&crc.to_le_bytes());
-    b
-}
+impl CleanMarker {
+    /// The version 5 marker: log end, counts (all zero when there are none), CRC.
+    pub fn encode(&self) -> Vec<u8> {
+        let c = self.counts.clone().unwrap_or_default();
+        let mut b = Vec::with_capacity(
+            CLEAN_MARKER_FIXED_BYTES + CLEAN_MARKER_SEGMENT_BYTES * c.segments.len() + 4,
+        );
+        b.extend_from_slice(&CLEAN_MAGIC.to_le_bytes());
+        b.extend_from_slice(&CLEAN_MARKER_VERSION.to_le_bytes());
+        b.extend_from_slice(&0u16.to_le_bytes());
+        for v in [self.log_end, c.index_slots, c.index_filled, c.index_live, c.live_bytes] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&(c.segments.len() as u32).to_le_bytes());
+        for (base, bytes, reserved) in &c.segments {
+            for v in [base, bytes, reserved] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
 
-/// The log end in a clean-shutdown marker of exactly [`CLEAN_MARKER_BYTES`] bytes. Its version is
-/// not checked: the marker only lets recovery skip a scan, and its CRC and magic say it is whole.
-pub fn decode_clean_marker(b: &[u8]) -> Result<u64, DecodeError> {
-    let b: &[u8; CLEAN_MARKER_BYTES] =
-        b.try_into().map_err(|_| DecodeError::Invalid("clean marker is not 20 bytes"))?;
-    if crc32fast::hash(&b[..16]) != super::u32_at(b, 16) {
-        return Err(DecodeError::Invalid("crc mismatch"));
+    /// A marker of either layout: 20 bytes is version 4 (its version field is not checked: the
+    /// marker only lets recovery skip work, and its CRC and magic say it is whole); anything else
+    /// must be a whole version 5 marker. Version 5 always has counts.
+    pub fn decode(b: &[u8]) -> Result<CleanMarker, DecodeError> {
+        if b.len() < CLEAN_MARKER_V4_BYTES {
+            return Err(DecodeError::Invalid("clean marker is shorter than 20 bytes"));
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32fast::hash(body) != (Dec { buf: crc, pos: 0 }).u32()? {
+            return Err(DecodeError::Invalid("crc mismatch"));
+        }
+        let mut d = Dec { buf: body, pos: 0 };
+        if d.u32()? != CLEAN_MAGIC {
+            return Err(DecodeError::Invalid("bad magic"));
+        }
+        let version = d.u16()?;
+        d.u16()?;
+        let log_end = d.u64()?;
+        if b.len() == CLEAN_MARKER_V4_BYTES {
+            return Ok(CleanMarker { log_end, counts: None });
+        }
+        if version != CLEAN_MARKER_VERSION {
+            return Err(DecodeError::Invalid("unknown clean marker version"));
+        }
+        let (index_slots, index_filled, index_live, live_bytes) = (d.u64()?, d.u64()?, d.u64()?, d.u64()?);
+        let n = d.u32()? as usize;
+        if body.len() - d.pos != n.saturating_mul(CLEAN_MARKER_SEGMENT_BYTES) {
+            return Err(DecodeError::Invalid("clean marker segment count does not match its size"));
+        }
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
+            segments.push((d.u64()?, d.u64()?, d.u64()?));
+        }
+        let counts = ClosedCounts { index_slots, index_filled, index_live, live_bytes, segments };
+        Ok(CleanMarker { log_end, counts: Some(counts) })
     }
-    if super::u32_at(b, 0) != CLEAN_MAGIC {
-        return Err(DecodeError::Invalid("bad magic"));
-    }
-    Ok(super::u64_at(b, 8))
 }
 
 #[cfg(test)]
@@ -281,24 +352,59 @@ mod tests {
         }
 
         #[test]
-        fn clean_marker_round_trips(end in any::<u64>()) {
-            prop_assert_eq!(decode_clean_marker(&encode_clean_marker(end)), Ok(end));
+        fn clean_marker_round_trips(m in clean_marker()) {
+            prop_assert_eq!(CleanMarker::decode(&m.encode()), Ok(m));
         }
 
         #[test]
         fn clean_marker_prefix_or_tail_is_an_error_never_a_panic(
-            end in any::<u64>(), cut in 0usize..CLEAN_MARKER_BYTES,
+            m in clean_marker(), cut in any::<prop::sample::Index>(),
             tail in proptest::collection::vec(any::<u8>(), 1..40),
         ) {
-            let b = encode_clean_marker(end);
-            prop_assert!(decode_clean_marker(&b[..cut]).is_err());
-            prop_assert!(decode_clean_marker(&[&b[..], &tail].concat()).is_err());
+            let b = m.encode();
+            prop_assert!(CleanMarker::decode(&b[..cut.index(b.len())]).is_err());
+            prop_assert!(CleanMarker::decode(&[&b[..], &tail].concat()).is_err());
         }
 
+        /// Even bytes whose CRC and magic match (so the body parser runs) are refused, not panicked on.
         #[test]
-        fn clean_marker_garbage_never_panics(b in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let _ = decode_clean_marker(&b);
+        fn clean_marker_garbage_never_panics(body in proptest::collection::vec(any::<u8>(), 0..128), framed in any::<bool>()) {
+            let mut b = body;
+            if framed && b.len() >= 6 {
+                b[0..4].copy_from_slice(&CLEAN_MAGIC.to_le_bytes());
+                b[4..6].copy_from_slice(&CLEAN_MARKER_VERSION.to_le_bytes());
+            }
+            let _ = CleanMarker::decode(&b);
+            let crc = crc32fast::hash(&b);
+            b.extend_from_slice(&crc.to_le_bytes());
+            let _ = CleanMarker::decode(&b);
         }
+    }
+
+    fn clean_marker() -> impl Strategy<Value = CleanMarker> {
+        let segments = proptest::collection::vec(any::<(u64, u64, u64)>(), 0..5);
+        (any::<u64>(), proptest::array::uniform4(any::<u64>()), segments).prop_map(|(log_end, v, segments)| {
+            let counts = ClosedCounts {
+                index_slots: v[0],
+                index_filled: v[1],
+                index_live: v[2],
+                live_bytes: v[3],
+                segments,
+            };
+            CleanMarker { log_end, counts: Some(counts) }
+        })
+    }
+
+    /// A marker an earlier delayd left (20 bytes, version 4) still says where the log ends.
+    #[test]
+    fn a_version_4_marker_gives_the_log_end_without_counts() {
+        let mut b = b"DLCS\x04\x00\x00\x00".to_vec();
+        b.extend(77u64.to_le_bytes());
+        let crc = crc32fast::hash(&b);
+        b.extend(crc.to_le_bytes());
+        assert_eq!(CleanMarker::decode(&b), Ok(CleanMarker { log_end: 77, counts: None }));
+        b[9] ^= 1;
+        assert!(CleanMarker::decode(&b).is_err(), "a flipped bit fails the crc");
     }
 
     /// The bytes storage-format.md gives, written out by hand: the layout did not move with the code.
@@ -340,9 +446,27 @@ mod tests {
         assert_eq!(cp.encode(), want);
         assert_eq!(Checkpoint::default().encode().len(), 36, "an empty version 4 checkpoint");
 
-        let mut marker = b"DLCS\x04\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01".to_vec();
+        let m = CleanMarker {
+            log_end: 0x0102_0304_0506_0708,
+            counts: Some(ClosedCounts {
+                index_slots: 64,
+                index_filled: 3,
+                index_live: 2,
+                live_bytes: 300,
+                segments: vec![(0, 200, 1), (65536, 100, 0)],
+            }),
+        };
+        let mut marker = b"DLCS\x05\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01".to_vec();
+        for v in [64u64, 3, 2, 300] {
+            marker.extend(v.to_le_bytes());
+        }
+        marker.extend(2u32.to_le_bytes());
+        for v in [0u64, 200, 1, 65536, 100, 0] {
+            marker.extend(v.to_le_bytes());
+        }
         let crc = crc32fast::hash(&marker);
         marker.extend(crc.to_le_bytes());
-        assert_eq!(encode_clean_marker(0x0102_0304_0506_0708)[..], marker[..]);
+        assert_eq!(marker.len(), 56 + 2 * 24);
+        assert_eq!(m.encode(), marker);
     }
 }

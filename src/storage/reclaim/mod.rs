@@ -122,6 +122,18 @@ impl Store {
         self.segs = segs;
     }
 
+    /// The kept counts of the segments: base, live bytes, reserved (for tests).
+    #[cfg(test)]
+    pub(crate) fn segment_counts(&self) -> Vec<(u64, u64, u64)> {
+        self.segs.to_list()
+    }
+
+    /// Segments of the commit log (for tests).
+    #[cfg(test)]
+    pub(crate) fn log_segments(&self) -> usize {
+        self.log.segment_count()
+    }
+
     /// How the kept counts of the segments differ from a recount, if they do (for tests).
     #[cfg(test)]
     pub(crate) fn segment_counts_differ(&self) -> Option<String> {

@@ -129,6 +129,17 @@ impl SegCounts {
         }
     }
 
+    /// Base, bytes and reserved count of every segment holding anything, ascending: what a
+    /// clean close records.
+    pub(crate) fn to_list(&self) -> Vec<(u64, u64, u64)> {
+        self.0.iter().filter(|(_, c)| c.bytes > 0 || c.reserved > 0).map(|(b, c)| (*b, c.bytes, c.reserved)).collect()
+    }
+
+    /// Counts a clean close recorded (see [`to_list`](Self::to_list)).
+    pub(crate) fn from_list(list: &[(u64, u64, u64)]) -> SegCounts {
+        SegCounts(list.iter().map(|&(base, bytes, reserved)| (base, SegLive { bytes, reserved, changes: 0 })).collect())
+    }
+
     /// The counts of the segment starting at `base`.
     pub(crate) fn get(&self, base: u64) -> SegLive {
         self.0.get(&base).copied().unwrap_or_default()

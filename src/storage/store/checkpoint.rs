@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use super::Store;
 use crate::error::Result;
-use crate::storage::checkpoint::{self, Captured, Checkpoint, CheckpointJob, QueueKind, QueueState};
+use crate::storage::checkpoint::{
+    self, Captured, Checkpoint, CheckpointJob, CleanMarker, ClosedCounts, QueueKind, QueueState,
+};
 use crate::storage::types::QueueIndex;
 
 impl Store {
@@ -137,9 +139,19 @@ impl Store {
                 break;
             }
         }
-        let end = self.log.end();
+        let (index_slots, index_filled, index_live) = self.index.counts().unwrap_or_default();
+        let marker = CleanMarker {
+            log_end: self.log.end(),
+            counts: Some(ClosedCounts {
+                index_slots,
+                index_filled,
+                index_live,
+                live_bytes: self.live_bytes,
+                segments: self.segs.to_list(),
+            }),
+        };
         self.reserve.retry_on_full_disk(|| {
-            checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), end, &self.durability)
+            checkpoint::write_clean_marker(&self.dir.join("clean_shutdown"), &marker, &self.durability)
         })
     }
 }

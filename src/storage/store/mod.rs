@@ -45,6 +45,21 @@ pub struct StoreConfig {
     /// Whether a durable checkpoint deletes what it makes unnecessary (read queue files, emptied
     /// topics); off, everything is kept.
     pub reclaim: bool,
+    /// When the open checks the derived files against the log.
+    pub check_on_start: StartCheck,
+}
+
+/// When opening the store checks the queues and the id index against the log (a read of one
+/// or two records per pending message) and recounts what dispatch keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartCheck {
+    /// Only when the last run did not close cleanly: after a clean close the derived files are
+    /// exactly what that run synced, and the counts come from the clean-shutdown marker.
+    #[default]
+    AfterCrash,
+    /// At every start, also after a clean close: finds derived files damaged while delayd was
+    /// stopped, at the cost of a start that grows with the backlog.
+    Always,
 }
 
 /// A topic queue with its reader cursor and counters.
@@ -124,6 +139,9 @@ pub struct OpenReport {
     /// Queues found shorter than the checkpoint said was durable: a checkpoint vouched for
     /// writes nobody synced (rebuilt from the log, but a broken sync protocol, never a power cut).
     pub behind_checkpoint: Vec<String>,
+    /// Whether the queues and the id index were checked against the log and the counts
+    /// recounted (false: a clean close's files and counts were taken as they were).
+    pub checked: bool,
     /// How long each part of the open took, in ms: where a slow start on a large backlog goes.
     pub took: OpenTimes,
 }

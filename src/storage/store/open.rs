@@ -9,11 +9,12 @@ use std::sync::atomic::AtomicU64;
 use tracing::{error, info, warn};
 
 use super::{
-    level_dir, remove_dir_if_present, remove_index_files, topic_dir, LevelQueue, OpenReport, Store,
-    StoreConfig, TopicQueue,
+    level_dir, remove_dir_if_present, remove_index_files, topic_dir, LevelQueue, OpenReport, StartCheck,
+    Store, StoreConfig, TopicQueue,
 };
+use crate::storage::reclaim::state::SegCounts;
 use crate::error::{Error, Result};
-use crate::storage::checkpoint::{self, Checkpoint, CheckpointDamage, QueueKind, QueueState};
+use crate::storage::checkpoint::{self, Checkpoint, CheckpointDamage, ClosedCounts, QueueKind, QueueState};
 use crate::storage::commitlog::{CommitLog, DurableClaim};
 use crate::storage::consumequeue::ConsumeQueue;
 use crate::storage::durability::Durability;
@@ -30,7 +31,8 @@ impl Store {
         let lock = DirLock::acquire(&dir.join("LOCK"))?;
         let durability = Durability::new(dir);
         let reserve = Reserve::new(dir);
-        let clean_end = checkpoint::take_clean_marker(&dir.join("clean_shutdown"), &durability)?;
+        let clean = checkpoint::take_clean_marker(&dir.join("clean_shutdown"), &durability)?;
+        let clean_end = clean.as_ref().map(|m| m.log_end);
         let cp_path = dir.join("checkpoint");
         let (cp, cp_damaged) = load_checkpoint(&cp_path)?;
         let claims = durable_claims(dir, &cp_path, &cp, clean_end);
@@ -44,6 +46,13 @@ impl Store {
             &claims,
             durability.clone(),
         )?;
+        // A clean close's counts describe its files at its log end: usable when the checkpoint
+        // was written there and the log still ends there, so nothing is replayed over them.
+        let closed = clean.and_then(|m| {
+            let whole = !cp_damaged && m.log_end == cp.dispatched && m.log_end == log.end();
+            m.counts.filter(|_| whole)
+        });
+        let trusted = closed.as_ref().filter(|_| cfg.check_on_start == StartCheck::AfterCrash);
         let mut report = OpenReport {
             clean: clean_end.is_some(),
             log: log_report,
@@ -56,10 +65,12 @@ impl Store {
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
         let rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
-        let (index, index_unusable) = open_index(&index_path, cfg.index_initial_slots, &durability)?;
+        let known = trusted.map(|c| (c.index_slots, c.index_filled, c.index_live));
+        let (index, index_unusable) = open_index(&index_path, cfg.index_initial_slots, &durability, known)?;
         let mut store = Store::fresh(dir, cfg, lock, log, index, durability, reserve);
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         store.report_truncation(&mut report);
+        report.checked = trusted.is_none();
         store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
         report.took.check_ms = ms_since(started);
         let started = std::time::Instant::now();
@@ -67,11 +78,14 @@ impl Store {
         store.replay(&mut report)?;
         report.took.replay_ms = ms_since(started);
         let started = std::time::Instant::now();
-        store.finish_open(report.rebuilt)?;
+        // Taken only when nothing was rebuilt or replayed since the close that counted them.
+        let counts = trusted.filter(|_| !report.rebuilt && report.redispatched == 0);
+        store.finish_open(report.rebuilt, counts)?;
         report.took.recount_ms = ms_since(started);
         let took = report.took;
         info!(
             clean = report.clean,
+            checked = report.checked,
             rebuilt = report.rebuilt,
             log_end = store.log.end(),
             from = before,
@@ -175,7 +189,7 @@ impl Store {
         if !rebuild {
             rebuild = !self.open_queues(cp, dispatched, report)?;
         }
-        if !rebuild {
+        if !rebuild && report.checked {
             if let Some(why) = self.index_damage() {
                 warn!(%why, "id index disagrees with the commit log; rebuilding it and the queues from the log");
                 report.index_damaged = true;
@@ -207,8 +221,9 @@ impl Store {
     }
 
     /// Brings cursors within their queues, recounts what dispatch keeps (live bytes, segment
-    /// contents) and, after a rebuild, checkpoints the new derived files.
-    fn finish_open(&mut self, rebuilt: bool) -> Result<()> {
+    /// contents) unless a clean close's `counts` stand, and, after a rebuild, checkpoints the new
+    /// derived files.
+    fn finish_open(&mut self, rebuilt: bool, counts: Option<&ClosedCounts>) -> Result<()> {
         for q in self.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.end());
         }
@@ -225,7 +240,13 @@ impl Store {
                 "no room for the reserve file; starting without it"
             );
         }
-        self.recount_live();
+        match counts {
+            Some(c) => {
+                self.live_bytes = c.live_bytes;
+                self.segs = SegCounts::from_list(&c.segments);
+            }
+            None => self.recount_live(),
+        }
         self.expiry = self.log.start();
         if rebuilt {
             // The checkpoint on disk describes the derived files the rebuild replaced: until one
@@ -295,7 +316,12 @@ impl Store {
             report.behind_checkpoint.push(q.name.clone());
             return Ok(false);
         }
-        if let Some((why, unwritten)) = self.queue_damage(&cq, QueueIndex::new(q.cursor), dispatched) {
+        let damage = if report.checked {
+            self.queue_damage(&cq, QueueIndex::new(q.cursor), dispatched)
+        } else {
+            None
+        };
+        if let Some((why, unwritten)) = damage {
             warn!(queue = %q.name, %why, "consume queue disagrees with the commit log; rebuilding all queues from the log");
             report.queue_damaged = true;
             if unwritten {
@@ -563,8 +589,13 @@ fn durable_claims(dir: &Path, cp_path: &Path, cp: &Checkpoint, clean_end: Option
 
 /// The id index at `path`, and whether it was unusable (then a fresh one stands in, to be
 /// rebuilt from the log).
-fn open_index(path: &Path, initial_slots: u64, durability: &Durability) -> Result<(IdIndex, bool)> {
-    match IdIndex::open(path, initial_slots, durability) {
+fn open_index(
+    path: &Path,
+    initial_slots: u64,
+    durability: &Durability,
+    known: Option<(u64, u64, u64)>,
+) -> Result<(IdIndex, bool)> {
+    match IdIndex::open_counted(path, initial_slots, durability, known) {
         Ok(index) => Ok((index, false)),
         // The index is derived: a damaged or older-layout one is rebuilt from the log.
         Err(Error::Corrupt { file, reason, .. }) => {
