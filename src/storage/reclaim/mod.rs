@@ -94,32 +94,55 @@ impl Store {
     }
 
     /// Counts the live bytes and what every segment holds from the index and the topic settings
-    /// in effect (at open; dispatch keeps the counts from then on). One pass over the index for
-    /// both: each slot's record length is a read of the log, a cold page on a large backlog.
+    /// in effect (at open; dispatch keeps the counts from then on).
     pub(crate) fn recount_live(&mut self) {
+        let (_, segs, live) = self.count_live_checking(true, |_| None);
+        self.take_live_counts(segs, live);
+    }
+
+    /// Sets the counts from `segs` and `live`, a pass over the index's live slots, adding the
+    /// records of the topic settings in effect.
+    pub(crate) fn take_live_counts(&mut self, mut segs: SegCounts, live: u64) {
+        self.live_bytes = live;
+        for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
+            segs.add(&self.log, at, self.log.record_len(at));
+        }
+        self.segs = segs;
+    }
+
+    /// One pass over the index, split between threads: the first damage `check` finds in a live
+    /// slot and, when `count`, the live bytes and per-segment counts of the live slots (without
+    /// the topic settings' records). Each slot's record length is a read of the log, a cold page
+    /// on a large backlog, so a check that reads the same record shares the pass.
+    pub(crate) fn count_live_checking(
+        &self,
+        count: bool,
+        check: impl Fn(&Slot) -> Option<String> + Sync,
+    ) -> (Option<String>, SegCounts, u64) {
         let (log, index) = (&self.log, &self.index);
         let parts = crate::storage::store::in_parts(index.table_slots(), |k, parts| {
             let mut segs = SegCounts::default();
-            let mut live = 0;
+            let (mut live, mut damage) = (0, None);
             index.for_each_part(k, parts, |s| {
-                let len = log.record_len(s.msg_offset.get());
-                live += len;
-                segs.add(log, s.msg_offset.get(), len);
-                segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
+                if damage.is_none() {
+                    damage = check(&s);
+                }
+                if count {
+                    let len = log.record_len(s.msg_offset.get());
+                    live += len;
+                    segs.add(log, s.msg_offset.get(), len);
+                    segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
+                }
             });
-            (segs, live)
+            (damage, segs, live)
         });
-        let mut segs = SegCounts::default();
-        let mut live = 0;
-        for (part, bytes) in parts {
+        let (mut first, mut segs, mut live) = (None, SegCounts::default(), 0);
+        for (damage, part, bytes) in parts {
+            first = first.or(damage);
             segs.merge(part);
             live += bytes;
         }
-        self.live_bytes = live;
-        for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
-            segs.add(log, at, log.record_len(at));
-        }
-        self.segs = segs;
+        (first, segs, live)
     }
 
     /// The kept counts of the segments: base, live bytes, reserved (for tests).

@@ -49,16 +49,17 @@ pub struct StoreConfig {
     pub check_on_start: StartCheck,
 }
 
-/// When opening the store checks the queues and the id index against the log (a read of one
-/// or two records per pending message) and recounts what dispatch keeps.
+/// What opening the store checks of the queues and the id index against the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartCheck {
-    /// Only when the last run did not close cleanly: after a clean close the derived files are
-    /// exactly what that run synced, and the counts come from the clean-shutdown marker.
+    /// What a crash can leave wrong, after a crash only: the files' structure and that nothing in
+    /// them points past the log, then a recount. After a clean close the derived files are exactly
+    /// what that run synced, and the counts come from the clean-shutdown marker.
     #[default]
     AfterCrash,
-    /// At every start, also after a clean close: finds derived files damaged while delayd was
-    /// stopped, at the cost of a start that grows with the backlog.
+    /// Also what only damage to the files can leave wrong, at every start: every pending
+    /// message's slot and queue entry against the record it points at (one or two reads per
+    /// message, so the start grows with the backlog).
     Always,
 }
 
@@ -142,6 +143,9 @@ pub struct OpenReport {
     /// Whether the queues and the id index were checked against the log and the counts
     /// recounted (false: a clean close's files and counts were taken as they were).
     pub checked: bool,
+    /// Whether that check read the records every pending message's slot and queue entry point
+    /// at (`check_on_start = "always"`), not only the files' structure and bounds.
+    pub checked_records: bool,
     /// How long each part of the open took, in ms: where a slow start on a large backlog goes.
     pub took: OpenTimes,
 }

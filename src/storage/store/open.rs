@@ -53,6 +53,7 @@ impl Store {
             m.counts.filter(|_| whole)
         });
         let trusted = closed.as_ref().filter(|_| cfg.check_on_start == StartCheck::AfterCrash);
+        let full_check = cfg.check_on_start == StartCheck::Always;
         let mut report = OpenReport {
             clean: clean_end.is_some(),
             log: log_report,
@@ -71,21 +72,28 @@ impl Store {
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         store.report_truncation(&mut report);
         report.checked = trusted.is_none();
-        store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
+        report.checked_records = full_check;
+        let checked = store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
         report.took.check_ms = ms_since(started);
         let started = std::time::Instant::now();
         let before = store.dispatched;
         store.replay(&mut report)?;
         report.took.replay_ms = ms_since(started);
         let started = std::time::Instant::now();
-        // Taken only when nothing was rebuilt or replayed since the close that counted them.
-        let counts = trusted.filter(|_| !report.rebuilt && report.redispatched == 0);
+        // Counts made before the replay stand only when it changed nothing.
+        let counts = match (trusted, checked) {
+            _ if report.rebuilt || report.redispatched > 0 => Counts::Recount,
+            (Some(closed), _) => Counts::Closed(closed),
+            (None, Some((segs, live))) => Counts::Checked(segs, live),
+            (None, None) => Counts::Recount,
+        };
         store.finish_open(report.rebuilt, counts)?;
         report.took.recount_ms = ms_since(started);
         let took = report.took;
         info!(
             clean = report.clean,
             checked = report.checked,
+            checked_records = report.checked_records,
             rebuilt = report.rebuilt,
             log_end = store.log.end(),
             from = before,
@@ -174,14 +182,14 @@ impl Store {
 
     /// Opens the queues and index the checkpoint describes, up to `dispatched`, when they check
     /// out against the log; otherwise (or when `rebuild` already says so) rebuilds them from the
-    /// whole log.
+    /// whole log. Returns the live counts the index check made on the way, if it ran and passed.
     fn open_derived(
         &mut self,
         cp: &Checkpoint,
         dispatched: u64,
         mut rebuild: bool,
         report: &mut OpenReport,
-    ) -> Result<()> {
+    ) -> Result<Option<(SegCounts, u64)>> {
         // Pauses before the checkpoint's position; later ones are replayed below.
         self.paused = cp.paused.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
         self.push = cp.push.iter().filter(|(_, at)| *at < self.log.end()).cloned().collect();
@@ -189,20 +197,27 @@ impl Store {
         if !rebuild {
             rebuild = !self.open_queues(cp, dispatched, report)?;
         }
+        let mut counted = None;
         if !rebuild && report.checked {
-            if let Some(why) = self.index_damage() {
-                warn!(%why, "id index disagrees with the commit log; rebuilding it and the queues from the log");
-                report.index_damaged = true;
-                rebuild = true;
+            // Counting in the check's pass pays only when no replay will change the index after.
+            let count = dispatched >= self.log.end();
+            match self.index_damage(report.checked_records, count) {
+                (Some(why), _) => {
+                    warn!(%why, "id index disagrees with the commit log; rebuilding it and the queues from the log");
+                    report.index_damaged = true;
+                    rebuild = true;
+                }
+                (None, counts) => counted = count.then_some(counts),
             }
         }
         if rebuild {
             self.rebuild(cp)?;
             report.rebuilt = true;
+            counted = None;
         } else {
             self.dispatched = dispatched;
         }
-        Ok(())
+        Ok(counted)
     }
 
     /// Re-dispatches the records past what the derived files hold.
@@ -220,10 +235,9 @@ impl Store {
         Ok(())
     }
 
-    /// Brings cursors within their queues, recounts what dispatch keeps (live bytes, segment
-    /// contents) unless a clean close's `counts` stand, and, after a rebuild, checkpoints the new
-    /// derived files.
-    fn finish_open(&mut self, rebuilt: bool, counts: Option<&ClosedCounts>) -> Result<()> {
+    /// Brings cursors within their queues, sets what dispatch keeps (live bytes, segment
+    /// contents) from `counts` and, after a rebuild, checkpoints the new derived files.
+    fn finish_open(&mut self, rebuilt: bool, counts: Counts<'_>) -> Result<()> {
         for q in self.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.end());
         }
@@ -241,11 +255,12 @@ impl Store {
             );
         }
         match counts {
-            Some(c) => {
+            Counts::Closed(c) => {
                 self.live_bytes = c.live_bytes;
                 self.segs = SegCounts::from_list(&c.segments);
             }
-            None => self.recount_live(),
+            Counts::Checked(segs, live) => self.take_live_counts(segs, live),
+            Counts::Recount => self.recount_live(),
         }
         self.expiry = self.log.start();
         if rebuilt {
@@ -317,7 +332,7 @@ impl Store {
             return Ok(false);
         }
         let damage = if report.checked {
-            self.queue_damage(&cq, QueueIndex::new(q.cursor), dispatched)
+            self.queue_damage(&cq, QueueIndex::new(q.cursor), dispatched, report.checked_records)
         } else {
             None
         };
@@ -383,13 +398,20 @@ impl Store {
     }
 
     /// Why a queue opened from the checkpoint cannot be trusted, if it cannot. Every entry on disk
-    /// must be written (`size != 0`) and ascend strictly in log offset; the unread ones (from
-    /// `cursor`) below `dispatched` must point at a record header of their `size`. Entries past
-    /// `dispatched` are the torn suffix that recovery drops, which ascending order keeps a suffix.
-    /// Costs one read of each queue file and one record header per unread entry. The flag says
-    /// the cause is an entry below the checkpointed length that was never written: the checkpoint
-    /// vouched for a write nobody synced.
-    fn queue_damage(&self, cq: &ConsumeQueue, cursor: QueueIndex, dispatched: u64) -> Option<(String, bool)> {
+    /// must be written (`size != 0`) and ascend strictly in log offset; with `records`, the unread
+    /// ones (from `cursor`) below `dispatched` must point at a record header of their `size`.
+    /// Entries past `dispatched` are the torn suffix that recovery drops, which ascending order
+    /// keeps a suffix. Costs one read of each queue file, and with `records` one record header per
+    /// unread entry (damage to the files alone makes them disagree: a crash leaves entries below
+    /// the checkpointed length as synced). The flag says the cause is an entry below the
+    /// checkpointed length that was never written: the checkpoint vouched for a write nobody synced.
+    fn queue_damage(
+        &self,
+        cq: &ConsumeQueue,
+        cursor: QueueIndex,
+        dispatched: u64,
+        records: bool,
+    ) -> Option<(String, bool)> {
         let mut prev: Option<u64> = None;
         for i in (cq.first().get()..cq.len()).map(QueueIndex::new) {
             let Some(e) = cq.get(i) else { return Some((format!("entry {i} is missing"), false)) };
@@ -405,7 +427,7 @@ impl Store {
                 return Some((why, false));
             }
             prev = Some(offset);
-            if i >= cursor && offset >= self.log.start() && offset < dispatched {
+            if records && i >= cursor && offset >= self.log.start() && offset < dispatched {
                 if let Some(why) = self.header_mismatch(offset, e.size) {
                     return Some((format!("entry {i}: {why}"), false));
                 }
@@ -426,40 +448,48 @@ impl Store {
     }
 
     /// Why the index cannot be trusted, if it cannot: its table fails its structural checks, or a
-    /// live slot is ahead of the log or disagrees with the records it points to (its Put or Carry
-    /// must carry an id with the slot's hash; its last record must have set exactly the slot's
-    /// seq, state, home and attempt). Costs a read of the table and of one or two records per
-    /// live slot (recounting live bytes reads the first anyway).
-    fn index_damage(&self) -> Option<String> {
+    /// live slot points outside the log (state from records a crash lost, which replay cannot
+    /// undo), or, with `records`, disagrees with the records it points to (its Put or Carry must
+    /// carry an id with the slot's hash; its last record must have set exactly the slot's seq,
+    /// state, home and attempt: only damage to the files breaks that, as a crash leaves each slot
+    /// at a record's state). Costs a read of the table, and with `records` one or two records per
+    /// live slot. With `count` the same pass counts the live bytes and per-segment counts (a
+    /// record header per live slot), returned with it.
+    fn index_damage(&self, records: bool, count: bool) -> (Option<String>, (SegCounts, u64)) {
         if let Some(why) = self.index.check() {
-            return Some(why);
+            return (Some(why), (SegCounts::default(), 0));
         }
-        let (log, index, corrupt) = (&self.log, &self.index, &self.corrupt_records);
-        let found = super::in_parts(index.table_slots(), |k, parts| {
-            let mut damage = None;
-            index.for_each_part(k, parts, |s| {
-                if damage.is_none() {
-                    damage = Self::slot_damage(log, corrupt, &s);
-                }
-            });
-            damage
+        let (log, corrupt) = (&self.log, &self.corrupt_records);
+        let (damage, segs, live) = self.count_live_checking(count, |s| match records {
+            true => Self::slot_damage(log, corrupt, s),
+            false => Self::slot_outside_log(log, s),
         });
-        found.into_iter().flatten().next()
+        (damage, (segs, live))
     }
 
-    /// Why slot `s` disagrees with the log, if it does: over the log and the damage counter
-    /// alone, so threads can share the pass.
-    fn slot_damage(log: &CommitLog, corrupt: &AtomicU64, s: &Slot) -> Option<String> {
-        let read_checked = |offset| super::reads::read_checked(log, corrupt, offset);
+    /// Why slot `s` points outside the log, if it does (its records are gone, or not yet there).
+    fn slot_outside_log(log: &CommitLog, s: &Slot) -> Option<String> {
         let (start, end) = (log.start(), log.end());
-        let (msg_offset, last_offset, hash) = (s.msg_offset.get(), s.last_offset.get(), s.hash.get());
-        // Built only for a damaged slot: this check runs over every live slot at each open.
+        let (msg_offset, last_offset) = (s.msg_offset.get(), s.last_offset.get());
         let what = || format!("slot of the message at {msg_offset} (last record {last_offset})");
         if msg_offset >= end || last_offset >= end {
             return Some(format!("{} holds state from past the log end {end}", what()));
         }
         if msg_offset < start || last_offset < msg_offset {
             return Some(format!("{} points outside the log [{start}, {end})", what()));
+        }
+        None
+    }
+
+    /// Why slot `s` disagrees with the log, if it does: over the log and the damage counter
+    /// alone, so threads can share the pass.
+    fn slot_damage(log: &CommitLog, corrupt: &AtomicU64, s: &Slot) -> Option<String> {
+        let read_checked = |offset| super::reads::read_checked(log, corrupt, offset);
+        let (msg_offset, last_offset, hash) = (s.msg_offset.get(), s.last_offset.get(), s.hash.get());
+        // Built only for a damaged slot: this check runs over every live slot at each open.
+        let what = || format!("slot of the message at {msg_offset} (last record {last_offset})");
+        if let Some(why) = Self::slot_outside_log(log, s) {
+            return Some(why);
         }
         let attempt = |a: u32| a.min(u32::from(u16::MAX)) as u16;
         let expect = match read_checked(msg_offset) {
@@ -541,6 +571,17 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Where the open takes the counts dispatch keeps (live bytes, per-segment counts) from.
+enum Counts<'a> {
+    /// A clean close's, from its marker.
+    Closed(&'a ClosedCounts),
+    /// The index check's pass, which counted the live slots (the topic settings' records are
+    /// added after).
+    Checked(SegCounts, u64),
+    /// A pass of their own.
+    Recount,
 }
 
 /// The checkpoint at `path`, and whether it was unusable (then an empty one stands in, and
