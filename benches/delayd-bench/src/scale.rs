@@ -15,6 +15,9 @@ use crate::systems::{Engine, System};
 use crate::workloads::{end_to_end, throughput, topic, Case, E2e, Params, Rng, Running, Throughput};
 
 const DAY_MS: u64 = 86_400_000;
+
+/// Time-to-run of the catch-up's reservations, ms: their timers come due this long after each pop.
+const CATCHUP_TTR_MS: u64 = 60_000;
 /// Ids of the oldest delayd messages kept for the look-ups.
 const KEEP_IDS: usize = 100_000;
 /// Look-ups timed at each size.
@@ -247,6 +250,9 @@ async fn one_system(
     let mut ids = Vec::new();
     let seq = Arc::new(AtomicU64::new(FILL_SEQ));
     let (mut pending, mut left) = (0usize, 0usize);
+    // Until then, reservations an earlier size's catch-up made are still running out: each
+    // acked one leaves a timer that comes due and is read and skipped, work that is not idle.
+    let mut quiet_at = Instant::now();
     let outcome = async {
         for (k, &target) in sp.sizes.iter().enumerate() {
             eprintln!("delayd-bench: scale on {}: filling {pending} -> {target} ...", sys.name());
@@ -255,8 +261,9 @@ async fn one_system(
             let spec = FillSpec { topic: "backlog", count: target - pending, due_at_ms: None };
             let f = fill(&run, p, sp, spec, &seq, keep).await?;
             pending += f.acked;
-            let step = Step { k, pending, left_before: left, f: &f, ids: &ids, probes };
+            let step = Step { k, pending, left_before: left, f: &f, ids: &ids, probes, quiet_at };
             let mut point = measure(&mut run, p, sp, step).await;
+            quiet_at = Instant::now() + Duration::from_millis(CATCHUP_TTR_MS);
             left += point.left;
             point.target = target;
             point.rss_anon_base = rss_anon_base;
@@ -405,6 +412,8 @@ struct Step<'a> {
     ids: &'a [String],
     /// Topics with a ready message for the SIGTERM and the SIGKILL restart.
     probes: (Result<String, String>, Result<String, String>),
+    /// When the timers of reservations earlier measurements made have all come due.
+    quiet_at: Instant,
 }
 
 /// One throughput case at size `k`: 0.5 s of it unmeasured, then `sp.measure` measured. Returns the
@@ -438,12 +447,14 @@ async fn counted_case(
     (t, n)
 }
 
-/// Server CPU over `idle` with no requests (after a settle of a few seconds), % of one core.
-async fn idle_cpu(run: &Running, idle: Duration) -> Result<f64, String> {
+/// Server CPU over `idle` with no requests and nothing due (after a settle of a few seconds, and
+/// not before `quiet_at`), % of one core.
+async fn idle_cpu(run: &Running, idle: Duration, quiet_at: Instant) -> Result<f64, String> {
     if idle.is_zero() {
         return Err("not measured (--scale-idle-secs 0)".to_string());
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep_until(quiet_at.into()).await;
     let cpu0 = run.cpu_secs().ok_or("cannot read /proc/PID/stat")?;
     let t0 = Instant::now();
     tokio::time::sleep(idle).await;
@@ -455,8 +466,8 @@ async fn idle_cpu(run: &Running, idle: Duration) -> Result<f64, String> {
 /// throughput cases and the stream, then what only reads (look-ups, metrics, memory, disk), then
 /// the catch-up, then the two restarts.
 async fn measure(run: &mut Running, p: &Params, sp: &ScaleParams, step: Step<'_>) -> Point {
-    let Step { k, pending, left_before, f, ids, probes } = step;
-    let idle_cpu_pct = idle_cpu(run, sp.idle).await;
+    let Step { k, pending, left_before, f, ids, probes, quiet_at } = step;
+    let idle_cpu_pct = idle_cpu(run, sp.idle, quiet_at).await;
     // Seq ranges of their own at every size (throughput keys its messages by this number).
     let (single, a) = counted_case(run, p, sp, Case::Single, k).await;
     let (batch, b) = counted_case(run, p, sp, Case::BatchN, k).await;
@@ -650,7 +661,7 @@ async fn catch_up(
         let (topic, popped, acked, stop) = (topic.clone(), popped.clone(), acked.clone(), stop.clone());
         consumers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let Ok(got) = q.pop(&topic, 1000, 200, 60_000).await else {
+                let Ok(got) = q.pop(&topic, 1000, 200, CATCHUP_TTR_MS).await else {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 };

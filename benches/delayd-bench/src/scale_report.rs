@@ -160,8 +160,9 @@ fn method(sp: &ScaleParams, p: &Params) -> String {
          memory ends its fill (\"refused at N\"). beanstalkd (binlog, `-f 0`): its fill \
          ends once its RSS passes {:.1} GiB (\"RSS cap at N\"); its delays are whole seconds, rounded up, and its \
          lateness is measured from the rounded-up due time.\n\
-         - At each size, after the fill: 5 s to settle, then server CPU over {:.0} s of idle (utime + \
-         stime from /proc/PID/stat); produce one at a time (1 client) and in batches ({} clients × {}), each {} s after \
+         - At each size, after the fill: 5 s to settle (and, after an earlier size, until its catch-up's \
+         reservations have all come due, 60 s after its last pop: each acked one leaves a timer that \
+         fires and is skipped), then server CPU over {:.0} s of idle (utime + stime from /proc/PID/stat); produce one at a time (1 client) and in batches ({} clients × {}), each {} s after \
          0.5 s of warm-up; pop ≤ {} + ack each (16 consumers) of {} messages made ready on their own topic \
          first. Those produces stay pending (due in an hour), on top of the backlog. Stream: 1,000 msgs/s \
          for {} s with delays 1-10 s, popped and acked by {} consumers; lateness = pop return − due time. \
