@@ -111,6 +111,38 @@ fn a_chained_delay_hops_level_by_level_and_fires_exactly() {
     assert_eq!(hops_of(&e, "order-1"), vec![3_600_000, 120_000, 5_000, 1_000]);
 }
 
+/// After downtime one call to `run_due` fires every overdue entry, several in a row from the same
+/// level (whose scheduler holds one entry at a time), and a chain whose entry fires late plans its
+/// next hop from the time of the fire: straight to the level that ends it on its exact time, never
+/// to a level already past.
+#[test]
+fn after_downtime_one_run_fires_every_overdue_entry_and_a_late_hop_is_planned_from_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let delays = [3_725_250u64, 3_725_100, 3_722_000, 3_602_500, 3_660_000, 125_000, 65_500, 1_500];
+    for (i, d) in delays.iter().enumerate() {
+        e.produce("t", req(&format!("m{i}"), When::DelayMs(*d))).unwrap();
+    }
+    // m0 (1h + 2m + 5s + 250 ms) would hop 1h -> 2m -> 5s -> 1s on time; five messages wait on
+    // the 1h level, the others on shorter ones.
+    let now = T0 + 3_725_150;
+    clock.set_ms(now);
+    let fired = e.run_due(usize::MAX).unwrap();
+    let mut got: Vec<String> = e.pop(&topics("t"), 1000, None).unwrap().into_iter().map(|d| d.id).collect();
+    got.sort();
+    let want: Vec<String> = (1..delays.len()).map(|i| format!("m{i}")).collect();
+    assert_eq!(got, want, "every message due by now is ready after one run");
+    assert_eq!(fired, want.len() + 1, "and m0's entry on the 1h level");
+    // Fired 2m 5.15 s late, 100 ms before its time: onto the 1 s level, due at its time.
+    assert_eq!(hops_of(&e, "m0"), vec![3_600_000, 1_000]);
+    assert_eq!(e.run_due(usize::MAX).unwrap(), 0, "m0's last hop is not due yet");
+    clock.set_ms(T0 + 3_725_250);
+    assert_eq!(e.run_due(usize::MAX).unwrap(), 1);
+    let last: Vec<String> = e.pop(&topics("t"), 10, None).unwrap().into_iter().map(|d| d.id).collect();
+    assert_eq!(last, vec!["m0".to_string()]);
+}
+
 #[test]
 fn lookup_reports_every_state() {
     let dir = tempfile::tempdir().unwrap();

@@ -98,12 +98,17 @@ impl Engine {
     /// Lets every scheduler read ahead, checking each entry against its record first; a damaged
     /// level queue is repaired from the log and its scheduler restarted from the last good entry.
     fn fill_schedulers(&mut self) {
+        self.fill_schedulers_of(None);
+    }
+
+    /// [`fill_schedulers`](Self::fill_schedulers) for one level's scheduler only, or all.
+    fn fill_schedulers_of(&mut self, only: Option<u64>) {
         self.sync_schedulers();
         // Repaired entries come from the log and check out; more damage than this per call is
         // left to the next call rather than looping here.
         for _ in 0..8 {
             let mut damaged = None;
-            for (ms, s) in self.schedulers.iter_mut() {
+            for (ms, s) in self.schedulers.iter_mut().filter(|(ms, _)| only.is_none_or(|o| o == **ms)) {
                 let Some(q) = self.store.level(*ms) else { continue };
                 let (store, queue) = (&self.store, QueueRef::Level(*ms));
                 let mut why = String::new();
@@ -161,8 +166,16 @@ impl Engine {
         self.writable()?;
         let now = self.fire_now();
         let mut fired = 0;
+        // Only the scheduler that handed out an entry needs to read on: looking at every level
+        // for every fire cost a fifth of a catch-up's time. A fire that appended to a level (a
+        // Hop, a reservation's timer) still sends every scheduler back to its queue; such entries
+        // are planned from now, so none is due in this run, but nothing here relies on that.
+        let mut last: Option<(u64, u64)> = None;
         while fired < limit {
-            self.fill_schedulers();
+            match last {
+                Some((ms, appends)) if appends == self.store.level_appends() => self.fill_schedulers_of(Some(ms)),
+                _ => self.fill_schedulers(),
+            }
             let mut best: Option<(u64, u64)> = None;
             for (ms, s) in self.schedulers.iter() {
                 if let Some(d) = s.next_due() {
@@ -175,6 +188,7 @@ impl Engine {
             let Some((idx, entry)) = self.schedulers.get_mut(&ms).and_then(|s| s.take_due(now)) else {
                 break;
             };
+            let appends = self.store.level_appends();
             // Entries were checked against their records when the scheduler read them.
             match self.fire(entry, now) {
                 Ok(()) => {}
@@ -196,6 +210,7 @@ impl Engine {
                 s.done(idx);
             }
             self.left_behind.level_passed(ms, entry.offset.get());
+            last = Some((ms, appends));
             fired += 1;
         }
         self.sync_damage_metrics();

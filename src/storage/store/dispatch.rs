@@ -410,6 +410,7 @@ impl Store {
             Route::Level { level_ms, due_ms } => {
                 entry.tag = UnixMs::new(due_ms);
                 self.level_queue(level_ms)?.cq.append(entry)?;
+                self.level_appends += 1;
             }
         }
         Ok(())

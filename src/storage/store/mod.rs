@@ -265,6 +265,9 @@ pub struct Store {
     captured_at: Option<(u64, super::replica::Sealed)>,
     /// When a failure to append the replicated log was last logged (`None`: appending works).
     seal_reported: Option<std::time::Instant>,
+    /// Entries appended to level queues since the store opened: a scheduler need only look at
+    /// its queue again when this moved (or when it handed out an entry).
+    level_appends: u64,
 }
 
 fn level_dir(root: &Path, level_ms: u64) -> PathBuf {
@@ -480,6 +483,11 @@ impl Store {
     /// The queue of the `level_ms` delay level, if it has one.
     pub fn level(&self, level_ms: u64) -> Option<&LevelQueue> {
         self.levels.get(&level_ms)
+    }
+
+    /// Entries appended to level queues since the store opened.
+    pub fn level_appends(&self) -> u64 {
+        self.level_appends
     }
 
     /// Moves a level's persisted cursor (back to the last good entry after a repair).

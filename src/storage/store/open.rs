@@ -150,6 +150,7 @@ impl Store {
             sealed: Default::default(),
             captured_at: None,
             seal_reported: None,
+            level_appends: 0,
         }
     }
 
