@@ -254,8 +254,9 @@ config_keys! {
         "On SIGTERM, how long in-flight requests may take";
     recovery: RecoveryMode [Choice<RecoveryMode>] = RecoveryMode::Strict, "strict|truncate",
         "On a bad record inside acknowledged data: refuse to start, or drop from it on";
-    check_on_start: StartCheck [Choice<StartCheck>] = StartCheck::AfterCrash, "after_crash|always",
-        "When a start checks the queues and the id index against the log: after a crash, or always";
+    // A value name listing both choices would widen --help past its one-line layout.
+    check_on_start: StartCheck [Choice<StartCheck>] = StartCheck::AfterCrash, "WHEN",
+        "When a start checks the queues and the id index against the log: after_crash or always";
     /// In milliseconds.
     done_retention: u64 [Duration] = DAY_MS, "DURATION",
         "How long a done or cancelled message stays visible to look-ups and retries";
