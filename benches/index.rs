@@ -125,6 +125,7 @@ fn slot(i: u64) -> Slot {
         attempt: 0,
         state: State::Delayed,
         home: Home::Main,
+        len: 128,
     }
 }
 

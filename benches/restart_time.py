@@ -10,6 +10,9 @@ kept in restart_time.log beside the data directory) says how the open's time was
 
     python3 benches/restart_time.py BIN N
 
+RESTART_KILLS=K repeats the SIGKILL restart K times (1). With RESTART_PERF=FILE the SIGKILL restart's first RESTART_PERF_SECS seconds (5) are profiled
+with `perf record -a -g` into FILE.
+
 Run old and new binaries one after the other, several times, and compare medians.
 See docs/benchmarks.md, "Scale".
 """
@@ -21,6 +24,7 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.clos
 env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{port}",
            DELAYD_FLUSH="sync", DELAYD_LOG_LEVEL="info")
 log = open(d + "/restart_time.log", "w")
+TIMINGS = ("log_ms", "check_ms", "replay_ms", "recount_ms", "redispatched")  # recount_ms: before 2026-11-27
 
 
 def start():
@@ -67,10 +71,26 @@ try:
         sent += k
     print(f"filled {n} in {time.time() - t0:.1f} s", flush=True)
     time.sleep(3)
-    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGTERM):
+    kills = int(os.environ.get("RESTART_KILLS", "1"))
+    perf_done = False
+    for sig in (signal.SIGTERM, *[signal.SIGKILL] * kills, signal.SIGTERM):
         p.send_signal(sig); p.wait()
+        perf = None
+        if sig == signal.SIGKILL and os.environ.get("RESTART_PERF") and not perf_done:
+            perf_done = True
+            # Every CPU, for a few seconds: the open runs on threads of its own.
+            perf = subprocess.Popen(["perf", "record", "-a", "-g", "-F", "499", "-o", os.environ["RESTART_PERF"],
+                                     "--", "sleep", os.environ.get("RESTART_PERF_SECS", "5")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
         t0 = time.time(); p = start()
-        print(f"{sig.name}: first pop after {first_pop(t0):.3f} s", flush=True)
+        took = first_pop(t0)
+        log.flush()
+        opened = [l for l in open(d + "/restart_time.log") if "store opened" in l][-1:]
+        fields = " ".join(w for l in opened for w in l.split() if w.split("=")[0] in TIMINGS)
+        print(f"{sig.name}: first pop after {took:.3f} s ({fields})", flush=True)
+        if perf:
+            perf.wait()
         time.sleep(2)
 finally:
     p.terminate(); p.wait()

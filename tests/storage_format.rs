@@ -698,6 +698,8 @@ mod reader {
         pub attempt: u16,
         pub state: u8,
         pub dead_letter_home: bool,
+        /// Length of the record at `msg_offset`.
+        pub len: u32,
     }
 
     /// The derived state a replay of the log predicts.
@@ -872,6 +874,7 @@ mod reader {
                         attempt: 0,
                         state,
                         dead_letter_home: false,
+                        len: s,
                     };
                     m.slots.insert(o, slot);
                     m.due_ms.insert(o, msg.deliver_at_ms);
@@ -1062,6 +1065,7 @@ mod reader {
                         attempt: (*attempt).min(u32::from(u16::MAX)) as u16,
                         state: *state,
                         dead_letter_home,
+                        len: s,
                     };
                     if *prev >= log.start {
                         let before = msg_of(log, *prev);
@@ -1083,7 +1087,7 @@ mod reader {
                             old.last_offset
                         );
                         assert_eq!(
-                            Slot { msg_offset: o, last_offset: o, ..old },
+                            Slot { msg_offset: o, last_offset: o, len: s, ..old },
                             carried,
                             "carry at {o} does not record the state of the message at {prev}"
                         );
@@ -1399,13 +1403,13 @@ mod reader {
         let b = fs::read(path).unwrap();
         assert!(b.len() >= 64, "{name}: index shorter than its header");
         assert_eq!(&b[0..4], b"DLYI", "{name}: index magic");
-        assert_eq!(le16(&b, 4), 2, "{name}: index version");
+        assert_eq!(le16(&b, 4), 3, "{name}: index version");
         assert_eq!(le16(&b, 6), 0, "{name}: index reserved bytes");
         let slots = le64(&b, 8);
         assert!(slots.is_power_of_two() && slots >= 64, "{name}: slot count {slots}");
         assert!(all_zero(&b[16..64]), "{name}: index header reserved bytes");
-        assert_eq!(b.len() as u64, 64 + 32 * slots, "{name}: index file size");
-        let slot = |i: u64| &b[64 + 32 * i as usize..64 + 32 * (i as usize + 1)];
+        assert_eq!(b.len() as u64, 64 + 40 * slots, "{name}: index file size");
+        let slot = |i: u64| &b[64 + 40 * i as usize..64 + 40 * (i as usize + 1)];
         let is_occupied = |i: u64| slot(i)[31] & 1 != 0;
         let mask = slots - 1;
         let mut occupied = Vec::new();
@@ -1425,7 +1429,9 @@ mod reader {
                 attempt: le16(s, 28),
                 state: s[30],
                 dead_letter_home: s[31] & 0x02 != 0,
+                len: le32(s, 32),
             };
+            assert!(all_zero(&s[36..40]), "{name}: slot {i}: reserved bytes");
             let removed = s[31] & 0x04 != 0;
             // A removed slot may outlive its record: reclaim deletes segments of expired messages.
             if !removed || log.by_offset.contains_key(&got.msg_offset) {
@@ -2257,8 +2263,8 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     // During a resize the live copy of a message may be in ids.next; damage the one that counts.
     let index_file = if dir.join("index/ids.next").exists() { "index/ids.next" } else { "index/ids" };
     let idx = std::fs::read(dir.join(index_file)).unwrap();
-    let used = (0..(idx.len() - 64) / 32).find(|i| idx[64 + 32 * i + 31] & 0x05 == 0x01).unwrap();
-    must_fail(&dir, &in_process(), index_file, 64 + 32 * used + 30, "differs from the replay");
+    let used = (0..(idx.len() - 64) / 40).find(|i| idx[64 + 40 * i + 31] & 0x05 == 0x01).unwrap();
+    must_fail(&dir, &in_process(), index_file, 64 + 40 * used + 30, "differs from the replay");
 }
 
 // ---- reclaim, on the real binary -----------------------------------------------------------
@@ -2478,6 +2484,7 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
             attempt: 0,
             state,
             dead_letter_home: false,
+            len: c.len,
         };
         assert_eq!(r.index.used.get(&c.offset), Some(&want), "{id}: index slot");
     }
@@ -2530,15 +2537,15 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         .filter(|f| data.join(f).exists())
         .find_map(|f| {
             let idx = std::fs::read(data.join(f)).unwrap();
-            (0..(idx.len() - 64) / 32)
+            (0..(idx.len() - 64) / 40)
                 .find(|i| {
-                    idx[64 + 32 * i + 31] & 0x05 == 0x01
-                        && idx[64 + 32 * i + 8..64 + 32 * i + 16] == long_c.offset.to_le_bytes()
+                    idx[64 + 40 * i + 31] & 0x05 == 0x01
+                        && idx[64 + 40 * i + 8..64 + 40 * i + 16] == long_c.offset.to_le_bytes()
                 })
                 .map(|i| (f, i))
         })
         .unwrap();
-    must_fail(&data, &writer, index_file, 64 + 32 * slot + 30, "differs from the replay");
+    must_fail(&data, &writer, index_file, 64 + 40 * slot + 30, "differs from the replay");
     let idle_q = &r.queues[&QKey::Topic("idle".into())];
     let k = idle_q.entries.iter().position(|e| e.0 == idle_c.offset).unwrap() as u64;
     let first = idle_q.first.unwrap();

@@ -351,6 +351,11 @@ impl CommitLog {
         (offset < seg.end()).then(|| (i, (offset - seg.base) as usize))
     }
 
+    /// Base and end of every segment, ascending.
+    pub fn segment_bounds(&self) -> Vec<(u64, u64)> {
+        self.segments.iter().map(|s| (s.base, s.end())).collect()
+    }
+
     /// Base of the segment holding `offset`, if it is still in the log.
     pub fn segment_base(&self, offset: u64) -> Option<u64> {
         self.locate(offset).map(|(i, _)| self.segments[i].base)

@@ -181,6 +181,18 @@ enum Job {
     Finish(JoinHandle<Result<()>>),
 }
 
+/// How [`IdIndex::open_counted`] learns the table's occupied and live slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// A pass over the table now.
+    Now,
+    /// `(slots, filled, live)` a clean close recorded; counted now if they do not fit the table.
+    Known(u64, u64, u64),
+    /// From the [`IdIndex::check_part`] pass the caller makes next, given to
+    /// [`IdIndex::set_counts`] (the first change counts them if it never comes).
+    ByCheck,
+}
+
 /// The mapped hash table, resized incrementally.
 pub struct IdIndex {
     path: PathBuf,
@@ -191,6 +203,9 @@ pub struct IdIndex {
     cur: Table,
     from: Option<Migration>,
     live: u64,
+    /// Opened with [`Counting::ByCheck`] and not yet counted: `live` and `filled` mean nothing,
+    /// and the first change counts them.
+    uncounted: bool,
     job: Option<Job>,
     step_slots: usize,
     /// Mutations left before a failed next-table creation is tried again.
@@ -205,36 +220,48 @@ impl IdIndex {
     /// Opens the index at `path` (`index/ids`), creating it with `initial_slots` (rounded up to a
     /// power of two, at least [`MIN_SLOTS`]). A migration left by a crash is finished here.
     pub fn open(path: &Path, initial_slots: u64, durability: &Durability) -> Result<IdIndex> {
-        Self::open_counted(path, initial_slots, durability, None)
+        Self::open_counted(path, initial_slots, durability, Counting::Now)
     }
 
-    /// Like [`open`](Self::open), taking the table's occupied and live slot counts from `known`
-    /// (`slots`, `filled`, `live`, as [`counts`](Self::counts) gave them at a clean close) instead
-    /// of a pass over the table, when they describe the table found: same size, no resize to finish.
+    /// Like [`open`](Self::open), taking the table's occupied and live slot counts as `counting`
+    /// says: from a clean close's counts when they describe the table found (same size, no resize
+    /// to finish), or from a [`check_part`](Self::check_part) pass the caller makes next.
     pub fn open_counted(
         path: &Path,
         initial_slots: u64,
         durability: &Durability,
-        known: Option<(u64, u64, u64)>,
+        counting: Counting,
     ) -> Result<IdIndex> {
         let initial_slots = initial_slots.max(MIN_SLOTS).next_power_of_two();
         let next_path = path.with_extension("next");
         let tmp_path = path.with_extension("new");
+        let mut uncounted = false;
         let (cur, live) = if path.exists() {
             let mut cur = Table::open(path, durability)?;
-            let mut known = known.filter(|k| k.0 == cur.slots && k.1 <= cur.slots && k.2 <= k.1);
+            let mut counting = match counting {
+                Counting::Known(slots, filled, live) if slots != cur.slots || filled > slots || live > filled => {
+                    Counting::Now
+                }
+                c => c,
+            };
             if next_path.exists() {
                 let next = Table::open(&next_path, durability)?;
                 cur = finish_interrupted(path, cur, next)?;
-                known = None;
+                if matches!(counting, Counting::Known(..)) {
+                    counting = Counting::Now;
+                }
             }
             remove_if_exists(&tmp_path)?;
-            let live = match known {
-                Some((_, filled, live)) => {
+            let live = match counting {
+                Counting::Known(_, filled, live) => {
                     cur.filled = filled;
                     live
                 }
-                None => cur.count(),
+                Counting::Now => cur.count(),
+                Counting::ByCheck => {
+                    uncounted = true;
+                    0
+                }
             };
             (cur, live)
         } else {
@@ -251,6 +278,7 @@ impl IdIndex {
             cur,
             from: None,
             live,
+            uncounted,
             job: None,
             step_slots: MIGRATE_SLOTS_PER_OP,
             retry_in: 0,
@@ -273,7 +301,7 @@ impl IdIndex {
     /// while slots are being copied between two tables (a next table still being created is not
     /// part of the index yet: the open deletes it).
     pub fn counts(&self) -> Option<(u64, u64, u64)> {
-        self.from.is_none().then_some((self.cur.slots, self.cur.filled, self.live))
+        (self.from.is_none() && !self.uncounted).then_some((self.cur.slots, self.cur.filled, self.live))
     }
 
     /// Number of slots in the table inserts go to.
@@ -319,6 +347,7 @@ impl IdIndex {
     /// Inserts a new slot (the caller checked the id is absent), then does a bounded step of any
     /// resize in progress.
     pub fn insert(&mut self, slot: Slot) -> Result<()> {
+        self.count_if_needed();
         self.check_poisoned()?;
         self.poll_job(false);
         self.make_room()?;
@@ -332,6 +361,7 @@ impl IdIndex {
 
     /// Removes the slot found by [`find`](Self::find), then does a bounded step of any resize.
     pub fn remove(&mut self, at: SlotRef) {
+        self.count_if_needed();
         match (&mut self.from, at.in_old) {
             (Some(m), true) => m.table.mark_removed(at.pos),
             _ => self.cur.mark_removed(at.pos),
@@ -385,38 +415,71 @@ impl IdIndex {
         self.cur.slots + self.from.as_ref().map_or(0, |m| m.table.slots - m.cursor)
     }
 
-    /// Why the table cannot be trusted, if it cannot: an occupied slot with unknown flag bits or
-    /// state byte, or one that linear probing could not have put where it is (a slot on its probe
-    /// path is empty, so look-ups would stop before it). Damage that clears or scrambles slots
-    /// breaks one of these for the slots around it. One pass over the table.
-    pub fn check(&self) -> Option<String> {
+    /// One of `parts` shares of a check of the table that also hands every live slot to `f` and
+    /// counts the occupied and live slots: the whole pass a start after a crash makes over the
+    /// index, split so that threads share it. Only for an index just opened (no resize under
+    /// way). `Err` says why the table cannot be trusted: an empty slot holding data, an occupied
+    /// slot that does not decode (unknown flag bits or state, see [`Slot::decode`]), or one that
+    /// linear probing could not have put where it is (a slot on its probe path is empty, so
+    /// look-ups would stop before it). Damage that clears or scrambles slots breaks one of these
+    /// for the slots around it.
+    pub fn check_part(&self, k: u64, parts: u64, mut f: impl FnMut(&Slot)) -> std::result::Result<(u64, u64), String> {
         let t = &self.cur;
-        let mask = t.slots - 1;
-        // Start just after an empty slot, so every run of occupied slots is seen from its start.
-        let Some(empty) = (0..t.slots).find(|i| !slot_is_occupied(t.raw(*i))) else {
-            return Some("index table has no empty slot".into());
-        };
+        if self.from.is_some() {
+            return Err("index check while a resize is under way".into());
+        }
+        let (mask, parts) = (t.slots - 1, parts.max(1));
+        let at = |j: u64| (u128::from(t.slots) * u128::from(j) / u128::from(parts)) as u64;
+        let (from, to) = (at(k.min(parts)), at((k + 1).min(parts)));
+        // The run of occupied slots this share starts in may begin in an earlier share (or wrap
+        // around the end): count it back to its empty slot, as `check` starts after one.
         let mut run = 0u64;
-        for k in 1..=t.slots {
-            let p = (empty + k) & mask;
+        while run < t.slots && slot_is_occupied(t.raw(from.wrapping_sub(run + 1) & mask)) {
+            run += 1;
+        }
+        if run == t.slots {
+            return Err("index table has no empty slot".into());
+        }
+        let (mut filled, mut live) = (0, 0);
+        for p in from..to {
             let b = t.raw(p);
             if !slot_is_occupied(b) {
                 if b.iter().any(|x| *x != 0) {
-                    return Some(format!("index slot {p} is marked empty but holds data"));
+                    return Err(format!("index slot {p} is marked empty but holds data"));
                 }
                 run = 0;
                 continue;
             }
             run += 1;
-            if Slot::decode(b).is_err() {
-                return Some(format!("index slot {p} has unknown flags or state"));
+            filled += 1;
+            let Ok(slot) = Slot::decode(b) else {
+                return Err(format!("index slot {p} has unknown flags or state"));
+            };
+            if (p.wrapping_sub(slot.hash.get() & mask) & mask) >= run {
+                return Err(format!("index slot {p} is not on the probe path of its hash"));
             }
-            let home = slot_hash(b).get() & mask;
-            if (p.wrapping_sub(home) & mask) >= run {
-                return Some(format!("index slot {p} is not on the probe path of its hash"));
+            if slot_is_live(b) {
+                live += 1;
+                f(&slot);
             }
         }
-        None
+        Ok((filled, live))
+    }
+
+    /// Sets the occupied and live slot counts of an index opened with [`Counting::ByCheck`],
+    /// from its check's pass.
+    pub fn set_counts(&mut self, filled: u64, live: u64) {
+        self.cur.filled = filled;
+        self.live = live;
+        self.uncounted = false;
+    }
+
+    /// Counts the slots of an index opened with [`Counting::ByCheck`] whose check did not run.
+    pub fn count_if_needed(&mut self) {
+        if self.uncounted {
+            self.live = self.cur.count();
+            self.uncounted = false;
+        }
     }
 
     /// Pushes a handle on every index file in use, for a background fdatasync at a checkpoint.
@@ -745,6 +808,7 @@ mod tests {
             attempt: 0,
             state: State::Delayed,
             home: Home::Main,
+            len: 100,
         }
     }
 
@@ -897,6 +961,61 @@ mod tests {
             shrink in prop::collection::vec(ops(1, 12), 150..400),
         ) {
             run_model(grow.into_iter().chain(shrink).collect());
+        }
+    }
+
+    /// Every share count of the open's check pass sees the slots and counts of one pass, and
+    /// finds damage wherever the shares split the table (runs wrap around its end here).
+    #[test]
+    fn the_check_pass_in_any_number_of_shares_sees_every_slot_and_finds_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids");
+        let mut idx = IdIndex::open(&path, 256, &Durability::new(Path::new("/"))).unwrap();
+        // Hashes near the end of the table, so runs wrap; every tenth removed.
+        for i in 0..150u64 {
+            idx.insert(slot((255 - i % 40) | (i << 20), 100 + i)).unwrap();
+        }
+        for i in (0..150u64).step_by(10) {
+            let (at, _) = idx.find(IdHash::new((255 - i % 40) | (i << 20)), |m| m.get() == 100 + i).unwrap();
+            idx.remove(at);
+        }
+        idx.flush().unwrap();
+        while idx.is_migrating() {
+            idx.step(1 << 20);
+        }
+        let mut want = Vec::new();
+        idx.for_each(|s| want.push(s));
+        want.sort_by_key(|s| s.msg_offset);
+        let filled = idx.cur.filled;
+        for parts in 1..=7 {
+            let mut got = Vec::new();
+            let (mut f, mut l) = (0, 0);
+            for k in 0..parts {
+                let (pf, pl) = idx.check_part(k, parts, |s| got.push(*s)).unwrap();
+                (f, l) = (f + pf, l + pl);
+            }
+            got.sort_by_key(|s| s.msg_offset);
+            assert_eq!((got.len() as u64, f, l), (want.len() as u64, filled, idx.len()), "{parts} shares");
+            assert_eq!(got, want, "{parts} shares");
+        }
+        drop(idx);
+        let damaged = |at: usize, byte: u8| {
+            let mut b = fs::read(&path).unwrap();
+            let slots = (b.len() - HEADER_BYTES) / SLOT_BYTES;
+            let occupied = (0..slots).map(|i| HEADER_BYTES + i * SLOT_BYTES).filter(|p| b[p + SLOT_FLAGS_AT] & 1 == 1);
+            let p = occupied.clone().find(|p| (p - HEADER_BYTES) / SLOT_BYTES >= 250).unwrap();
+            b[p + at] = byte;
+            let copy = dir.path().join("copy");
+            fs::write(&copy, &b).unwrap();
+            IdIndex::open(&copy, 256, &Durability::new(Path::new("/"))).unwrap()
+        };
+        // Unknown flag bits; an emptied slot with data left (its run then breaks, too).
+        for (at, byte) in [(SLOT_FLAGS_AT, 0x81), (SLOT_FLAGS_AT, 0)] {
+            let idx = damaged(at, byte);
+            for parts in 1..=7 {
+                let found = (0..parts).find_map(|k| idx.check_part(k, parts, |_| {}).err());
+                assert!(found.is_some(), "byte {at} set to {byte:#x}, {parts} shares: not found");
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 //! The id index file: a 64-byte header (`magic "DLYI", version u16, reserved u16, slots u64`,
 //! zeros to 64) and then 32-byte slots (`hash u64, msg_offset u64, last_offset u64, seq u32,
-//! attempt u16, state u8, flags u8`).
+//! attempt u16, state u8, flags u8, len u32, reserved u32`).
 
 use super::{u16_at, u32_at, u64_at, DecodeError, Home, State};
 use crate::storage::types::{IdHash, LogOffset};
@@ -8,11 +8,11 @@ use crate::storage::types::{IdHash, LogOffset};
 /// Magic at the start of an index file ("DLYI").
 pub const INDEX_MAGIC: u32 = u32::from_le_bytes(*b"DLYI");
 /// Layout version of the index files.
-pub const INDEX_VERSION: u16 = 2;
+pub const INDEX_VERSION: u16 = 3;
 /// Bytes before the first slot.
 pub const INDEX_HEADER_BYTES: usize = 64;
 /// Bytes per slot.
-pub const SLOT_BYTES: usize = 32;
+pub const SLOT_BYTES: usize = 40;
 /// The slot is occupied (live or removed); a never-used slot is all zero.
 const FLAG_USED: u8 = 1;
 /// The message belongs to its topic's dead-letter queue.
@@ -39,6 +39,10 @@ pub struct Slot {
     pub state: State,
     /// Which topic queue the message belongs to.
     pub home: Home,
+    /// Length of the record at `msg_offset`: what keeping the message costs the log, known
+    /// without reading the log (a count of the live bytes after a crash is then a pass over the
+    /// table alone, whatever the page cache holds of the log).
+    pub len: u32,
 }
 
 impl Slot {
@@ -52,11 +56,13 @@ impl Slot {
         b[28..30].copy_from_slice(&self.attempt.to_le_bytes());
         b[30] = self.state as u8;
         b[SLOT_FLAGS_AT] = FLAG_USED | if self.home == Home::DeadLetter { FLAG_DEAD_LETTER } else { 0 };
+        b[32..36].copy_from_slice(&self.len.to_le_bytes());
         b
     }
 
     /// Reads an occupied slot (live or removed) from exactly [`SLOT_BYTES`] bytes, refusing an
-    /// empty slot, unknown flag bits and an unknown state.
+    /// empty slot, unknown flag bits, an unknown state, a record length too short for any message
+    /// record and non-zero reserved bytes.
     pub fn decode(b: &[u8]) -> Result<Slot, DecodeError> {
         let b: &[u8; SLOT_BYTES] =
             b.try_into().map_err(|_| DecodeError::Invalid("index slot is not 32 bytes"))?;
@@ -67,6 +73,12 @@ impl Slot {
             return Err(DecodeError::Invalid("unknown index slot flags"));
         }
         let state = State::from_u8(b[30]).ok_or(DecodeError::Invalid("unknown state"))?;
+        if (u32_at(b, 32) as usize) < super::HEADER_BYTES {
+            return Err(DecodeError::Invalid("index slot's record length is shorter than a record header"));
+        }
+        if u32_at(b, 36) != 0 {
+            return Err(DecodeError::Invalid("index slot's reserved bytes are not zero"));
+        }
         Ok(Slot { state, ..Slot::from_bytes(b) })
     }
 
@@ -83,6 +95,7 @@ impl Slot {
             attempt: u16_at(b, 28),
             state: State::from_u8(b[30]).unwrap_or(State::Done),
             home: if b[SLOT_FLAGS_AT] & FLAG_DEAD_LETTER != 0 { Home::DeadLetter } else { Home::Main },
+            len: u32_at(b, 32),
         }
     }
 }
@@ -141,8 +154,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn slot() -> impl Strategy<Value = Slot> {
-        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u16>(), 1u8..=6, any::<bool>())
-            .prop_map(|(hash, msg_offset, last_offset, seq, attempt, state, dl)| Slot {
+        let len = super::super::HEADER_BYTES as u32..=u32::MAX;
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u16>(), 1u8..=6, any::<bool>(), len)
+            .prop_map(|(hash, msg_offset, last_offset, seq, attempt, state, dl, len)| Slot {
                 hash: IdHash::new(hash),
                 msg_offset: LogOffset::new(msg_offset),
                 last_offset: LogOffset::new(last_offset),
@@ -150,6 +164,7 @@ mod tests {
                 attempt,
                 state: State::from_u8(state).expect("1..=6 are states"),
                 home: if dl { Home::DeadLetter } else { Home::Main },
+                len,
             })
     }
 
@@ -219,11 +234,18 @@ mod tests {
             attempt: 5,
             state: State::Ready,
             home: Home::Main,
+            len: 100,
         };
         let mut b = s.encode();
         b[30] = 99;
         assert_eq!(Slot::from_bytes(&b).state, State::Done);
         assert!(Slot::decode(&b).is_err());
+        let mut b = s.encode();
+        b[32..36].copy_from_slice(&3u32.to_le_bytes());
+        assert!(Slot::decode(&b).is_err(), "a record length below a header's");
+        let mut b = s.encode();
+        b[39] = 1;
+        assert!(Slot::decode(&b).is_err(), "reserved bytes set");
         assert_eq!(Slot::decode(&[0u8; SLOT_BYTES]), Err(DecodeError::Empty));
     }
 
@@ -238,13 +260,15 @@ mod tests {
             attempt: 0x4142,
             state: State::Reserved,
             home: Home::DeadLetter,
+            len: 0x5152_5354,
         };
         let mut want = vec![8, 7, 6, 5, 4, 3, 2, 1, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11];
         want.extend([
             0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21, 0x34, 0x33, 0x32, 0x31, 0x42, 0x41, 3, 3,
         ]);
+        want.extend([0x54, 0x53, 0x52, 0x51, 0, 0, 0, 0]);
         assert_eq!(s.encode()[..], want[..]);
-        let mut header = b"DLYI\x02\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00".to_vec();
+        let mut header = b"DLYI\x03\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00".to_vec();
         header.resize(INDEX_HEADER_BYTES, 0);
         assert_eq!(encode_index_header(64)[..], header[..]);
     }

@@ -20,7 +20,7 @@ use crate::error::Result;
 pub(super) mod state;
 
 pub use state::{ReclaimPolicy, ReclaimStats};
-use state::{Phase, SegCounts};
+use state::{Phase, SegCounts, SegTally};
 
 /// Records examined per scan or expiry step, at most (the caller's deadline usually ends it first).
 const SCAN_SLICE: usize = 4096;
@@ -46,7 +46,7 @@ enum Holds {
     Nothing,
     /// Final and past `done_retention`, but the expiry walk has not reached its final record yet
     /// (a carried final message is reached late): remove it now.
-    Expired(SlotRef),
+    Expired(SlotRef, Slot),
     /// Live and movable; its slot.
     Carryable(Slot),
     /// Live but must stay where it is for now.
@@ -93,15 +93,9 @@ impl Store {
                 && policy.should_carry(end - base, c.bytes, self.log.disk_bytes(), self.live_bytes)
     }
 
-    /// Counts the live bytes and what every segment holds from the index and the topic settings
-    /// in effect (at open; dispatch keeps the counts from then on).
-    pub(crate) fn recount_live(&mut self) {
-        let (_, segs, live) = self.count_live_checking(true, |_| None);
-        self.take_live_counts(segs, live);
-    }
-
     /// Sets the counts from `segs` and `live`, a pass over the index's live slots, adding the
-    /// records of the topic settings in effect.
+    /// records of the topic settings in effect (at open; dispatch keeps the counts from then on,
+    /// a replay included).
     pub(crate) fn take_live_counts(&mut self, mut segs: SegCounts, live: u64) {
         self.live_bytes = live;
         for &at in self.paused.values().chain(self.push.values()).chain(self.flow.values()) {
@@ -110,39 +104,41 @@ impl Store {
         self.segs = segs;
     }
 
-    /// One pass over the index, split between threads: the first damage `check` finds in a live
-    /// slot and, when `count`, the live bytes and per-segment counts of the live slots (without
-    /// the topic settings' records). Each slot's record length is a read of the log, a cold page
-    /// on a large backlog, so a check that reads the same record shares the pass.
-    pub(crate) fn count_live_checking(
+    /// One pass over the index just opened, split between threads: the table's structure (see
+    /// [`IdIndex::check_part`](crate::storage::index::IdIndex::check_part)), the first damage
+    /// `check` finds in a live slot, and the live bytes and per-segment counts of the live slots
+    /// (without the topic settings' records), from the slots alone; and the occupied and live
+    /// slots, for [`IdIndex::set_counts`](crate::storage::index::IdIndex::set_counts).
+    pub(crate) fn check_and_count_index(
         &self,
-        count: bool,
         check: impl Fn(&Slot) -> Option<String> + Sync,
-    ) -> (Option<String>, SegCounts, u64) {
+    ) -> (Option<String>, SegCounts, u64, (u64, u64)) {
         let (log, index) = (&self.log, &self.index);
         let parts = crate::storage::store::in_parts(index.table_slots(), |k, parts| {
-            let mut segs = SegCounts::default();
-            let (mut live, mut damage) = (0, None);
-            index.for_each_part(k, parts, |s| {
+            let mut segs = SegTally::new(log);
+            let (mut live_bytes, mut damage) = (0, None);
+            let table = index.check_part(k, parts, |s| {
                 if damage.is_none() {
-                    damage = check(&s);
+                    damage = check(s);
                 }
-                if count {
-                    let len = log.record_len(s.msg_offset.get());
-                    live += len;
-                    segs.add(log, s.msg_offset.get(), len);
-                    segs.state(log, s.msg_offset.get(), State::Delayed, s.state);
-                }
+                let len = u64::from(s.len);
+                live_bytes += len;
+                segs.message(s.msg_offset.get(), len, s.state);
             });
-            (damage, segs, live)
+            (table, damage, segs, live_bytes)
         });
-        let (mut first, mut segs, mut live) = (None, SegCounts::default(), 0);
-        for (damage, part, bytes) in parts {
+        let (mut first, mut segs, mut live_bytes) = (None, SegTally::new(log), 0);
+        let (mut filled, mut live) = (0, 0);
+        for (table, damage, part, bytes) in parts {
+            match table {
+                Ok((f, l)) => (filled, live) = (filled + f, live + l),
+                Err(why) => first = first.or(Some(why)),
+            }
             first = first.or(damage);
-            segs.merge(part);
-            live += bytes;
+            segs.merge(&part);
+            live_bytes += bytes;
         }
-        (first, segs, live)
+        (first, segs.into_counts(), live_bytes, (filled, live))
     }
 
     /// The kept counts of the segments: base, live bytes, reserved (for tests).
@@ -284,7 +280,7 @@ impl Store {
                     // Only the final transition itself expires the message; the slot could not
                     // have changed after it, but a damaged index is not trusted to say so.
                     if slot.last_offset.get() == offset && slot.state.is_final() {
-                        self.forget_expired(at, msg_offset);
+                        self.forget_expired(at, &slot);
                     }
                 }
             }
@@ -296,11 +292,8 @@ impl Store {
     }
 
     /// Removes an expired final message's slot from the index.
-    fn forget_expired(&mut self, at: SlotRef, msg_offset: u64) {
-        let len = self.log.record_len(msg_offset);
-        self.index.remove(at);
-        self.live_bytes = self.live_bytes.saturating_sub(len);
-        self.segs.sub(&self.log, msg_offset, len);
+    fn forget_expired(&mut self, at: SlotRef, slot: &Slot) {
+        self.unindex(at, slot);
         self.reclaim.stats.expired += 1;
     }
 
@@ -316,7 +309,7 @@ impl Store {
             // became final, so carrying never lengthens their retention. Without carrying them a
             // segment mixing long and short delays stays pinned for the longest delay plus the
             // retention, whatever else it holds.
-            State::Done | State::Cancelled if self.is_expired(&slot, expired_at_ms) => Holds::Expired(at),
+            State::Done | State::Cancelled if self.is_expired(&slot, expired_at_ms) => Holds::Expired(at, slot),
             State::Done | State::Cancelled => Holds::Carryable(slot),
             // A reservation's receipt names the Put offset: it keeps its segment until acked or
             // expired (at most a TTR).
@@ -424,7 +417,7 @@ impl Store {
             if let Some(hash) = msg {
                 match self.holds(offset, hash, now_ms, policy.expired_at_ms)? {
                     Holds::Nothing => {}
-                    Holds::Expired(at) => self.forget_expired(at, offset),
+                    Holds::Expired(at, slot) => self.forget_expired(at, &slot),
                     Holds::Carryable(_) => live += next - offset,
                     Holds::Pinned => pinned += 1,
                 }
@@ -487,7 +480,7 @@ impl Store {
             let step = self.carry_step(offset, &rec, now_ms, policy, plan)?;
             match step {
                 CarryStep::Skip => {}
-                CarryStep::Expire(at) => self.forget_expired(at, offset),
+                CarryStep::Expire(at, slot) => self.forget_expired(at, &slot),
                 CarryStep::Append { record, message } => {
                     bytes += record.len() as u64;
                     // Built here, so only its fields are decoded again (no CRC) for the dispatch.
@@ -563,7 +556,7 @@ impl Store {
                 };
                 CarryStep::Append { record: self.carry_record(&slot, &put, now_ms, plan)?, message: true }
             }
-            Holds::Expired(at) => CarryStep::Expire(at),
+            Holds::Expired(at, slot) => CarryStep::Expire(at, slot),
             Holds::Nothing | Holds::Pinned => CarryStep::Skip,
         })
     }
@@ -610,7 +603,7 @@ enum CarryStep {
     /// Nothing to move.
     Skip,
     /// A final message past its retention: forget it.
-    Expire(SlotRef),
+    Expire(SlotRef, Slot),
     /// Append this record (a live message's Carry when `message`, else a topic setting).
     Append { record: Vec<u8>, message: bool },
 }

@@ -119,16 +119,6 @@ impl SegCounts {
         }
     }
 
-    /// Adds the counts of `other` (another part of the same recount).
-    pub(crate) fn merge(&mut self, other: SegCounts) {
-        for (base, c) in other.0 {
-            let mine = self.0.entry(base).or_default();
-            mine.bytes += c.bytes;
-            mine.reserved += c.reserved;
-            mine.changes += c.changes;
-        }
-    }
-
     /// Base, bytes and reserved count of every segment holding anything, ascending: what a
     /// clean close records.
     pub(crate) fn to_list(&self) -> Vec<(u64, u64, u64)> {
@@ -146,6 +136,50 @@ impl SegCounts {
     }
 }
 
+
+/// Per-segment counts of one pass over many messages: a vector by segment position, as a map
+/// entry per message costs more than the rest of the pass.
+pub(crate) struct SegTally {
+    bounds: Vec<(u64, u64)>,
+    /// Bytes and reserved messages, by position in `bounds`.
+    counts: Vec<(u64, u64)>,
+}
+
+impl SegTally {
+    /// An empty tally over the segments of `log`.
+    pub(crate) fn new(log: &CommitLog) -> SegTally {
+        let bounds = log.segment_bounds();
+        SegTally { counts: vec![(0, 0); bounds.len()], bounds }
+    }
+
+    /// A message in the index: its record at `msg_offset` (`len` bytes), in `state`. Offsets
+    /// outside the log count nowhere, as in [`SegCounts`].
+    pub(crate) fn message(&mut self, msg_offset: u64, len: u64, state: State) {
+        let Some(i) = self.bounds.partition_point(|&(base, _)| base <= msg_offset).checked_sub(1) else {
+            return;
+        };
+        if let (Some(&(_, end)), Some(c)) = (self.bounds.get(i), self.counts.get_mut(i)) {
+            if msg_offset < end {
+                c.0 += len;
+                c.1 += u64::from(state == State::Reserved);
+            }
+        }
+    }
+
+    /// Adds the counts of `other`, a tally over the same segments.
+    pub(crate) fn merge(&mut self, other: &SegTally) {
+        for (mine, theirs) in self.counts.iter_mut().zip(&other.counts) {
+            mine.0 += theirs.0;
+            mine.1 += theirs.1;
+        }
+    }
+
+    /// The counts as [`SegCounts`].
+    pub(crate) fn into_counts(self) -> SegCounts {
+        let live = self.bounds.iter().zip(self.counts).filter(|(_, c)| c.0 > 0 || c.1 > 0);
+        SegCounts(live.map(|(&(base, _), (bytes, reserved))| (base, SegLive { bytes, reserved, changes: 0 })).collect())
+    }
+}
 
 /// How eager reclaim is.
 #[derive(Debug, Clone, Copy)]

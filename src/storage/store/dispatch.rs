@@ -12,7 +12,7 @@ use crate::storage::durability::Failure;
 use crate::storage::format::{
     self, Carry, Cause, Flow, Home, Hop, Pause, Push, Put, Record, Route, State, Transition,
 };
-use crate::storage::index::Slot;
+use crate::storage::index::{Slot, SlotRef};
 use crate::storage::types::{IdHash, LogOffset, UnixMs};
 
 impl Store {
@@ -173,6 +173,7 @@ impl Store {
                 attempt: 0,
                 state,
                 home: Home::Main,
+                len: size,
             })?;
             self.live_bytes += u64::from(size);
             self.segs.add(&self.log, offset, u64::from(size));
@@ -205,16 +206,17 @@ impl Store {
             attempt: c.attempt.min(u32::from(u16::MAX)) as u16,
             state: c.state,
             home: c.home,
+            len: size,
         };
         let here = self.index.find(hash, |m| m == moved_to).is_some();
         match self.index.find(hash, |m| m.get() == prev) {
             // A replay re-inserted the message at its old record while the slot had moved
             // on to this Carry already: drop the resurrected copy, the moved slot is newer.
-            Some((at, _)) if here => self.index.remove(at),
+            Some((at, old)) if here => self.unindex(at, &old),
             Some((at, old)) => {
                 if old.last_offset < moved_to {
                     self.index.update(at, slot);
-                    let prev_len = self.log.record_len(prev);
+                    let prev_len = u64::from(old.len);
                     self.live_bytes = (self.live_bytes + u64::from(size)).saturating_sub(prev_len);
                     self.segs.sub(&self.log, prev, prev_len);
                     self.segs.add(&self.log, offset, u64::from(size));
@@ -391,11 +393,19 @@ impl Store {
             if !matches!(old.state, State::Done | State::Cancelled) {
                 warn!(offset, old = old.msg_offset.get(), state = ?old.state, "a replacing put met a live message with its id");
             }
-            self.index.remove(at);
-            let len = self.log.record_len(old.msg_offset.get());
-            self.live_bytes = self.live_bytes.saturating_sub(len);
-            self.segs.sub(&self.log, old.msg_offset.get(), len);
+            self.unindex(at, &old);
         }
+    }
+
+    /// Removes slot `old` (at `at`) from the index and what it counted: its record's bytes and, if
+    /// reserved, its reservation. Every change to the index moves the counts by exactly its own
+    /// effect, so counts taken from the index before a replay stay exact through it.
+    pub(crate) fn unindex(&mut self, at: SlotRef, old: &Slot) {
+        self.index.remove(at);
+        let (msg_offset, len) = (old.msg_offset.get(), u64::from(old.len));
+        self.live_bytes = self.live_bytes.saturating_sub(len);
+        self.segs.sub(&self.log, msg_offset, len);
+        self.segs.state(&self.log, msg_offset, old.state, State::Done);
     }
 
     fn route(&mut self, route: Route, topic: &str, mut entry: Entry) -> Result<()> {

@@ -190,12 +190,12 @@ pub(crate) fn in_parts<T: Send>(slots: u64, pass: impl Fn(u64, u64) -> T + Sync)
 pub struct OpenTimes {
     /// Scanning the commit log's tail and opening its segments.
     pub log_ms: u64,
-    /// Opening and checking the queues and the id index against the log (or rebuilding them).
+    /// Opening and checking the queues and the id index against the log (or rebuilding them),
+    /// and counting the live bytes from the index in the same pass.
     pub check_ms: u64,
-    /// Re-dispatching the records past the checkpoint.
+    /// Re-dispatching the records past the checkpoint (and, after a rebuild, the checkpoint of
+    /// the new files).
     pub replay_ms: u64,
-    /// Recounting live bytes per segment from the index (and the checkpoint after a rebuild).
-    pub recount_ms: u64,
 }
 
 /// The store.

@@ -14,12 +14,12 @@ use super::{
 };
 use crate::storage::reclaim::state::SegCounts;
 use crate::error::{Error, Result};
-use crate::storage::checkpoint::{self, Checkpoint, CheckpointDamage, ClosedCounts, QueueKind, QueueState};
+use crate::storage::checkpoint::{self, Checkpoint, CheckpointDamage, QueueKind, QueueState};
 use crate::storage::commitlog::{CommitLog, DurableClaim};
 use crate::storage::consumequeue::ConsumeQueue;
 use crate::storage::durability::Durability;
 use crate::storage::format::{self, Home, Record, Route, State};
-use crate::storage::index::{IdIndex, Slot};
+use crate::storage::index::{Counting, IdIndex, Slot};
 use crate::storage::mmap::DirLock;
 use crate::storage::reserve::Reserve;
 use crate::storage::types::{IdHash, LogOffset, QueueIndex};
@@ -66,29 +66,35 @@ impl Store {
         let index_path = dir.join("index").join("ids");
         fs::create_dir_all(dir.join("index")).map_err(|e| Error::io("create index dir", e))?;
         let rebuild = cp_damaged || (!index_path.exists() && cp.dispatched > log.start());
-        let known = trusted.map(|c| (c.index_slots, c.index_filled, c.index_live));
-        let (index, index_unusable) = open_index(&index_path, cfg.index_initial_slots, &durability, known)?;
+        // Counted by the check's pass when one runs (every start but one taking a clean close's counts).
+        let counting = match trusted {
+            Some(c) => Counting::Known(c.index_slots, c.index_filled, c.index_live),
+            None => Counting::ByCheck,
+        };
+        let (index, index_unusable) = open_index(&index_path, cfg.index_initial_slots, &durability, counting)?;
         let mut store = Store::fresh(dir, cfg, lock, log, index, durability, reserve);
         let dispatched = cp.dispatched.min(store.log.end()).max(store.log.start());
         store.report_truncation(&mut report);
         report.checked = trusted.is_none();
         report.checked_records = full_check;
         let checked = store.open_derived(&cp, dispatched, rebuild || index_unusable, &mut report)?;
+        // A check that did not run (a rebuild) left the index's slot counts to be made.
+        store.index.count_if_needed();
+        // The counts of the index as it is now; the replay moves them with every change it makes.
+        match (report.rebuilt, trusted, checked) {
+            (true, ..) | (false, None, None) => store.take_live_counts(SegCounts::default(), 0),
+            (false, Some(closed), _) => {
+                store.live_bytes = closed.live_bytes;
+                store.segs = SegCounts::from_list(&closed.segments);
+            }
+            (false, None, Some((segs, live))) => store.take_live_counts(segs, live),
+        }
         report.took.check_ms = ms_since(started);
         let started = std::time::Instant::now();
         let before = store.dispatched;
         store.replay(&mut report)?;
+        store.finish_open(report.rebuilt)?;
         report.took.replay_ms = ms_since(started);
-        let started = std::time::Instant::now();
-        // Counts made before the replay stand only when it changed nothing.
-        let counts = match (trusted, checked) {
-            _ if report.rebuilt || report.redispatched > 0 => Counts::Recount,
-            (Some(closed), _) => Counts::Closed(closed),
-            (None, Some((segs, live))) => Counts::Checked(segs, live),
-            (None, None) => Counts::Recount,
-        };
-        store.finish_open(report.rebuilt, counts)?;
-        report.took.recount_ms = ms_since(started);
         let took = report.took;
         info!(
             clean = report.clean,
@@ -102,7 +108,6 @@ impl Store {
             log_ms = took.log_ms,
             check_ms = took.check_ms,
             replay_ms = took.replay_ms,
-            recount_ms = took.recount_ms,
             "store opened"
         );
         Ok((store, report))
@@ -183,7 +188,8 @@ impl Store {
 
     /// Opens the queues and index the checkpoint describes, up to `dispatched`, when they check
     /// out against the log; otherwise (or when `rebuild` already says so) rebuilds them from the
-    /// whole log. Returns the live counts the index check made on the way, if it ran and passed.
+    /// whole log. Returns the live counts the index check made on the way (before any replay),
+    /// if it ran and passed.
     fn open_derived(
         &mut self,
         cp: &Checkpoint,
@@ -200,15 +206,13 @@ impl Store {
         }
         let mut counted = None;
         if !rebuild && report.checked {
-            // Counting in the check's pass pays only when no replay will change the index after.
-            let count = dispatched >= self.log.end();
-            match self.index_damage(report.checked_records, count) {
+            match self.index_damage(report.checked_records) {
                 (Some(why), _) => {
                     warn!(%why, "id index disagrees with the commit log; rebuilding it and the queues from the log");
                     report.index_damaged = true;
                     rebuild = true;
                 }
-                (None, counts) => counted = count.then_some(counts),
+                (None, counts) => counted = Some(counts),
             }
         }
         if rebuild {
@@ -236,9 +240,8 @@ impl Store {
         Ok(())
     }
 
-    /// Brings cursors within their queues, sets what dispatch keeps (live bytes, segment
-    /// contents) from `counts` and, after a rebuild, checkpoints the new derived files.
-    fn finish_open(&mut self, rebuilt: bool, counts: Counts<'_>) -> Result<()> {
+    /// Brings cursors within their queues and, after a rebuild, checkpoints the new derived files.
+    fn finish_open(&mut self, rebuilt: bool) -> Result<()> {
         for q in self.levels.values_mut() {
             q.cursor = q.cursor.min(q.cq.end());
         }
@@ -254,14 +257,6 @@ impl Store {
                 bytes = crate::storage::reserve::RESERVE_BYTES,
                 "no room for the reserve file; starting without it"
             );
-        }
-        match counts {
-            Counts::Closed(c) => {
-                self.live_bytes = c.live_bytes;
-                self.segs = SegCounts::from_list(&c.segments);
-            }
-            Counts::Checked(segs, live) => self.take_live_counts(segs, live),
-            Counts::Recount => self.recount_live(),
         }
         self.expiry = self.log.start();
         if rebuilt {
@@ -454,17 +449,17 @@ impl Store {
     /// carry an id with the slot's hash; its last record must have set exactly the slot's seq,
     /// state, home and attempt: only damage to the files breaks that, as a crash leaves each slot
     /// at a record's state). Costs a read of the table, and with `records` one or two records per
-    /// live slot. With `count` the same pass counts the live bytes and per-segment counts (a
-    /// record header per live slot), returned with it.
-    fn index_damage(&self, records: bool, count: bool) -> (Option<String>, (SegCounts, u64)) {
-        if let Some(why) = self.index.check() {
-            return (Some(why), (SegCounts::default(), 0));
-        }
+    /// live slot. The same pass counts the live bytes and per-segment counts from the slots,
+    /// returned with it.
+    fn index_damage(&mut self, records: bool) -> (Option<String>, (SegCounts, u64)) {
         let (log, corrupt) = (&self.log, &self.corrupt_records);
-        let (damage, segs, live) = self.count_live_checking(count, |s| match records {
+        let (damage, segs, live, (filled, slots_live)) = self.check_and_count_index(|s| match records {
             true => Self::slot_damage(log, corrupt, s),
             false => Self::slot_outside_log(log, s),
         });
+        if damage.is_none() {
+            self.index.set_counts(filled, slots_live);
+        }
         (damage, (segs, live))
     }
 
@@ -506,6 +501,10 @@ impl Store {
             Ok(None) => return None,
             Err(why) => return Some(format!("{}: {why}", what())),
         };
+        let record_len = log.record_len(msg_offset);
+        if record_len != u64::from(s.len) {
+            return Some(format!("{}: slot says its record is {} bytes, the log says {record_len}", what(), s.len));
+        }
         let expect = if last_offset == msg_offset {
             expect
         } else {
@@ -574,17 +573,6 @@ impl Store {
     }
 }
 
-/// Where the open takes the counts dispatch keeps (live bytes, per-segment counts) from.
-enum Counts<'a> {
-    /// A clean close's, from its marker.
-    Closed(&'a ClosedCounts),
-    /// The index check's pass, which counted the live slots (the topic settings' records are
-    /// added after).
-    Checked(SegCounts, u64),
-    /// A pass of their own.
-    Recount,
-}
-
 /// The checkpoint at `path`, and whether it was unusable (then an empty one stands in, and
 /// everything derived is rebuilt from the log). One written by another layout version fails.
 fn load_checkpoint(path: &Path) -> Result<(Checkpoint, bool)> {
@@ -635,9 +623,9 @@ fn open_index(
     path: &Path,
     initial_slots: u64,
     durability: &Durability,
-    known: Option<(u64, u64, u64)>,
+    counting: Counting,
 ) -> Result<(IdIndex, bool)> {
-    match IdIndex::open_counted(path, initial_slots, durability, known) {
+    match IdIndex::open_counted(path, initial_slots, durability, counting) {
         Ok(index) => Ok((index, false)),
         // The index is derived: a damaged or older-layout one is rebuilt from the log.
         Err(Error::Corrupt { file, reason, .. }) => {

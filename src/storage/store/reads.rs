@@ -154,8 +154,8 @@ impl Store {
         })
     }
 
-    /// Sum of the record sizes of every indexed message, counted afresh (for tests: the open
-    /// counts it with the segments, see `recount_live`).
+    /// Sum of the record sizes of every indexed message, read from the log (for tests: the
+    /// store counts them from the slots, see `recount_live`, and this checks those).
     #[cfg(test)]
     pub(crate) fn count_live_bytes(&self) -> u64 {
         let mut sum = 0;
