@@ -70,6 +70,11 @@ try:
             sys.exit(f"batch refused: {r.status}")
         sent += k
     print(f"filled {n} in {time.time() - t0:.1f} s", flush=True)
+    # Allocated bytes per held message, by part of the data directory.
+    for part in ("commitlog", "index", "cq"):
+        used = sum(os.stat(os.path.join(r, f)).st_blocks * 512
+                   for r, _, fs in os.walk(f"{d}/data/{part}") for f in fs)
+        print(f"  {part}: {used / 2**30:.2f} GiB, {used / n:.0f} B per message", flush=True)
     time.sleep(3)
     kills = int(os.environ.get("RESTART_KILLS", "1"))
     perf_done = False
