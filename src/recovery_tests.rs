@@ -15,7 +15,7 @@ use crate::message::{MessageState, ProduceRequest, When};
 use crate::metrics::Metrics;
 use crate::schedule::clock::ManualClock;
 use crate::storage::commitlog::{list_numbered, RecoveryMode};
-use crate::storage::format::slot::SLOT_BYTES;
+use crate::storage::format::slot::slot_position;
 use crate::storage::store::OpenReport;
 
 const T0: u64 = 1_700_000_000_000;
@@ -325,7 +325,7 @@ fn a_slot_that_disagrees_with_its_record_is_damage() {
         e.close().unwrap();
         let ids = dir.path().join("index/ids");
         let mut b = std::fs::read(&ids).unwrap();
-        let slot = (0..64).map(|i| 64 + i * SLOT_BYTES).find(|p| b[p + 31] & 1 == 1).unwrap();
+        let slot = (0..64).map(slot_position).find(|p| b[p + 31] & 1 == 1).unwrap();
         assert_eq!(b[slot + 30], MessageState::Ready as u8 - 1 + 2, "a Ready slot (state 2)");
         b[slot + 30] = 4; // Done: the message would never be delivered
         std::fs::write(&ids, &b).unwrap();
@@ -354,7 +354,7 @@ fn a_slot_whose_record_length_is_wrong_is_damage() {
     e.close().unwrap();
     let ids = dir.path().join("index/ids");
     let mut b = std::fs::read(&ids).unwrap();
-    let slot = (0..64).map(|i| 64 + i * SLOT_BYTES).find(|p| b[p + 31] & 1 == 1).unwrap();
+    let slot = (0..64).map(slot_position).find(|p| b[p + 31] & 1 == 1).unwrap();
     let len = u32::from_le_bytes(b[slot + 32..slot + 36].try_into().unwrap());
     assert_eq!(u64::from(len) * 10, live, "ten messages of one length: the slot holds it");
     b[slot + 32..slot + 36].copy_from_slice(&(len + 1).to_le_bytes());

@@ -1391,6 +1391,11 @@ mod reader {
         pub expired: BTreeSet<u64>,
     }
 
+    /// Byte position of index slot `i`: 4 KiB pages after the header's, 102 slots to a page.
+    pub fn index_slot_at(i: u64) -> usize {
+        4096 * (1 + i as usize / 102) + 40 * (i as usize % 102)
+    }
+
     /// One parsed index table: slot count and its occupied slots as (position, slot, removed).
     pub struct IndexTable {
         pub slots: u64,
@@ -1407,9 +1412,13 @@ mod reader {
         assert_eq!(le16(&b, 6), 0, "{name}: index reserved bytes");
         let slots = le64(&b, 8);
         assert!(slots.is_power_of_two() && slots >= 64, "{name}: slot count {slots}");
-        assert!(all_zero(&b[16..64]), "{name}: index header reserved bytes");
-        assert_eq!(b.len() as u64, 64 + 40 * slots, "{name}: index file size");
-        let slot = |i: u64| &b[64 + 40 * i as usize..64 + 40 * (i as usize + 1)];
+        assert!(all_zero(&b[16..4096]), "{name}: index header reserved bytes and the rest of its page");
+        // 4 KiB pages after the header's, each 102 slots of 40 bytes and 16 zero bytes.
+        assert_eq!(b.len() as u64, 4096 * (1 + slots.div_ceil(102)), "{name}: index file size");
+        for page in (4096..b.len()).step_by(4096) {
+            assert!(all_zero(&b[page + 4080..page + 4096]), "{name}: the padding of the page at {page}");
+        }
+        let slot = |i: u64| &b[index_slot_at(i)..index_slot_at(i) + 40];
         let is_occupied = |i: u64| slot(i)[31] & 1 != 0;
         let mask = slots - 1;
         let mut occupied = Vec::new();
@@ -2263,8 +2272,9 @@ async fn a_data_dir_parses_with_only_the_format_document() {
     // During a resize the live copy of a message may be in ids.next; damage the one that counts.
     let index_file = if dir.join("index/ids.next").exists() { "index/ids.next" } else { "index/ids" };
     let idx = std::fs::read(dir.join(index_file)).unwrap();
-    let used = (0..(idx.len() - 64) / 40).find(|i| idx[64 + 40 * i + 31] & 0x05 == 0x01).unwrap();
-    must_fail(&dir, &in_process(), index_file, 64 + 40 * used + 30, "differs from the replay");
+    let slots = u64::from_le_bytes(idx[8..16].try_into().unwrap());
+    let used = (0..slots).map(reader::index_slot_at).find(|&p| idx[p + 31] & 0x05 == 0x01).unwrap();
+    must_fail(&dir, &in_process(), index_file, used + 30, "differs from the replay");
 }
 
 // ---- reclaim, on the real binary -----------------------------------------------------------
@@ -2537,15 +2547,14 @@ fn a_reclaimed_data_dir_parses_with_only_the_format_document() {
         .filter(|f| data.join(f).exists())
         .find_map(|f| {
             let idx = std::fs::read(data.join(f)).unwrap();
-            (0..(idx.len() - 64) / 40)
-                .find(|i| {
-                    idx[64 + 40 * i + 31] & 0x05 == 0x01
-                        && idx[64 + 40 * i + 8..64 + 40 * i + 16] == long_c.offset.to_le_bytes()
-                })
+            let slots = u64::from_le_bytes(idx[8..16].try_into().unwrap());
+            (0..slots)
+                .map(reader::index_slot_at)
+                .find(|&p| idx[p + 31] & 0x05 == 0x01 && idx[p + 8..p + 16] == long_c.offset.to_le_bytes())
                 .map(|i| (f, i))
         })
         .unwrap();
-    must_fail(&data, &writer, index_file, 64 + 40 * slot + 30, "differs from the replay");
+    must_fail(&data, &writer, index_file, slot + 30, "differs from the replay");
     let idle_q = &r.queues[&QKey::Topic("idle".into())];
     let k = idle_q.entries.iter().position(|e| e.0 == idle_c.offset).unwrap() as u64;
     let first = idle_q.first.unwrap();

@@ -1,6 +1,7 @@
-//! The id index file: a 64-byte header (`magic "DLYI", version u16, reserved u16, slots u64`,
-//! zeros to 64) and then 32-byte slots (`hash u64, msg_offset u64, last_offset u64, seq u32,
-//! attempt u16, state u8, flags u8, len u32, reserved u32`).
+//! The id index file: 4 KiB pages. The first holds the header (`magic "DLYI", version u16,
+//! reserved u16, slots u64`, zeros to the end of the page); each later one 102 slots of 40 bytes
+//! (`hash u64, msg_offset u64, last_offset u64, seq u32, attempt u16, state u8, flags u8, len u32,
+//! reserved u32`) and 16 bytes of zeros.
 
 use super::{u16_at, u32_at, u64_at, DecodeError, Home, State};
 use crate::storage::types::{IdHash, LogOffset};
@@ -13,6 +14,23 @@ pub const INDEX_VERSION: u16 = 3;
 pub const INDEX_HEADER_BYTES: usize = 64;
 /// Bytes per slot.
 pub const SLOT_BYTES: usize = 40;
+/// Bytes of a page of the index file. No slot crosses one: a power loss keeps or loses each page
+/// written since the last sync whole, so it keeps or loses each slot whole (a slot half old and
+/// half new could say a record was applied while holding the state from before it).
+pub const INDEX_PAGE_BYTES: usize = 4096;
+/// Slots in each page after the header's (the page's last 16 bytes are zero).
+pub const SLOTS_PER_PAGE: usize = INDEX_PAGE_BYTES / SLOT_BYTES;
+
+/// Byte position of slot `i` in an index file.
+pub fn slot_position(i: u64) -> usize {
+    let i = i as usize;
+    INDEX_PAGE_BYTES * (1 + i / SLOTS_PER_PAGE) + SLOT_BYTES * (i % SLOTS_PER_PAGE)
+}
+
+/// Size of an index file of `slots` slots: the header's page and the slots' pages.
+pub fn index_file_bytes(slots: u64) -> u64 {
+    INDEX_PAGE_BYTES as u64 * (1 + slots.div_ceil(SLOTS_PER_PAGE as u64))
+}
 /// The slot is occupied (live or removed); a never-used slot is all zero.
 const FLAG_USED: u8 = 1;
 /// The message belongs to its topic's dead-letter queue.
@@ -268,6 +286,8 @@ mod tests {
         ]);
         want.extend([0x54, 0x53, 0x52, 0x51, 0, 0, 0, 0]);
         assert_eq!(s.encode()[..], want[..]);
+        assert_eq!((SLOTS_PER_PAGE, slot_position(0), slot_position(101), slot_position(102)), (102, 4096, 8136, 8192));
+        assert_eq!((index_file_bytes(64), index_file_bytes(102), index_file_bytes(103)), (8192, 8192, 12288));
         let mut header = b"DLYI\x03\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00".to_vec();
         header.resize(INDEX_HEADER_BYTES, 0);
         assert_eq!(encode_index_header(64)[..], header[..]);
