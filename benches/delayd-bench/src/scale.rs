@@ -53,6 +53,8 @@ pub struct ScaleParams {
     pub stream_secs: f64,
     /// Server CPU is read over this much idle time at each size (zero: not measured).
     pub idle: Duration,
+    /// Messages made ready before the pop + ack case, which ends once they are all acked.
+    pub pop_preload: usize,
 }
 
 /// Restart until the first successful pop.
@@ -428,13 +430,14 @@ async fn counted_case(
 ) -> (Result<Throughput, String>, usize) {
     // Seq ranges of their own at every size, the warm-up's apart (the Lua queue keys jobs by seq).
     let (rep, warm_rep) = (1024 + k, 2048 + k);
+    let preload = if case == Case::PopAckBatch { sp.pop_preload } else { p.preload };
     let warm = Params {
         measure: Duration::from_millis(500),
         warmup: Duration::ZERO,
-        preload: (p.preload / 10).max(1),
+        preload: (preload / 10).max(1),
         ..p.clone()
     };
-    let real = Params { measure: sp.measure, warmup: Duration::ZERO, ..p.clone() };
+    let real = Params { measure: sp.measure, warmup: Duration::ZERO, preload, ..p.clone() };
     let left = |t: &Result<Throughput, String>, preload: usize| match (case, t) {
         (Case::PopAckBatch, Ok(t)) => preload.saturating_sub(t.ok),
         (Case::PopAckBatch, Err(_)) => preload,

@@ -164,7 +164,7 @@ fn method(sp: &ScaleParams, p: &Params) -> String {
          reservations have all come due, 60 s after its last pop: each acked one leaves a timer that \
          fires and is skipped), then server CPU over {:.0} s of idle (utime + stime from /proc/PID/stat); produce one at a time (1 client) and in batches ({} clients × {}), each {} s after \
          0.5 s of warm-up; pop ≤ {} + ack each (16 consumers) of {} messages made ready on their own topic \
-         first. Those produces stay pending (due in an hour), on top of the backlog. Stream: 1,000 msgs/s \
+         first (the warm-up's a tenth of them), until all are acked or the {} s are up. Those produces stay pending (due in an hour), on top of the backlog. Stream: 1,000 msgs/s \
          for {} s with delays 1-10 s, popped and acked by {} consumers; lateness = pop return − due time. \
          Then 1,000 `GET /v1/messages/{{id}}` of random ids among the first 100,000 produced (delayd), \
          `/metrics` (delayd: longest engine step since the server's last start, i.e. the previous size's \
@@ -191,7 +191,8 @@ fn method(sp: &ScaleParams, p: &Params) -> String {
         p.batch_size,
         sp.measure.as_secs_f64(),
         p.pop_batch,
-        p.preload,
+        sp.pop_preload,
+        sp.measure.as_secs_f64(),
         sp.stream_secs,
         p.consumers,
         sp.catchup,
