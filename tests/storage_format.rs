@@ -1408,11 +1408,10 @@ mod reader {
         let b = fs::read(path).unwrap();
         assert!(b.len() >= 64, "{name}: index shorter than its header");
         assert_eq!(&b[0..4], b"DLYI", "{name}: index magic");
-        let version = le16(&b, 4);
-        assert!(version == 3 || version == 4, "{name}: index version {version}");
+        assert_eq!(le16(&b, 4), 3, "{name}: index version");
         assert_eq!(le16(&b, 6), 0, "{name}: index reserved bytes");
         let slots = le64(&b, 8);
-        assert!(slots >= 64 && (version == 4 || slots.is_power_of_two()), "{name}: slot count {slots}");
+        assert!(slots.is_power_of_two() && slots >= 64, "{name}: slot count {slots}");
         assert!(all_zero(&b[16..4096]), "{name}: index header reserved bytes and the rest of its page");
         // 4 KiB pages after the header's, each 102 slots of 40 bytes and 16 zero bytes.
         assert_eq!(b.len() as u64, 4096 * (1 + slots.div_ceil(102)), "{name}: index file size");
@@ -1421,6 +1420,7 @@ mod reader {
         }
         let slot = |i: u64| &b[index_slot_at(i)..index_slot_at(i) + 40];
         let is_occupied = |i: u64| slot(i)[31] & 1 != 0;
+        let mask = slots - 1;
         let mut occupied = Vec::new();
         let mut ids = BTreeSet::new();
         for i in 0..slots {
@@ -1452,10 +1452,10 @@ mod reader {
                 );
             }
             // Slots never move: every slot from the home slot up to this one is occupied.
-            let mut j = got.hash % slots;
+            let mut j = got.hash & mask;
             while j != i {
                 assert!(is_occupied(j), "{name}: slot {i}: empty slot {j} between its home slot and itself");
-                j = (j + 1) % slots;
+                j = (j + 1) & mask;
             }
             assert!(ids.insert(got.msg_offset), "{name}: two slots for the message at {}", got.msg_offset);
             occupied.push((i, got, removed));

@@ -4,9 +4,8 @@
 //! A slot keeps the message's current state and where its records are; ids themselves stay in the
 //! commit log and are compared by reading the Put record when hashes match.
 //!
-//! The table resizes without stopping the world. When it passes 4/5 full (or drops below 1/8 live),
-//! a background thread creates `ids.next`, sized for the live count (any slot count: a message's
-//! home slot is its hash modulo the count); then every insert or remove
+//! The table resizes without stopping the world. When it passes 3/4 full (or drops below 1/8 live),
+//! a background thread creates `ids.next`, sized for the live count; then every insert or remove
 //! copies a bounded run of old slots into it, and lookups consult the new table first, then the
 //! old one. The old table is never rearranged: a copied slot stays where it was, so whatever subset
 //! of pages a crash leaves on disk, every message is still in at least one file at a state no older
@@ -36,8 +35,8 @@ pub use super::format::slot::{
 /// Smallest table, in slots.
 pub const MIN_SLOTS: u64 = 64;
 /// Fewest old slots copied per insert or remove while a migration runs (the rate actually used is
-/// also at least 5 × old/new slots, which finishes the copy before inserts could fill the new
-/// table past its next resize). Kept small because an engine step applies up to 1,024 operations and a copy into a
+/// also at least 4 × old/new slots, which finishes the copy before inserts could fill the new
+/// table). Kept small because an engine step applies up to 1,024 operations and a copy into a
 /// fresh table faults in a page per slot: at 512 a step took 260 ms at 10M ids; the engine's
 /// idle maintenance copies the rest in time-bounded chunks.
 pub const MIGRATE_SLOTS_PER_OP: usize = 4;
@@ -79,7 +78,7 @@ impl Table {
             Err(DecodeError::Invalid(why)) => return Err(bad(why)),
             Err(_) => return Err(bad("index file shorter than its header")),
         };
-        if slots < MIN_SLOTS || file.len() != table_bytes(slots) {
+        if !slots.is_power_of_two() || slots < MIN_SLOTS || file.len() != table_bytes(slots) {
             return Err(bad("index slot count does not match the file size"));
         }
         // `filled` is set by `count`, once any interrupted migration is merged.
@@ -121,40 +120,12 @@ impl Table {
         live
     }
 
-    /// Home slot of `hash`: `hash mod slots`, which for a power-of-two count (every table of
-    /// layout 3) is the `hash & (slots - 1)` that layout used.
-    fn home(&self, hash: u64) -> u64 {
-        hash % self.slots
-    }
-
-    /// The position `k` slots after `from`, wrapping at the end (`from < slots`, `k <= slots`).
-    fn after(&self, from: u64, k: u64) -> u64 {
-        let i = from + k;
-        if i >= self.slots {
-            i - self.slots
-        } else {
-            i
-        }
-    }
-
-    /// The position `k` slots before `from`, wrapping at the start (`from <= slots`, `k <= slots`).
-    fn before(&self, from: u64, k: u64) -> u64 {
-        if k <= from {
-            from - k
-        } else {
-            from + self.slots - k
-        }
-    }
-
-    /// How many slots `to` is after `from`, cyclically (both below `slots`).
-    fn distance(&self, from: u64, to: u64) -> u64 {
-        self.before(to, from)
-    }
-
     /// Positions on `hash`'s probe path, up to (not including) the first never-occupied slot.
     fn probe(&self, hash: u64) -> impl Iterator<Item = u64> + '_ {
-        let home = self.home(hash);
-        (0..self.slots).map(move |k| self.after(home, k)).take_while(move |&i| slot_is_occupied(self.raw(i)))
+        let mask = self.slots - 1;
+        (0..self.slots)
+            .map(move |k| hash.wrapping_add(k) & mask)
+            .take_while(move |&i| slot_is_occupied(self.raw(i)))
     }
 
     /// First live slot on `hash`'s probe path that satisfies `is_it`.
@@ -173,13 +144,13 @@ impl Table {
     /// [`IdIndex::check_part`]), handing every live slot to `f`; the occupied and live slots.
     fn check_share(&self, k: u64, parts: u64, mut f: impl FnMut(&Slot)) -> std::result::Result<(u64, u64), String> {
         let t = self;
-        let parts = parts.max(1);
+        let (mask, parts) = (t.slots - 1, parts.max(1));
         let at = |j: u64| (u128::from(t.slots) * u128::from(j) / u128::from(parts)) as u64;
         let (from, to) = (at(k.min(parts)), at((k + 1).min(parts)));
         // The run of occupied slots this share starts in may begin in an earlier share (or wrap
         // around the end): count it back to its empty slot, as `check` starts after one.
         let mut run = 0u64;
-        while run < t.slots && slot_is_occupied(t.raw(t.before(from, run + 1))) {
+        while run < t.slots && slot_is_occupied(t.raw(from.wrapping_sub(run + 1) & mask)) {
             run += 1;
         }
         if run == t.slots {
@@ -200,8 +171,7 @@ impl Table {
             let Ok(slot) = Slot::decode(b) else {
                 return Err(format!("index slot {p} has unknown flags or state"));
             };
-            // The run must reach back (cyclically) to the slot's home.
-            if t.distance(t.home(slot.hash.get()), p) >= run {
+            if (p.wrapping_sub(slot.hash.get() & mask) & mask) >= run {
                 return Err(format!("index slot {p} is not on the probe path of its hash"));
             }
             if slot_is_live(b) {
@@ -229,7 +199,7 @@ impl Table {
         if run == self.slots {
             return None;
         }
-        let i = self.after(self.home(start), run);
+        let i = start.wrapping_add(run) & (self.slots - 1);
         self.write(i, b);
         self.filled += 1;
         Some(i)
@@ -290,7 +260,7 @@ pub struct IdIndex {
 
 impl IdIndex {
     /// Opens the index at `path` (`index/ids`), creating it with `initial_slots` (rounded up to a
-    /// power of two, at least [`MIN_SLOTS`]; later sizes follow the live count). A migration left by a crash is finished here.
+    /// power of two, at least [`MIN_SLOTS`]). A migration left by a crash is finished here.
     pub fn open(path: &Path, initial_slots: u64, durability: &Durability) -> Result<IdIndex> {
         Self::open_counted(path, initial_slots, durability, Counting::Now)
     }
@@ -602,7 +572,7 @@ impl IdIndex {
         )))
     }
 
-    /// Starts creating the next table when the current one is over 4/5 filled (live plus removed)
+    /// Starts creating the next table when the current one is over 3/4 filled (live plus removed)
     /// or under 1/8 live and larger than the initial size.
     fn maybe_start_resize(&mut self) {
         if self.from.is_some() || self.job.is_some() || self.poisoned.is_some() {
@@ -613,16 +583,14 @@ impl IdIndex {
             return;
         }
         let s = self.cur.slots;
-        let full = self.cur.filled * 5 > s * 4;
+        let full = self.cur.filled * 4 > s * 3;
         let sparse = s > self.initial_slots && self.live * 8 < s;
         if !full && !sparse {
             return;
         }
-        // 5/3 of the live count, any number (not a power of two): after the copy the table is
-        // 3/5 full, and 4/5 before the next resize, so slots cost 40 / 0.6 to 40 / 0.8 bytes a
-        // message. Doubling to a power of two left 100 million messages in 268 million slots
-        // (10.7 GB, 107 bytes a message), half this machine's page cache.
-        let slots = (self.live.saturating_mul(5) / 3).saturating_add(2).max(self.initial_slots);
+        // Room for twice the live count: after the copy the table is at most half full, so the
+        // next resize is at least a quarter of the table away.
+        let slots = self.live.saturating_mul(2).saturating_add(2).next_power_of_two().max(self.initial_slots);
         let (tmp, next) = (self.tmp_path.clone(), self.next_path.clone());
         let durability = self.durability.clone();
         let spawned = std::thread::Builder::new()
@@ -658,10 +626,9 @@ impl IdIndex {
                         "id index resize started"
                     );
                     let old = std::mem::replace(&mut self.cur, Table::fresh(file, slots));
-                    // Fast enough that the copy ends before inserts could fill the new table past
-                    // its next resize: at most `old / per_op` inserts arrive meanwhile, a fifth of
-                    // the new table, which the copy left 3/5 full.
-                    let per_op = self.step_slots.max(5 * old.slots.div_ceil(slots) as usize);
+                    // Fast enough that the copy ends before inserts could fill the new table: at
+                    // most `old / per_op` inserts arrive meanwhile, a quarter of the new table.
+                    let per_op = self.step_slots.max(4 * old.slots.div_ceil(slots) as usize);
                     self.from = Some(Migration { table: old, cursor: 0, per_op });
                 }
                 Ok(Err(e)) => {
@@ -1077,8 +1044,7 @@ mod tests {
         while idx.step(usize::MAX) {
             idx.settle();
         }
-        // At most 4/5 full once every resize is done.
-        assert!(idx.capacity() * 4 >= 3000 * 5, "grew to {}", idx.capacity());
+        assert!(idx.capacity() >= 4096, "grew to {}", idx.capacity());
         check(&idx, &model);
         assert_eq!(files(tmp.path()), vec!["ids"]);
         for i in 0..3000u64 {
@@ -1251,57 +1217,15 @@ mod tests {
         while !matches!(&idx.job, Some(Job::Prepare { thread, .. }) if thread.is_finished()) {
             std::thread::yield_now();
         }
-        let Some(Job::Prepare { slots: next_slots, .. }) = &idx.job else { unreachable!() };
-        let next_slots = *next_slots;
-        assert!(next_slots > 64, "a growth, to {next_slots} slots");
         // The crash image: `ids` with every slot, a fresh empty `ids.next` nobody used yet.
         let copy = tmp.path().join("copy");
         copy_dir(&dir, &copy);
         assert_eq!(files(&copy), vec!["ids", "ids.next"]);
         let back = open_slow(&copy.join("ids"));
         check(&back, &model);
-        assert_eq!(back.capacity(), next_slots, "the merge kept the larger table");
+        assert_eq!(back.capacity(), 128, "the merge kept the larger table");
         drop(idx);
         assert_eq!(files(&dir), vec!["ids"], "drop removes an unused next table");
-    }
-
-    #[test]
-    fn a_layout_3_table_is_opened_as_it_is_and_later_sizes_follow_the_live_count() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("ids");
-        let durability = Durability::new(Path::new("/"));
-        let mut idx = IdIndex::open(&path, 64, &durability).unwrap();
-        let mut model = BTreeMap::new();
-        // Hashes far above the slot count, so a home slot taken another way would miss them.
-        let hash = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        for i in 0..40u64 {
-            idx.insert(slot(hash(i), i)).unwrap();
-            model.insert((IdHash::new(hash(i)), LogOffset::new(i)), slot(hash(i), i));
-        }
-        assert_eq!(idx.capacity(), 64);
-        drop(idx);
-        // The same bytes as layout 3 wrote them: a power-of-two table, home = hash & (S - 1).
-        let mut b = fs::read(&path).unwrap();
-        b[4..6].copy_from_slice(&3u16.to_le_bytes());
-        fs::write(&path, &b).unwrap();
-        let mut idx = IdIndex::open(&path, 64, &durability).unwrap();
-        check(&idx, &model);
-        for i in 40..5000u64 {
-            idx.insert(slot(hash(i), i)).unwrap();
-            model.insert((IdHash::new(hash(i)), LogOffset::new(i)), slot(hash(i), i));
-        }
-        while idx.step(usize::MAX) {
-            idx.settle();
-        }
-        let slots = idx.capacity();
-        assert!(!slots.is_power_of_two() && slots * 4 >= 5000 * 5 && slots * 3 <= 5000 * 5 + 6, "{slots} slots");
-        drop(idx);
-        let b = fs::read(&path).unwrap();
-        assert_eq!(decode_index_header(&b[..HEADER_BYTES]), Ok(slots));
-        assert_eq!(u16::from_le_bytes([b[4], b[5]]), INDEX_VERSION);
-        let idx = IdIndex::open(&path, 64, &durability).unwrap();
-        check(&idx, &model);
-        assert!(idx.check_part(0, 1, |_| {}).is_ok());
     }
 
     #[test]

@@ -8,11 +8,8 @@ use crate::storage::types::{IdHash, LogOffset};
 
 /// Magic at the start of an index file ("DLYI").
 pub const INDEX_MAGIC: u32 = u32::from_le_bytes(*b"DLYI");
-/// Layout version of the index files this build writes.
-pub const INDEX_VERSION: u16 = 4;
-/// The earlier layout this build still opens as it is: the same bytes, with a power-of-two slot
-/// count, for which a home slot of `hash mod slots` is the `hash & (slots - 1)` it was defined as.
-pub const INDEX_VERSION_POW2: u16 = 3;
+/// Layout version of the index files.
+pub const INDEX_VERSION: u16 = 3;
 /// Bytes before the first slot.
 pub const INDEX_HEADER_BYTES: usize = 64;
 /// Bytes per slot.
@@ -163,13 +160,10 @@ pub fn decode_index_header(b: &[u8]) -> Result<u64, DecodeError> {
     if u32_at(b, 0) != INDEX_MAGIC {
         return Err(DecodeError::Invalid("bad index magic"));
     }
-    let slots = u64_at(b, 8);
-    match u16_at(b, 4) {
-        INDEX_VERSION => Ok(slots),
-        INDEX_VERSION_POW2 if slots.is_power_of_two() => Ok(slots),
-        INDEX_VERSION_POW2 => Err(DecodeError::Invalid("index layout 3 with a slot count not a power of two")),
-        _ => Err(DecodeError::Invalid("unsupported index version")),
+    if u16_at(b, 4) != INDEX_VERSION {
+        return Err(DecodeError::Invalid("unsupported index version"));
     }
+    Ok(u64_at(b, 8))
 }
 
 #[cfg(test)]
@@ -249,21 +243,6 @@ mod tests {
     }
 
     #[test]
-    fn a_layout_3_header_is_read_only_with_a_power_of_two_count() {
-        let v3 = |slots: u64| {
-            let mut h = encode_index_header(slots);
-            h[4..6].copy_from_slice(&INDEX_VERSION_POW2.to_le_bytes());
-            decode_index_header(&h)
-        };
-        assert_eq!(v3(1 << 20), Ok(1 << 20));
-        assert!(matches!(v3(3 << 20), Err(DecodeError::Invalid(_))));
-        assert_eq!(decode_index_header(&encode_index_header(3 << 20)), Ok(3 << 20));
-        let mut h = encode_index_header(64);
-        h[4..6].copy_from_slice(&2u16.to_le_bytes());
-        assert!(matches!(decode_index_header(&h), Err(DecodeError::Invalid(_))));
-    }
-
-    #[test]
     fn an_unknown_state_reads_as_done_on_the_look_up_path_and_fails_the_strict_decode() {
         let s = Slot {
             hash: IdHash::new(1),
@@ -309,7 +288,7 @@ mod tests {
         assert_eq!(s.encode()[..], want[..]);
         assert_eq!((SLOTS_PER_PAGE, slot_position(0), slot_position(101), slot_position(102)), (102, 4096, 8136, 8192));
         assert_eq!((index_file_bytes(64), index_file_bytes(102), index_file_bytes(103)), (8192, 8192, 12288));
-        let mut header = b"DLYI\x04\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00".to_vec();
+        let mut header = b"DLYI\x03\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00".to_vec();
         header.resize(INDEX_HEADER_BYTES, 0);
         assert_eq!(encode_index_header(64)[..], header[..]);
     }
