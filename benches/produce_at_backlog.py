@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Batch produce throughput of a delayd server holding a backlog of N messages.
+
+Starts BIN pinned to CPU 0 (DELAYD_FLUSH=sync, a fresh data directory), fills it with N messages
+due in 1 to 30 days (4 clients, batches of 1,000, 100-byte bodies; the fill's time is printed,
+and it grows the id index through every resize from its initial size), waits SETTLE seconds
+(15), then runs ROUNDS rounds of SECS seconds (10) of 8 clients producing batches of 100 messages
+due in an hour, from CPU 1. Each round prints msgs/s and the server's CPU per message. With
+PERF_FILE the last round is profiled with `perf record -g -p PID`.
+
+    python3 benches/produce_at_backlog.py BIN N [ROUNDS] [PERF_FILE]
+
+Run old and new binaries one after the other, several times. See docs/benchmarks.md, "Scale".
+"""
+import http.client, json, os, random, shutil, socket, subprocess, sys, tempfile, threading, time
+bin_, n = sys.argv[1], int(sys.argv[2])
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+perf_file = sys.argv[4] if len(sys.argv) > 4 else None
+SECS = float(os.environ.get("SECS", "10"))
+d = tempfile.mkdtemp(prefix="delayd-prod-", dir=os.environ.get("TMPDIR_BASE", "/tmp"))
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{port}", DELAYD_FLUSH="sync", DELAYD_LOG_LEVEL="info")
+log = open(d + "/server.log", "w")
+p = subprocess.Popen(["taskset", "-c", "0", bin_], env=env, stdout=subprocess.DEVNULL, stderr=log)
+os.sched_setaffinity(0, {1})
+def conn(): return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def post(c, path, body):
+    c.request("POST", path, body, {"Content-Type": "application/json"}); r = c.getresponse(); r.read()
+    if r.status >= 300: raise SystemExit(f"refused {r.status}")
+try:
+    while True:
+        try: c = conn(); c.request("GET", "/v1/stats"); c.getresponse().read(); break
+        except OSError: time.sleep(0.05)
+    rnd = random.Random(1)
+    pool = [json.dumps({"messages": [{"body": "x" * 100, "delay_ms": 86400000 + rnd.randrange(29 * 86400000)} for _ in range(1000)]}) for _ in range(64)]
+    t0 = time.time(); lock = threading.Lock(); left = [n // 1000]
+    def filler(k):
+        c = conn(); i = k
+        while True:
+            with lock:
+                if left[0] <= 0: return
+                left[0] -= 1
+            post(c, "/v1/topics/bl/messages/batch", pool[i % 64]); i += 7
+    ts = [threading.Thread(target=filler, args=(k,)) for k in range(4)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    print(f"filled {n} in {time.time()-t0:.1f} s", flush=True)
+    time.sleep(float(os.environ.get("SETTLE", "15")))
+    body = json.dumps({"messages": [{"body": "y" * 100, "delay_ms": 3600000} for _ in range(100)]})
+    for r in range(rounds):
+        stop = time.time() + SECS; count = [0] * 8
+        def w(k):
+            c = conn()
+            while time.time() < stop:
+                post(c, "/v1/topics/load/messages/batch", body); count[k] += 100
+        perf = None
+        if perf_file and r == rounds - 1:
+            perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-p", str(p.pid), "-o", perf_file, "--", "sleep", str(SECS - 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu0 = sum(int(x) for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13])
+        ws = [threading.Thread(target=w, args=(k,)) for k in range(8)]
+        t1 = time.time(); [t.start() for t in ws]; [t.join() for t in ws]; el = time.time() - t1
+        cpu1 = sum(int(x) for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13])
+        if perf: perf.wait()
+        print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {(cpu1-cpu0)/100/el*100:.0f}% , {((cpu1-cpu0)/100)*1e6/max(1,sum(count)):.1f} us/msg", flush=True)
+        time.sleep(2)
+finally:
+    p.terminate(); p.wait(); shutil.rmtree(d, ignore_errors=True)
