@@ -913,12 +913,12 @@ fn scale_default_systems(progs: &Programs) -> Vec<System> {
     v
 }
 
-/// The scale settings from the command line, checked.
 /// Messages made ready before the scale workload's pop + ack case: at about 20,000 acks a second
 /// the case then lasts around ten seconds, long enough to take in a checkpoint or two (each one
 /// fdatasyncs the id index), where 20,000 were over in one.
 const SCALE_POP_PRELOAD: usize = 200_000;
 
+/// The scale settings from the command line, checked.
 fn scale_params(cli: &Cli, systems: Vec<System>) -> Result<scale::ScaleParams, String> {
     let sizes = if cli.pending.is_empty() {
         vec![1_000_000, 10_000_000, 30_000_000, 100_000_000]
