@@ -14,6 +14,8 @@ Run old and new binaries one after the other, several times. See docs/benchmarks
 """
 import http.client, json, os, random, shutil, socket, subprocess, sys, tempfile, threading, time
 bin_, n = sys.argv[1], int(sys.argv[2])
+if n <= 0 or n % 1000:
+    sys.exit("N must be a positive multiple of 1000 (the fill's batch size)")
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 perf_file = sys.argv[4] if len(sys.argv) > 4 else None
 SECS = float(os.environ.get("SECS", "10"))
@@ -23,6 +25,10 @@ env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{p
 log = open(d + "/server.log", "w")
 p = subprocess.Popen(["taskset", "-c", "0", bin_], env=env, stdout=subprocess.DEVNULL, stderr=log)
 os.sched_setaffinity(0, {1})
+def server_cpu_secs():
+    """User + system CPU of the server so far, every thread."""
+    fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 def conn(): return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 def post(c, path, body):
     c.request("POST", path, body, {"Content-Type": "application/json"}); r = c.getresponse(); r.read()
@@ -55,12 +61,13 @@ try:
         perf = None
         if perf_file and r == rounds - 1:
             perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-p", str(p.pid), "-o", perf_file, "--", "sleep", str(SECS - 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cpu0 = sum(int(x) for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13])
+        cpu0 = server_cpu_secs()
         ws = [threading.Thread(target=w, args=(k,)) for k in range(8)]
         t1 = time.time(); [t.start() for t in ws]; [t.join() for t in ws]; el = time.time() - t1
-        cpu1 = sum(int(x) for x in open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[11:13])
+        cpu1 = server_cpu_secs()
         if perf: perf.wait()
-        print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {(cpu1-cpu0)/100/el*100:.0f}% , {((cpu1-cpu0)/100)*1e6/max(1,sum(count)):.1f} us/msg", flush=True)
+        cpu = cpu1 - cpu0
+        print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {cpu/el*100:.0f}%, {cpu*1e6/max(1,sum(count)):.1f} us/msg", flush=True)
         time.sleep(2)
 finally:
     p.terminate(); p.wait(); shutil.rmtree(d, ignore_errors=True)
