@@ -67,6 +67,81 @@ async fn one_request_at_a_time_is_applied_inline_in_both_flush_modes() {
     }
 }
 
+/// Waits (up to a minute: liveness, not speed) until `n` pops wait and `done` of `pops` are answered.
+async fn until_pops(
+    b: &Broker,
+    pops: &[tokio::task::JoinHandle<Result<Vec<Delivery>>>],
+    n: u64,
+    done: usize,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let finished = pops.iter().filter(|p| p.is_finished()).count();
+        if counter(b, |m| &m.pops_waiting) == n && finished == done {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {n} pops waiting and {done} answered ({finished} answered)"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A new entry wakes one waiting pop, not all of them: each woken pop asks the engine again, and
+/// all but one would find nothing. Two entries wake two; a resumed topic still wakes every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_new_entry_wakes_one_waiting_pop_and_a_resume_wakes_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Sync);
+    let asked = |b: &Broker| counter(b, |m| &m.requests_inline) + counter(b, |m| &m.requests_queued);
+    let pops: Vec<_> = (0..8)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                b.pop(PopRequest { topics: vec!["t".into()], max: 1, wait_ms: 60_000, ttr_ms: None }).await
+            })
+        })
+        .collect();
+    until_pops(&b, &pops, 8, 0).await;
+    let before = asked(&b);
+    b.produce("t", req(0)).await.unwrap();
+    until_pops(&b, &pops, 7, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The produce and the woken pop's second look; one spare for a pop that met the entry
+    // before it waited. Waking all eight asked nine times or more.
+    let one = asked(&b) - before;
+    assert!(one <= 3, "one entry: the engine was asked {one} times");
+    assert_eq!(pops.iter().filter(|p| p.is_finished()).count(), 1, "one entry answered one pop");
+
+    let before = asked(&b);
+    b.produce_batch("t", vec![req(0), req(0)]).await.unwrap();
+    until_pops(&b, &pops, 5, 3).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let two = asked(&b) - before;
+    assert!(two <= 4, "two entries: the engine was asked {two} times");
+
+    // A resume changes what the topic may hand out as a whole: every waiting pop looks again
+    // (and waits on, as the topic is empty).
+    b.set_paused("t", true).await.unwrap();
+    let before = asked(&b);
+    b.set_paused("t", false).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while asked(&b) - before < 6 {
+        assert!(Instant::now() < deadline, "a resume woke {} of 5 waiting pops", asked(&b) - before - 1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    until_pops(&b, &pops, 5, 3).await;
+    for (i, p) in pops.into_iter().enumerate() {
+        if p.is_finished() {
+            assert_eq!(p.await.unwrap().unwrap().len(), 1, "pop {i}");
+        } else {
+            p.abort();
+        }
+    }
+    b.shutdown().await.unwrap();
+}
+
 /// A request that meets the engine busy goes to the engine thread and is answered from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 // Holding the engine across awaits is the point: the produce must meet it busy.

@@ -307,8 +307,9 @@ impl Engine {
         self.store.close(&cursors)
     }
 
-    /// Topics that received entries since the last call (for long-poll wake-ups).
-    pub fn take_touched(&mut self) -> Vec<String> {
+    /// Topics that received entries since the last call, with how many waiting pops each can
+    /// serve (for long-poll wake-ups).
+    pub fn take_touched(&mut self) -> Vec<(String, crate::storage::store::Wake)> {
         self.store.take_touched()
     }
 

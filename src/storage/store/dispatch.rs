@@ -413,9 +413,7 @@ impl Store {
             Route::None => {}
             Route::Topic => {
                 self.topic_open(topic)?.cq.append(entry)?;
-                if !self.touched.iter().any(|t| t == topic) {
-                    self.touched.push(topic.to_string());
-                }
+                self.touch_one(topic);
             }
             Route::Level { level_ms, due_ms } => {
                 entry.tag = UnixMs::new(due_ms);

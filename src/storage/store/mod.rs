@@ -29,6 +29,15 @@ mod queues;
 mod reads;
 mod replicate;
 
+/// How many waiting pops a topic's news can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// This many entries were appended: at most this many pops can get one.
+    Entries(u32),
+    /// What the topic may hand out changed as a whole: every waiting pop looks again.
+    All,
+}
+
 /// Sizes and policies of the files.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -230,8 +239,9 @@ pub struct Store {
     recovering: bool,
     /// Log offset the last checkpoint covered: later segments need syncing before the next one.
     cp_log_end: u64,
-    /// Topics that received entries since the last [`take_touched`](Self::take_touched).
-    touched: Vec<String>,
+    /// Topics that received entries since the last [`take_touched`](Self::take_touched), with how
+    /// many waiting pops the news can serve.
+    touched: Vec<(String, Wake)>,
     /// Bytes of the Put or Carry records of every indexed message (what reclaim must keep).
     pub(super) live_bytes: u64,
     /// Log offset up to which final messages were checked for expiry.
@@ -366,13 +376,26 @@ impl Store {
         }
     }
 
-    /// Wakes the topic's waiting pops as if it got an entry (it was resumed).
+    /// Wakes every pop waiting on the topic: what it may hand out changed as a whole (it was
+    /// resumed, or its flow limits changed).
     pub fn touch(&mut self, topic: &str) {
-        self.touched.push(topic.to_string());
+        match self.touched.iter_mut().find(|(t, _)| t == topic) {
+            Some((_, wake)) => *wake = Wake::All,
+            None => self.touched.push((topic.to_string(), Wake::All)),
+        }
     }
 
-    /// Topics that got new entries since the last call.
-    pub fn take_touched(&mut self) -> Vec<String> {
+    /// Counts one entry appended to `topic`'s queue, for the pops it can wake.
+    pub(super) fn touch_one(&mut self, topic: &str) {
+        match self.touched.iter_mut().find(|(t, _)| t == topic) {
+            Some((_, Wake::Entries(n))) => *n = n.saturating_add(1),
+            Some((_, Wake::All)) => {}
+            None => self.touched.push((topic.to_string(), Wake::Entries(1))),
+        }
+    }
+
+    /// Topics that got new entries since the last call, and how many waiting pops each can serve.
+    pub fn take_touched(&mut self) -> Vec<(String, Wake)> {
         std::mem::take(&mut self.touched)
     }
 
