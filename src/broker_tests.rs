@@ -142,6 +142,42 @@ async fn each_new_entry_wakes_one_waiting_pop_and_a_resume_wakes_them_all() {
     b.shutdown().await.unwrap();
 }
 
+/// A pop woken for an entry that goes away before it looks (its client hung up) passes the
+/// wake-up on to the next waiting pop, which gets the entry instead of waiting out its time.
+/// One runtime thread, blocked while the engine thread makes the entry ready, so the first pop is
+/// woken and dropped without ever running in between.
+#[tokio::test(flavor = "current_thread")]
+async fn a_woken_pop_that_goes_away_passes_its_wake_up_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlushMode::Sync);
+    let pop = |b: &Broker| {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.pop(PopRequest { topics: vec!["t".into()], max: 1, wait_ms: 60_000, ttr_ms: None }).await
+        })
+    };
+    let first = pop(&b);
+    until_pops(&b, std::slice::from_ref(&first), 1, 0).await;
+    let second = pop(&b);
+    until_pops(&b, std::slice::from_ref(&second), 2, 0).await;
+    let p = b.produce("t", req(50)).await.unwrap();
+    // The engine thread makes the entry ready meanwhile and wakes the pop that waited first.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.metrics().lateness_ms.prometheus().get_sample_count() == 0 {
+        assert!(Instant::now() < deadline, "the entry was never made ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.abort();
+    let got = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second pop was not woken: the wake-up was lost with the first")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, p.id);
+    b.shutdown().await.unwrap();
+}
+
 /// A request that meets the engine busy goes to the engine thread and is answered from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 // Holding the engine across awaits is the point: the produce must meet it busy.
