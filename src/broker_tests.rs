@@ -167,6 +167,11 @@ async fn a_woken_pop_that_goes_away_passes_its_wake_up_on() {
         assert!(Instant::now() < deadline, "the entry was never made ready");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // The count moves as the timer fires; the wake-up comes at the end of the same engine step,
+    // after the commit. Still blocking, give that step time to finish, so the abort below meets a
+    // pop already woken (were it aborted first, the second pop would be woken directly and the
+    // test would pass without passing anything on).
+    std::thread::sleep(Duration::from_millis(200));
     first.abort();
     let got = tokio::time::timeout(Duration::from_secs(20), second)
         .await
