@@ -10,7 +10,7 @@ fourth argument, `perf record`s the server for 8 s from the due time into that f
 
 Run old and new binaries alternately, several times. See docs/benchmarks.md, "Scale".
 """
-import http.client, json, os, random, socket, subprocess, sys, tempfile, time
+import http.client, json, os, random, shutil, socket, subprocess, sys, tempfile, time
 bin_, n, m = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 perf_out = sys.argv[4] if len(sys.argv) > 4 else None
 d = tempfile.mkdtemp(prefix="delayd-catchup-")
@@ -38,7 +38,7 @@ print(f"produced {m} due at once in {time.time()-t0:.1f}s; due in {(due/1000 - t
 if time.time() >= due / 1000:
     # Some fell due while the rest were still being produced: the rate would mix both.
     p.terminate(); p.wait()
-    import shutil; shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
     sys.exit("not measured: the due time passed before all were produced")
 def ready():
     c = conn(); c.request("GET", "/v1/stats"); b = json.loads(c.getresponse().read())
@@ -58,4 +58,4 @@ took = time.time() - start
 print(f"{m} ready in {took:.2f}s: {m/took:.0f}/s", flush=True)
 if pp: pp.wait()
 p.terminate(); p.wait()
-import shutil; shutil.rmtree(d, ignore_errors=True)
+shutil.rmtree(d, ignore_errors=True)
