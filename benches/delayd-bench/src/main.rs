@@ -78,7 +78,7 @@ struct Cli {
     #[arg(long)]
     pop_batch: Option<usize>,
     /// Messages made ready before each pop + ack case (default 20000; 200000 in the scale
-    /// workload, whose pop + ack would otherwise be over in about a second).
+    /// workload, whose pop + ack would otherwise be over in about a second; 300 with --quick).
     #[arg(long)]
     preload: Option<usize>,
     /// Do not pin the servers and the benchmark's clients to different CPUs.
@@ -234,7 +234,7 @@ fn params(cli: &Cli) -> Params {
             batch_size: 50,
             clients: 2,
             pop_batch: 16,
-            preload: 300,
+            preload: QUICK_PRELOAD,
             rates: vec![100, 500],
             e2e_secs: 0.3,
             delay_min_ms: 50,
@@ -670,8 +670,14 @@ async fn run(cli: Cli, pinning: pin::Pinning) -> Result<bool, String> {
                 eprintln!("delayd-bench: push on {} ...", sys.name());
                 let outcome = match Running::start(sys, &progs, &p).await {
                     Ok(run) => {
-                        let (burst, secs) = if cli.quick { (2_000, 2.0) } else { (20_000, 10.0) };
-                        let o = push::run(&run.server, burst, &[1_000, 10_000], secs, p.body_bytes).await;
+                        // A smoke run only checks that each run works: 10,000 a second through a
+                        // debug build took most of `--quick`'s time.
+                        let (burst, rates, secs): (usize, &[u64], f64) = if cli.quick {
+                            (500, &[200, 1_000], 1.0)
+                        } else {
+                            (20_000, &[1_000, 10_000], 10.0)
+                        };
+                        let o = push::run(&run.server, burst, rates, secs, p.body_bytes).await;
                         let stopped = run.shutdown().await;
                         o.and_then(|o| stopped.map(|_| o))
                     }
@@ -918,6 +924,10 @@ fn scale_default_systems(progs: &Programs) -> Vec<System> {
 /// fdatasyncs the id index), where 20,000 were over in one.
 const SCALE_POP_PRELOAD: usize = 200_000;
 
+/// Messages made ready before a pop + ack case with `--quick`, the scale workload's included: a
+/// smoke run checks that the case works, and 200,000 made ready took most of its time.
+const QUICK_PRELOAD: usize = 300;
+
 /// The scale settings from the command line, checked.
 fn scale_params(cli: &Cli, systems: Vec<System>) -> Result<scale::ScaleParams, String> {
     let sizes = if cli.pending.is_empty() {
@@ -949,7 +959,7 @@ fn scale_params(cli: &Cli, systems: Vec<System>) -> Result<scale::ScaleParams, S
         measure: Duration::from_secs_f64(cli.scale_measure_secs),
         stream_secs: cli.scale_stream_secs,
         idle: Duration::from_secs_f64(cli.scale_idle_secs),
-        pop_preload: cli.preload.unwrap_or(SCALE_POP_PRELOAD).max(1),
+        pop_preload: cli.preload.unwrap_or(if cli.quick { QUICK_PRELOAD } else { SCALE_POP_PRELOAD }).max(1),
     })
 }
 

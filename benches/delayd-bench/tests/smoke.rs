@@ -153,6 +153,18 @@ fn quick_run_writes_every_table_and_a_png() {
             number(v);
         }
     }
+    // Push to a local webhook, on each delayd system: a burst and two paced rates, every message
+    // delivered, none early.
+    let push = section(&md, "## Push delivery to a local webhook");
+    for s in DELAYD {
+        let rows = rows_for(&push, s);
+        assert_eq!(rows.len(), 3, "{s} push rows:\n{md}");
+        for r in rows {
+            let c = cells(r);
+            assert!(number(&c[2]) > 0.0, "{s}: nothing pushed: {r}");
+            assert_eq!(c[7], "0", "{s}: pushed early: {r}");
+        }
+    }
     assert!(md.contains("## Targets of issue 13"), "{md}");
     // One verdict per target: 7 throughput cases in 2 pairings against the Lua queue (only with
     // redis-server), and 2 delayd modes at 2 rates.
