@@ -11,6 +11,10 @@ use delayd::{router, serve as serve_http, AppState, Broker, Limits, ServeConfig}
 use tokio::sync::Notify;
 use tracing_subscriber::EnvFilter;
 
+/// The server's allocator (see Cargo.toml for why not the system's).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (cfg, ignored_env) = match Config::load_noting(&cli, std::env::vars_os()) {
