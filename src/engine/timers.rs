@@ -22,6 +22,16 @@ enum TimerAction {
     Expire,
 }
 
+/// What firing a level entry did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fired {
+    /// Handled: acted on, or found stale.
+    Done,
+    /// Nothing yet: the entry was an earlier hop of a message that is due already, to be held
+    /// again under the message's own due time.
+    Deferred(UnixMs),
+}
+
 /// What a queue entry's record says of the message's timer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Timer {
@@ -159,19 +169,23 @@ impl Engine {
         best
     }
 
-    /// Fires up to `limit` due timers, earliest first across all levels; returns how many.
+    /// Fires due timers, earliest first across all levels; returns how many it fired. `limit`
+    /// bounds the entries it handles, deferred ones included.
     ///
-    /// Picking the global minimum each time keeps catch-up after downtime in due order.
+    /// Picking the global minimum each time keeps a catch-up after downtime in due order: an
+    /// entry read late whose message is due already, although it was an earlier hop of its chain,
+    /// is deferred to the message's own due time rather than made ready in the order of its hop.
     pub fn run_due(&mut self, limit: usize) -> Result<usize> {
         self.writable()?;
         let now = self.fire_now();
-        let mut fired = 0;
+        let (mut fired, mut handled) = (0, 0);
         // Only the scheduler that handed out an entry needs to read on: looking at every level
         // for every fire cost a fifth of a catch-up's time. A fire that appended to a level (a
         // Hop, a reservation's timer) still sends every scheduler back to its queue; such entries
         // are planned from now, so none is due in this run, but nothing here relies on that.
         let mut last: Option<(u64, u64)> = None;
-        while fired < limit {
+        while handled < limit {
+            handled += 1;
             match last {
                 Some((ms, appends)) if appends == self.store.level_appends() => self.fill_schedulers_of(Some(ms)),
                 _ => self.fill_schedulers(),
@@ -189,9 +203,17 @@ impl Engine {
                 break;
             };
             let appends = self.store.level_appends();
+            let may_defer = self.schedulers.get(&ms).is_some_and(|s| s.may_defer());
             // Entries were checked against their records when the scheduler read them.
-            match self.fire(entry, now) {
-                Ok(()) => {}
+            match self.fire(entry, now, may_defer) {
+                Ok(Fired::Done) => {}
+                Ok(Fired::Deferred(due)) => {
+                    if let Some(s) = self.schedulers.get_mut(&ms) {
+                        s.defer(idx, entry, due);
+                    }
+                    last = Some((ms, appends));
+                    continue;
+                }
                 // A damaged record of the message (logged and counted when read): it cannot be
                 // acted on, and stopping here would hold the level's cursor back for good.
                 Err(Error::Corrupt { file, offset, reason }) => {
@@ -217,16 +239,16 @@ impl Engine {
         Ok(fired)
     }
 
-    fn fire(&mut self, entry: Entry, now: u64) -> Result<()> {
+    fn fire(&mut self, entry: Entry, now: u64, may_defer: bool) -> Result<Fired> {
         let Some(Timer { msg_offset, hash, seq, due_ms }) = self.timer_of(entry.offset)? else {
-            return Ok(());
+            return Ok(Fired::Done);
         };
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
         if let Some(newest) = self.store.replayed_hop(msg_offset, seq) {
             if entry.offset < newest {
-                return Ok(());
+                return Ok(Fired::Done);
             }
         }
         let (slot, action) = match self.store.find_offset(hash, msg_offset) {
@@ -238,7 +260,7 @@ impl Engine {
             }
             _ => {
                 self.store.forget_replayed_hop(msg_offset, seq);
-                return Ok(());
+                return Ok(Fired::Done);
             }
         };
         let target = due_ms.get();
@@ -253,7 +275,13 @@ impl Engine {
                 route,
             }))?;
             inc(&self.metrics.hops);
-            return Ok(());
+            return Ok(Fired::Done);
+        }
+        // Read late, the entry of an earlier hop (due before its message) may come before entries
+        // of messages due sooner that wait on their last hop: held back under the message's own
+        // time, it is made ready in due order among them.
+        if may_defer && entry.tag < due_ms {
+            return Ok(Fired::Deferred(due_ms));
         }
         self.store.forget_replayed_hop(msg_offset, seq);
         match action {
@@ -284,7 +312,7 @@ impl Engine {
                 }
             }
         }
-        Ok(())
+        Ok(Fired::Done)
     }
 
     /// Entries the level schedulers hold in memory (bounded by the read-ahead window).

@@ -7,12 +7,25 @@
 //! length: for that level the scheduler reads ahead just far enough (`skew_ms`) that no unread
 //! entry can be due before the earliest one it holds. Memory is bounded by the entries written in
 //! one `skew_ms` window, never by the backlog.
+//!
+//! An entry read late may stand for a message that is due already although the entry was an
+//! earlier hop of its chain (a catch-up after downtime): the engine then [defers](LevelScheduler::defer)
+//! it under the message's own due time, so that messages become ready in due order rather than
+//! in the order of the hops they were waiting on. Deferred entries are capped, so memory still
+//! does not follow the backlog.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::storage::consumequeue::{ConsumeQueue, Entry};
 use crate::storage::types::{LogOffset, QueueIndex, UnixMs};
+
+/// Deferred entries one scheduler holds at most; past that, a catch-up makes messages ready in
+/// the order of their hops (never early, only out of due order among themselves).
+const MAX_DEFERRED: usize = 16_384;
+/// Read-ahead window (entries from the cursor on) past which nothing is deferred: a deferred
+/// entry holds the cursor back, and the window keeps a byte for every entry read since.
+const MAX_DEFER_WINDOW: usize = 1 << 20;
 
 /// An entry held by the scheduler, ordered by due time and then by its index in the queue (the
 /// field order is the order).
@@ -25,11 +38,13 @@ struct Held {
     /// The record it stands for.
     offset: LogOffset,
     size: u32,
+    /// Held under its message's due time rather than its tag (see [`LevelScheduler::defer`]).
+    deferred: bool,
 }
 
 impl Held {
     fn new(idx: QueueIndex, e: &Entry) -> Held {
-        Held { due_ms: e.tag, idx, offset: e.offset, size: e.size }
+        Held { due_ms: e.tag, idx, offset: e.offset, size: e.size, deferred: false }
     }
 }
 
@@ -45,6 +60,8 @@ pub struct LevelScheduler {
     window_start: QueueIndex,
     heap: BinaryHeap<Reverse<Held>>,
     last_read_due: u64,
+    /// Entries in `heap` that were deferred.
+    deferred: usize,
 }
 
 impl LevelScheduler {
@@ -58,6 +75,7 @@ impl LevelScheduler {
             window_start: cursor,
             heap: BinaryHeap::new(),
             last_read_due: 0,
+            deferred: 0,
         }
     }
 
@@ -106,7 +124,8 @@ impl LevelScheduler {
     pub fn take_due(&mut self, now_ms: u64) -> Option<(QueueIndex, Entry)> {
         match self.heap.peek() {
             Some(Reverse(h)) if h.due_ms.get() <= now_ms => {
-                let Reverse(Held { due_ms, idx, offset, size }) = self.heap.pop()?;
+                let Reverse(Held { due_ms, idx, offset, size, deferred }) = self.heap.pop()?;
+                self.deferred -= usize::from(deferred);
                 Some((idx, Entry { offset, size, tag: due_ms }))
             }
             _ => None,
@@ -117,6 +136,20 @@ impl LevelScheduler {
     /// was written for it), so it is yielded again on the next try.
     pub fn put_back(&mut self, idx: QueueIndex, e: Entry) {
         self.heap.push(Reverse(Held::new(idx, &e)));
+    }
+
+    /// Whether an entry may be [deferred](Self::defer) now (within the caps on memory).
+    pub fn may_defer(&self) -> bool {
+        self.deferred < MAX_DEFERRED && self.window.len() < MAX_DEFER_WINDOW
+    }
+
+    /// Holds entry `idx`, which [`take_due`](Self::take_due) yielded, again under the later due
+    /// time `due_ms`: still unhandled, it is yielded once that is the earliest held. The read-ahead
+    /// stays sound: it stops only once no unread entry can be due before the earliest held one,
+    /// whatever that one's time.
+    pub fn defer(&mut self, idx: QueueIndex, e: Entry, due_ms: UnixMs) {
+        self.heap.push(Reverse(Held { due_ms, idx, offset: e.offset, size: e.size, deferred: true }));
+        self.deferred += 1;
     }
 
     /// Marks entry `idx` handled and advances the cursor over the handled prefix.
@@ -172,6 +205,52 @@ mod tests {
         }
         assert_eq!(order, vec![350, 400, 1000, 1200]);
         assert_eq!(s.cursor().get(), 4);
+    }
+
+    #[test]
+    fn a_deferred_entry_comes_back_at_its_new_time_and_holds_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cq = ConsumeQueue::open(
+            dir.path(),
+            16,
+            None,
+            &crate::storage::durability::Durability::new(dir.path()),
+        )
+        .unwrap();
+        for (i, due) in [1000u64, 1300, 1900].iter().enumerate() {
+            cq.append(Entry { offset: LogOffset::new(i as u64 * 10), size: 1, tag: UnixMs::new(*due) })
+                .unwrap();
+        }
+        let mut s = LevelScheduler::new(1000, 1000, QueueIndex::new(0));
+        s.fill(&cq);
+        let (idx, e) = s.take_due(3000).unwrap();
+        assert_eq!(e.tag.get(), 1000);
+        assert!(s.may_defer());
+        s.defer(idx, e, UnixMs::new(1450));
+        let mut order = vec![];
+        while let Some((idx, e)) = s.take_due(3000) {
+            order.push((e.offset.get(), e.tag.get()));
+            if e.offset.get() == 10 {
+                assert_eq!(s.cursor().get(), 0, "entry 0 is not handled yet");
+            }
+            s.done(idx);
+        }
+        assert_eq!(order, vec![(10, 1300), (0, 1450), (20, 1900)]);
+        assert_eq!(s.cursor().get(), 3);
+    }
+
+    #[test]
+    fn deferring_stops_at_its_cap() {
+        let mut s = LevelScheduler::new(1000, 0, QueueIndex::new(0));
+        for i in 0..MAX_DEFERRED as u64 {
+            assert!(s.may_defer());
+            let e = Entry { offset: LogOffset::new(i), size: 1, tag: UnixMs::new(i) };
+            s.defer(QueueIndex::new(i), e, UnixMs::new(i + 1));
+        }
+        assert!(!s.may_defer());
+        let (idx, _) = s.take_due(u64::MAX).unwrap();
+        assert!(s.may_defer(), "one fewer is held once one is taken");
+        s.done(idx);
     }
 
     #[test]
