@@ -174,21 +174,22 @@ impl LevelScheduler {
 mod tests {
     use super::*;
 
-    #[test]
-    fn yields_in_due_order_within_the_skew_and_tracks_the_cursor() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cq = ConsumeQueue::open(
-            dir.path(),
-            16,
-            None,
-            &crate::storage::durability::Durability::new(dir.path()),
-        )
-        .unwrap();
-        // Written at t=0,100,200,300: full hops of 1000 and remainders shorter than that.
-        for (i, due) in [1000u64, 400, 1200, 350].iter().enumerate() {
+    /// A level queue in `dir` holding entries due at `dues`, the i-th pointing at offset 10 i.
+    fn queue_of(dir: &std::path::Path, dues: &[u64]) -> ConsumeQueue {
+        let durability = crate::storage::durability::Durability::new(dir);
+        let mut cq = ConsumeQueue::open(dir, 16, None, &durability).unwrap();
+        for (i, due) in dues.iter().enumerate() {
             cq.append(Entry { offset: LogOffset::new(i as u64 * 10), size: 1, tag: UnixMs::new(*due) })
                 .unwrap();
         }
+        cq
+    }
+
+    #[test]
+    fn yields_in_due_order_within_the_skew_and_tracks_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        // Written at t=0,100,200,300: full hops of 1000 and remainders shorter than that.
+        let cq = queue_of(dir.path(), &[1000, 400, 1200, 350]);
         let mut s = LevelScheduler::new(1000, 1000, QueueIndex::new(0));
         s.fill(&cq);
         assert_eq!(s.next_due(), Some(350));
@@ -210,17 +211,7 @@ mod tests {
     #[test]
     fn a_deferred_entry_comes_back_at_its_new_time_and_holds_the_cursor() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cq = ConsumeQueue::open(
-            dir.path(),
-            16,
-            None,
-            &crate::storage::durability::Durability::new(dir.path()),
-        )
-        .unwrap();
-        for (i, due) in [1000u64, 1300, 1900].iter().enumerate() {
-            cq.append(Entry { offset: LogOffset::new(i as u64 * 10), size: 1, tag: UnixMs::new(*due) })
-                .unwrap();
-        }
+        let cq = queue_of(dir.path(), &[1000, 1300, 1900]);
         let mut s = LevelScheduler::new(1000, 1000, QueueIndex::new(0));
         s.fill(&cq);
         let (idx, e) = s.take_due(3000).unwrap();
