@@ -243,6 +243,13 @@ impl Engine {
         let Some(Timer { msg_offset, hash, seq, due_ms }) = self.timer_of(entry.offset)? else {
             return Ok(Fired::Done);
         };
+        // Read late, the entry of an earlier hop (due before its message) may come before entries
+        // of messages due sooner that wait on their last hop: held back under the message's own
+        // time, it is made ready in due order among them. Decided before the index is probed, so
+        // a deferred entry costs that probe once; a stale one is dropped when it comes back.
+        if may_defer && entry.tag < due_ms && due_ms.get() <= now {
+            return Ok(Fired::Deferred(due_ms));
+        }
         // A fire acts only on the timer's newest record. Entries fired after the last checkpoint
         // fire again after a crash, and the Hops they wrote then were replayed: an entry older
         // than such a Hop already hopped, and hopping again would start a second chain.
@@ -276,12 +283,6 @@ impl Engine {
             }))?;
             inc(&self.metrics.hops);
             return Ok(Fired::Done);
-        }
-        // Read late, the entry of an earlier hop (due before its message) may come before entries
-        // of messages due sooner that wait on their last hop: held back under the message's own
-        // time, it is made ready in due order among them.
-        if may_defer && entry.tag < due_ms {
-            return Ok(Fired::Deferred(due_ms));
         }
         self.store.forget_replayed_hop(msg_offset, seq);
         match action {
