@@ -466,6 +466,12 @@ impl CommitLog {
         }
     }
 
+    /// The most bytes of the warmer's zeroes ever dirty in the page cache at once.
+    #[cfg(test)]
+    fn warmer_most_unwritten(&self) -> u64 {
+        self.warmer.as_ref().map_or(0, |w| w.most_unwritten_bytes())
+    }
+
     /// Bytes of zeroes the warmer has written ahead of appends (0 without a warmer).
     pub fn warmed_bytes(&self) -> u64 {
         self.warmer.as_ref().map_or(0, |w| w.zeroed_bytes())
@@ -975,6 +981,19 @@ mod tests {
         let (log, report) = open(dir.path(), seg, RecoveryMode::Strict).unwrap();
         assert_eq!(report.bytes_dropped, 0);
         assert_eq!(offsets(&log), vec![0]);
+    }
+
+    #[test]
+    fn the_warmer_leaves_at_most_one_piece_of_zeroes_for_a_commit_to_write() {
+        // A commit's fdatasync writes back every dirty page of the segment, the warmer's zeroes
+        // included: they are dirtied one 128 KiB piece at a time, each written back before the
+        // next, never a whole 1 MiB chunk at once.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = open(dir.path(), 16 << 20, RecoveryMode::Strict).unwrap();
+        log.append(&rec(1, 3)).unwrap();
+        assert!(wait_for_warmer(&log, 8 << 20), "warmer wrote only {} bytes", log.warmed_bytes());
+        let most = log.warmer_most_unwritten();
+        assert!(most > 0 && most <= 128 << 10, "{most} bytes of zeroes were dirty at once");
     }
 
     #[test]
