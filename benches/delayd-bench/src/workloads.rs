@@ -765,6 +765,20 @@ pub async fn end_to_end(run: &Running, p: &Params, rate: u64, rep: usize) -> Res
     }
     let mut s = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
     s.lateness.sort_unstable();
+    // Each message's due and first-delivery times, to line the late ones up with a server trace.
+    match std::env::var("DELAYD_BENCH_E2E_DUMP") {
+        Ok(path) if rep != usize::MAX => {
+            let mut out = String::new();
+            for (seq, at) in &s.first {
+                out.push_str(&format!("{} {}\n", s.due.get(seq).copied().unwrap_or(0), at));
+            }
+            let file = format!("{path}.{rate}.{rep}");
+            if let Err(e) = std::fs::write(&file, out) {
+                eprintln!("could not write {file}: {e}");
+            }
+        }
+        _ => {}
+    }
     let missing = produced.iter().filter(|seq| !s.first.contains_key(seq)).count();
     Ok(E2e {
         rate,
