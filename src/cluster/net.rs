@@ -63,11 +63,15 @@ const KIND_REMOVED: u8 = 6;
 /// Frame kind: how far the leader's readers had passed its queues.
 const KIND_PASSED: u8 = 7;
 const CHUNK: usize = 1 << 20;
+/// A link reader's buffer.
+const READ_BUFFER: usize = 64 << 10;
 /// Label of the hello's MAC.
 const LABEL: &[u8] = b"delayd-cluster-v1";
 
-/// Where a link's reader hands what arrives: the driver steps it on the reader's thread.
-pub type Inbound = Arc<dyn Fn(Event) + Send + Sync>;
+/// Where a link's reader hands what arrives: the driver steps it on the reader's thread when the
+/// flag is set, and only queues the event when it is not (more frames are already here: they are
+/// stepped together, so their entries are appended and synced as one batch).
+pub type Inbound = Arc<dyn Fn(Event, bool) + Send + Sync>;
 
 /// The links to the other nodes, by node id.
 type Peers = Arc<std::sync::RwLock<HashMap<u64, PeerLink>>>;
@@ -583,6 +587,8 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
     }
     let url = String::from_utf8_lossy(url).into_owned();
     state.update_node(from, |n| n.api_url = Some(url));
+    // Read through a buffer, so the frames that arrived together can be seen before any is stepped.
+    let mut s = tokio::io::BufReader::with_capacity(READ_BUFFER, s);
     loop {
         let mut len = [0u8; 4];
         s.read_exact(&mut len).await?;
@@ -600,7 +606,7 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
             KIND_FETCH if frame.len() == 17 => {
                 let word =
                     |i: usize| u64::from_le_bytes(frame[1 + i * 8..9 + i * 8].try_into().unwrap_or([0; 8]));
-                send_segment(&mut s, &ctx.data_dir, word(0), word(1)).await?;
+                send_segment(s.get_mut(), &ctx.data_dir, word(0), word(1)).await?;
                 continue;
             }
             KIND_FETCHED if frame.len() == 9 => Event::SnapshotFetched { from },
@@ -623,8 +629,19 @@ async fn serve(mut s: TcpStream, ctx: &Serve) -> std::io::Result<()> {
             }
             _ => continue,
         };
-        inbound(event);
+        // Under load the leader's appends arrive faster than one sync each: stepping only the
+        // last of the raft frames already buffered makes them one append and one sync here.
+        let step = !matches!(event, Event::Msg(_)) || !raft_frame_buffered(s.buffer());
+        inbound(event, step);
     }
+}
+
+/// Whether `buf` starts with a whole raft frame (length prefix, kind and body), which the reader
+/// will take next without waiting (any other kind may not step the driver, so it cannot be left
+/// to step the ones queued before it).
+fn raft_frame_buffered(buf: &[u8]) -> bool {
+    let Some(len) = buf.get(..4).and_then(|l| <[u8; 4]>::try_from(l).ok()) else { return false };
+    buf.get(4) == Some(&KIND_RAFT) && buf.len() - 4 >= u32::from_le_bytes(len) as usize
 }
 
 /// Answers a clock probe on this node's own link to its sender, with this node's wall clock when
@@ -669,6 +686,17 @@ impl slog::Drain for TracingDrain {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_whole_raft_frame_already_buffered_defers_the_step() {
+        let raft = frame(KIND_RAFT, &[7u8; 10]);
+        assert!(raft_frame_buffered(&raft));
+        assert!(raft_frame_buffered(&[raft.clone(), vec![1, 2]].concat()), "a whole frame then more");
+        assert!(!raft_frame_buffered(&raft[..raft.len() - 1]), "a frame not all here yet");
+        assert!(!raft_frame_buffered(&raft[..3]), "not even its length");
+        assert!(!raft_frame_buffered(&[]));
+        assert!(!raft_frame_buffered(&frame(KIND_PROBE, &[0u8; 16])), "another kind steps nothing");
+    }
 
     #[test]
     fn queue_positions_survive_the_wire_and_bad_frames_are_refused() {

@@ -118,9 +118,13 @@ impl Node {
         let inbound: super::net::Inbound = {
             // Weak: the driver (inside `shared`) holds the links, whose readers hold this.
             let shared = Arc::downgrade(&shared);
-            Arc::new(move |ev| {
+            Arc::new(move |ev, step| {
                 if let Some(s) = shared.upgrade() {
-                    s.deliver(ev);
+                    if step {
+                        s.deliver(ev);
+                    } else {
+                        s.queue(ev);
+                    }
                 }
             })
         };

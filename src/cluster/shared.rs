@@ -136,6 +136,12 @@ impl Shared {
         }
     }
 
+    /// Queues an event for the driver's next step without stepping it (more follow at once).
+    pub(super) fn queue(&self, ev: Event) {
+        // As in `deliver`: a full queue drops it, and Raft resends what is lost.
+        let _ = self.events.try_send(ev);
+    }
+
     /// One step of the driver; true when it asks for an engine step.
     fn step_driver(&self) -> bool {
         let Some(d) = self.driver.get() else { return false };
