@@ -153,7 +153,7 @@ config_keys! {
         "sync: answer after the write is on disk; async: flush every flush_interval_ms";
     /// In milliseconds.
     flush_interval_ms: u64 [Duration] = 100, "DURATION",
-        "Async mode: how often writes are made durable",
+        "Async mode: how often writes are made durable; sync mode: the longest records that owe no answer (timers firing) wait for a sync",
         |v| rule(*v >= 1, || "must be at least 1ms".into());
     /// In bytes.
     segment_bytes: u64 [Size] = 64 << 20, "SIZE",

@@ -34,6 +34,9 @@ use crate::error::{Error, Result};
 const LONE_MAX_REPLIES: usize = 2;
 /// See [`LONE_MAX_REPLIES`].
 const LONE_MAX_BYTES: u64 = 64 << 10;
+/// Records that owe no reply (timers firing, hops, upkeep) may wait this many bytes for a sync
+/// that someone waits on; past it they are flushed in the background at once.
+const DEFER_MAX_BYTES: u64 = 32 << 10;
 /// Batches the engine may hand the flusher before it waits for the disk: when the disk falls
 /// behind, the engine slows down instead of queueing without limit.
 const FLUSH_QUEUE: usize = 64;
@@ -161,6 +164,11 @@ pub struct Writer<R: Release> {
     in_flight: Arc<AtomicUsize>,
     /// Log offset up to which appends were handed to a flush.
     handed_off: u64,
+    /// `sync` mode: since when records that owe no reply have waited, unsynced, for the next
+    /// batch that does (which covers them) or for `flush_every` to pass.
+    deferred: Option<Instant>,
+    /// Log end after the last batch deferred that way.
+    deferred_end: u64,
     last_flush: Instant,
     cp_tx: Option<SyncSender<CheckpointJob>>,
     /// Durable checkpoints come back to the engine: only then may reclaim delete what they replace.
@@ -242,6 +250,8 @@ impl<R: Release> Writer<R> {
             flusher,
             in_flight,
             handed_off: log_end,
+            deferred: None,
+            deferred_end: log_end,
             last_flush: Instant::now(),
             cp_tx,
             cp_done,
@@ -280,13 +290,41 @@ impl<R: Release> Writer<R> {
                 return;
             }
         }
-        if end <= self.handed_off {
+        // Records that owe no reply (a timer fired, a hop, upkeep) need no sync of their own in
+        // `sync` mode: lost to a crash, they are done again (a due timer fires again, never
+        // early), and the next batch that owes a reply covers them, since a sync covers the
+        // whole log before its end. Syncing them on their own put an fdatasync between a timer
+        // falling due and the pops it wakes, and a second one in those pops' way. They wait at
+        // most `flush_every` (or [`DEFER_MAX_BYTES`]), then go to the flusher.
+        let stopping = driver == Driver::Stopping;
+        let expired = self.deferred.is_some_and(|since| since.elapsed() >= self.flush_every);
+        if self.flush == FlushMode::Sync
+            && !self.replicated
+            && !stopping
+            && !expired
+            && replies.is_empty()
+            && end > self.handed_off
+            && end - self.handed_off <= DEFER_MAX_BYTES
+        {
+            self.deferred.get_or_insert_with(Instant::now);
+            self.deferred_end = end;
+            return;
+        }
+        let covered = match self.deferred {
+            Some(_) if !expired && !stopping => self.deferred_end,
+            _ => self.handed_off,
+        };
+        if end <= covered {
             // Nothing appended: answer now, unless a sync on another thread failed meanwhile.
             let failure = self.durability.check().err();
             replies.drain(..).for_each(|r| r.release(failure.as_ref()));
             return;
         }
+        self.deferred = None;
         let lone = match driver {
+            // On a single node a batch that owes no reply is synced by the flusher: no thread
+            // waits on it, so the engine thread need not stop for it.
+            _ if replies.is_empty() && !self.replicated && !stopping => false,
             Driver::Engine { alone } | Driver::Inline { may_block: true, alone } => {
                 alone && self.lone_small_batch(replies.len(), end)
             }
@@ -389,12 +427,15 @@ impl<R: Release> Writer<R> {
         (self.flush == FlushMode::Async && !self.replicated) || self.in_flight.load(Ordering::Acquire) == 0
     }
 
-    /// How long until the writer has work of its own: the next checkpoint, or in `async` mode the
-    /// next periodic flush of a dirty log.
+    /// How long until the writer has work of its own: the next checkpoint, in `async` mode the
+    /// next periodic flush of a dirty log, in `sync` mode the flush of records deferred since.
     pub fn next_work(&self, dirty: bool) -> Duration {
         let mut wait = CHECKPOINT_EVERY.saturating_sub(self.last_checkpoint.elapsed());
         if self.flush == FlushMode::Async && dirty {
             wait = wait.min(self.flush_every.saturating_sub(self.last_flush.elapsed()));
+        }
+        if let Some(since) = self.deferred {
+            wait = wait.min(self.flush_every.saturating_sub(since.elapsed()));
         }
         wait
     }
@@ -934,6 +975,96 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
         assert_eq!(durability.log_durable(), log.end(), "the periodic flush ran");
+        w.stop();
+    }
+
+    fn sync_writer(durability: &Durability, log: &CommitLog, flush_every: Duration) -> Writer<Reply> {
+        let cfg = WriterConfig { flush: FlushMode::Sync, flush_every, on_flush: Arc::new(|_| {}) };
+        Writer::start(cfg, durability.clone(), log.end(), Vec::new())
+    }
+
+    /// Waits up to 10 s for the log to be durable to `end`.
+    fn durable_soon(durability: &Durability, end: u64) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while durability.log_durable() < end && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        durability.log_durable() >= end
+    }
+
+    #[test]
+    fn records_that_owe_no_reply_wait_for_the_next_batch_that_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let mut w = sync_writer(&durability, &log, Duration::from_secs(600));
+        // A timer fired: no reply owed, so no sync of its own, on this thread or the flusher.
+        append_one(&mut log, 1);
+        let fired = log.end();
+        w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
+        assert!(w.settled(), "nothing was handed to the flusher");
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(durability.log_durable() < fired, "the fired timer was not synced on its own");
+        assert!(w.next_work(false) > Duration::from_secs(1), "nothing to flush before the period");
+        // A request that appends nothing (a read, an empty pop) is answered at once meanwhile.
+        let (tx, rx) = channel();
+        w.commit(&mut log, &mut vec![Reply(tx.clone())], Driver::Inline { may_block: true, alone: true });
+        assert_eq!(rx.try_recv().unwrap(), None);
+        assert!(durability.log_durable() < fired);
+        // The next batch that owes a reply is synced with the deferred records before its answer.
+        append_one(&mut log, 2);
+        w.commit(&mut log, &mut vec![Reply(tx)], Driver::Inline { may_block: true, alone: true });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+        assert!(durability.log_durable() >= log.end(), "synced before the answer, the timer's record with it");
+        w.stop();
+    }
+
+    #[test]
+    fn records_that_owe_no_reply_are_flushed_in_the_background_within_the_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let every = Duration::from_millis(50);
+        let mut w = sync_writer(&durability, &log, every);
+        append_one(&mut log, 1);
+        w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
+        assert!(durability.log_durable() < log.end());
+        assert!(w.next_work(false) <= every, "the engine thread wakes for them within the period");
+        std::thread::sleep(every);
+        // The engine thread's next step hands them to the flusher.
+        let me = std::thread::current().id();
+        w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
+        assert!(durable_soon(&durability, log.end()), "flushed once the period passed");
+        assert!(w.next_work(false) > every, "nothing deferred any more");
+        assert_eq!(std::thread::current().id(), me);
+        w.stop();
+    }
+
+    #[test]
+    fn many_records_that_owe_no_reply_go_to_the_flusher_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let mut w = sync_writer(&durability, &log, Duration::from_secs(600));
+        // A catch-up fires far more than a deferral may hold: they are flushed as they go, not
+        // left for one request to pay for.
+        let start = log.end();
+        while log.end() - start <= DEFER_MAX_BYTES {
+            let i = log.end();
+            append_one(&mut log, i);
+        }
+        w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
+        assert!(durable_soon(&durability, log.end()));
+        w.stop();
+    }
+
+    #[test]
+    fn a_stopping_engine_syncs_what_was_deferred() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, durability) = log_in(dir.path());
+        let mut w = sync_writer(&durability, &log, Duration::from_secs(600));
+        append_one(&mut log, 1);
+        w.commit(&mut log, &mut Vec::new(), Driver::Engine { alone: true });
+        assert!(durability.log_durable() < log.end());
+        w.commit(&mut log, &mut Vec::new(), Driver::Stopping);
+        assert_eq!(durability.log_durable(), log.end(), "synced before the engine stops");
         w.stop();
     }
 }
