@@ -232,6 +232,11 @@ impl Core {
         }
     }
 
+    /// The lone batch `step_inline` left for its thread to sync after letting go of the lock.
+    pub(super) fn take_outside(&mut self) -> Option<crate::storage::writer::LoneSync<Pending>> {
+        self.writer.take_outside()
+    }
+
     /// How long the engine thread may sleep: until the next due timer (to the microsecond),
     /// checkpoint, async flush or maintenance, or not at all when requests are left over.
     ///

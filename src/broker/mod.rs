@@ -86,11 +86,16 @@ impl Shared {
         if wake {
             core.metrics.engine_wakeups.fetch_add(1, Ordering::Relaxed);
         }
+        let lone = core.take_outside();
         drop(guard);
         if wake {
             // The engine thread sleeps past something this request made due (a first timer, an
             // async flush); a full channel wakes it anyway.
             let _ = self.tx.try_send(Command::Wake);
+        }
+        // Its fdatasync, with the engine free meanwhile: a timer falling due does not wait for it.
+        if let Some(lone) = lone {
+            lone.run();
         }
         None
     }
