@@ -167,6 +167,31 @@ fn after_downtime_chained_messages_become_ready_in_due_order() {
 }
 
 #[test]
+fn a_first_delivery_records_how_long_after_its_due_time_it_was_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let metrics = Arc::new(Metrics::default());
+    let mut e = Engine::open(config(dir.path()), clock.clone(), metrics.clone()).unwrap().0;
+    e.produce("t", req("a", When::DelayMs(1_000))).unwrap();
+    // Fired 300 ms late, popped 400 ms after that.
+    clock.set_ms(T0 + 1_300);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    clock.set_ms(T0 + 1_700);
+    let d = e.pop(&topics("t"), 1, Some(100)).unwrap().remove(0);
+    let fired = metrics.lateness_ms.prometheus();
+    let delivered = metrics.delivery_lateness_ms.prometheus();
+    assert_eq!((fired.get_sample_count(), delivered.get_sample_count()), (1, 1));
+    assert!((fired.get_sample_sum() - 0.3).abs() < 1e-9, "{}", fired.get_sample_sum());
+    assert!((delivered.get_sample_sum() - 0.7).abs() < 1e-9, "{}", delivered.get_sample_sum());
+    // A redelivery (here after a nack) is not a first delivery: not counted again.
+    e.nack(&d.receipt, Some(0)).unwrap();
+    clock.set_ms(T0 + 1_800);
+    while e.run_due(usize::MAX).unwrap() > 0 {}
+    assert_eq!(e.pop(&topics("t"), 1, Some(100)).unwrap().len(), 1);
+    assert_eq!(delivered.get_sample_count(), 1);
+}
+
+#[test]
 fn lookup_reports_every_state() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::at_ms(T0));

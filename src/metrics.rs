@@ -134,6 +134,8 @@ pub struct Metrics {
     pub flow_throttled_ms: std::sync::Mutex<std::collections::BTreeMap<(String, &'static str), u64>>,
     /// Lateness of messages becoming ready: actual ready time minus due time, ms.
     pub lateness_ms: Histogram,
+    /// Lateness of first deliveries: the time a pop first reserved a message minus its due time, ms.
+    pub delivery_lateness_ms: Histogram,
     /// Duration of commit-log flushes, us.
     pub flush_us: Histogram,
     /// Wall time of each engine step (requests, timers, maintenance, hand-off), us.
@@ -167,6 +169,12 @@ impl Default for Metrics {
             lateness_ms: Histogram::new(
                 "delayd_lateness_seconds",
                 "Time from a message's due time until it became ready.",
+                &LATENESS_BUCKETS_MS,
+                MS_PER_SECOND,
+            ),
+            delivery_lateness_ms: Histogram::new(
+                "delayd_delivery_lateness_seconds",
+                "Time from a message's due time until a pop or a push first reserved it.",
                 &LATENESS_BUCKETS_MS,
                 MS_PER_SECOND,
             ),

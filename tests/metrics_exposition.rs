@@ -172,6 +172,7 @@ fn a_live_scrape_counts_requests_by_route_template() {
         "delayd_produced_total",
         "delayd_acked_total",
         "delayd_lateness_seconds_count",
+        "delayd_delivery_lateness_seconds_count",
         "delayd_flush_duration_seconds_count",
         "delayd_engine_step_seconds_count",
         "delayd_engine_step_seconds_max",

@@ -170,6 +170,11 @@ impl Engine {
         };
         let now = self.now();
         let attempt = u32::from(slot.attempt) + 1;
+        if attempt == 1 {
+            // What consumers wait beyond the fire (`lateness_ms`): a pop that came late, or the
+            // engine busy; a redelivery's wait is the time-to-run's, not lateness.
+            self.metrics.delivery_lateness_ms.observe(now.saturating_sub(entry.tag.get()));
+        }
         let new_seq = self.transition(
             &slot,
             Change {

@@ -281,6 +281,7 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     request_metrics(&reg, m)?;
     level_and_topic_gauges(&reg, stats)?;
     reg.register(Box::new(m.lateness_ms.prometheus().clone()))?;
+    reg.register(Box::new(m.delivery_lateness_ms.prometheus().clone()))?;
     reg.register(Box::new(m.flush_us.prometheus().clone()))?;
     histogram_with_max(&reg, &m.engine_step_us)?;
     histogram_with_max(&reg, &m.engine_step_cpu_us)?;
