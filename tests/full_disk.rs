@@ -98,9 +98,15 @@ fn a_full_disk_refuses_writes_idles_restarts_and_delivers_every_acknowledged_mes
     // the gauge an operator alerts on says so. Read until it does, for a few seconds: a small
     // record (a timer's move) may still fit in what the log has left, and each write that goes
     // through makes the store writable again until the next one fails (a CI run read 1 once).
+    // So each reading follows a produce, which the full disk must refuse: the due messages may
+    // all have moved by now (another CI run read 1 for the whole 5 s, nothing else writing).
+    let http = client();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut readings = 0;
     let shows_zero = loop {
+        let r = http.post(format!("{}/v1/topics/full/messages", s.base)).json(&json!({"body": body})).send();
+        let (st, v) = common::answer(r);
+        assert_eq!(st, 503, "a produce on the full disk must be refused: {v}");
         let (st, text) = s.get_text("/metrics");
         assert_eq!(st, 200);
         readings += 1;
