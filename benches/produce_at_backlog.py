@@ -6,7 +6,10 @@ due in 1 to 30 days (4 clients, batches of 1,000, 100-byte bodies; the fill's ti
 and it grows the id index through every resize from its initial size), waits SETTLE seconds
 (15), then runs ROUNDS rounds of SECS seconds (10) of 8 clients producing batches of 100 messages
 due in an hour, from CPU 1. Each round prints msgs/s and the server's CPU per message. With
-PERF_FILE the last round is profiled with `perf record -g -p PID`.
+PERF_FILE the last round is profiled with `perf record -g -p PID`. After the fill and after the
+rounds it prints the engine steps over 10 ms of CPU and the steps' id index resize parts, from
+`/metrics`. With SLOW_STEPS=FILE the server logs each step over 10 ms with its parts (at debug
+level, for its step timer only) and those lines are copied to FILE.
 
     python3 benches/produce_at_backlog.py BIN N [ROUNDS] [PERF_FILE]
 
@@ -21,7 +24,8 @@ perf_file = sys.argv[4] if len(sys.argv) > 4 else None
 SECS = float(os.environ.get("SECS", "10"))
 d = tempfile.mkdtemp(prefix="delayd-prod-", dir=os.environ.get("TMPDIR_BASE", "/tmp"))
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{port}", DELAYD_FLUSH="sync", DELAYD_LOG_LEVEL="info")
+env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{port}", DELAYD_FLUSH="sync",
+           DELAYD_LOG_LEVEL="info,delayd::broker::step_timer=debug" if os.environ.get("SLOW_STEPS") else "info")
 log = open(d + "/server.log", "w")
 p = subprocess.Popen(["taskset", "-c", "0", bin_], env=env, stdout=subprocess.DEVNULL, stderr=log)
 os.sched_setaffinity(0, {1})
@@ -30,6 +34,19 @@ def server_cpu_secs():
     fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 def conn(): return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def steps(when):
+    """Prints the engine-step and index-resize figures of `/metrics`."""
+    c = conn(); c.request("GET", "/metrics"); text = c.getresponse().read().decode()
+    v = {}
+    for line in text.splitlines():
+        if not line.startswith("#") and " " in line:
+            k, x = line.rsplit(" ", 1); v[k] = float(x)
+    over = lambda h: int(v.get(h + "_count", 0) - v.get(h + '_bucket{le="0.01"}', 0))
+    cpu, rs = "delayd_engine_step_cpu_seconds", "delayd_index_resize_step_seconds"
+    print(f"{when}: {int(v.get(cpu + '_count', 0))} engine steps, {over(cpu)} over 10 ms of CPU (longest "
+          f"{v.get(cpu + '_max', 0) * 1000:.1f} ms); {int(v.get(rs + '_count', 0))} steps resized the index, "
+          f"{over(rs)} of those parts over 10 ms (longest {v.get(rs + '_max', 0) * 1000:.1f} ms); "
+          f"index {int(v.get('delayd_index_entries', 0))} entries / {int(v.get('delayd_index_slots', 0))} slots", flush=True)
 def post(c, path, body):
     c.request("POST", path, body, {"Content-Type": "application/json"}); r = c.getresponse(); r.read()
     if r.status >= 300: raise SystemExit(f"refused {r.status}")
@@ -50,6 +67,7 @@ try:
     ts = [threading.Thread(target=filler, args=(k,)) for k in range(4)]
     [t.start() for t in ts]; [t.join() for t in ts]
     print(f"filled {n} in {time.time()-t0:.1f} s", flush=True)
+    steps("after the fill")
     time.sleep(float(os.environ.get("SETTLE", "15")))
     body = json.dumps({"messages": [{"body": "y" * 100, "delay_ms": 3600000} for _ in range(100)]})
     for r in range(rounds):
@@ -69,5 +87,11 @@ try:
         cpu = cpu1 - cpu0
         print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {cpu/el*100:.0f}%, {cpu*1e6/max(1,sum(count)):.1f} us/msg", flush=True)
         time.sleep(2)
+    steps("after the rounds")
 finally:
-    p.terminate(); p.wait(); shutil.rmtree(d, ignore_errors=True)
+    p.terminate(); p.wait()
+    if os.environ.get("SLOW_STEPS"):
+        log.close()
+        with open(d + "/server.log") as src, open(os.environ["SLOW_STEPS"], "w") as out:
+            out.writelines(l for l in src if "slow engine step" in l)
+    shutil.rmtree(d, ignore_errors=True)

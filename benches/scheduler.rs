@@ -243,6 +243,8 @@ struct Steps {
     p999: (u64, u64),
     /// Longest step, wall and CPU.
     max: (Duration, Duration),
+    /// Steps that did id index resize work, how many of those parts took over 10 ms, the longest.
+    resize: (u64, u64, Duration),
 }
 
 fn broker_steps(n: usize, producers: usize, batch: usize) -> Steps {
@@ -303,6 +305,11 @@ fn broker_steps(n: usize, producers: usize, batch: usize) -> Steps {
             p50: (pct(wall, 0.5), pct(cpu, 0.5)),
             p999: (pct(wall, 0.999), pct(cpu, 0.999)),
             max: (Duration::from_micros(wall.max()), Duration::from_micros(cpu.max())),
+            resize: (
+                m.index_resize_step_us.snapshot().3,
+                over(&m.index_resize_step_us),
+                Duration::from_micros(m.index_resize_step_us.max()),
+            ),
         };
         broker.shutdown().await.expect("shutdown");
         out
@@ -436,7 +443,7 @@ fn main() {
     println!(
         "broker engine steps while {} messages were produced ({producers} clients, batches of 1000, sync, {:.0} msgs/s): {} steps; \
          over 10 ms: {} by wall time, {} by CPU time; median step <= {} us wall / <= {} us CPU; p99.9 <= {} us wall / <= {} us CPU; \
-         longest {:.2?} wall, {:.2?} CPU",
+         longest {:.2?} wall, {:.2?} CPU; {} steps resized the id index, {} of them for over 10 ms, longest {:.2?}",
         st.n,
         st.n as f64 / st.secs,
         st.count,
@@ -448,6 +455,9 @@ fn main() {
         st.p999.1,
         st.max.0,
         st.max.1,
+        st.resize.0,
+        st.resize.1,
+        st.resize.2,
     );
     let secs = if q { 1 } else { 30 };
     for (cpu, gaps, longest, cpu_time) in machine_pauses(secs) {

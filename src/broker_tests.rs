@@ -183,6 +183,38 @@ async fn a_woken_pop_that_goes_away_passes_its_wake_up_on() {
     b.shutdown().await.unwrap();
 }
 
+/// The steps that copy id index slots for a resize report that time, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_that_resize_the_id_index_report_the_time_it_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = BrokerConfig::with_defaults(dir.path());
+    c.segment_bytes = 1 << 20;
+    c.index_initial_slots = 64;
+    let b = Broker::open(c).unwrap();
+    let resizing_steps = |b: &Broker| b.metrics().index_resize_step_us.prometheus().get_sample_count();
+    // 3/4 of the 64 slots start a resize; 40 messages do not.
+    for _ in 0..40 {
+        b.produce("t", req(60_000)).await.unwrap();
+    }
+    until_engine_sleeps(&b);
+    assert_eq!(b.stats().await.unwrap().index_slots, 64);
+    assert_eq!(resizing_steps(&b), 0, "steps without a resize counted as resizing");
+    for _ in 0..200 {
+        b.produce("t", req(60_000)).await.unwrap();
+    }
+    // The idle engine finishes whatever copy the produces left.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.stats().await.unwrap().index_slots < 256
+        || b.shared.core.lock().unwrap().as_ref().is_some_and(|c| c.engine.index_resizing_for_bench())
+    {
+        assert!(Instant::now() < deadline, "the index never grew");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(resizing_steps(&b) > 0, "resizing steps were not counted");
+    assert!(b.metrics().index_resize_step_us.max() > 0);
+    b.shutdown().await.unwrap();
+}
+
 /// A request that meets the engine busy goes to the engine thread and is answered from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 // Holding the engine across awaits is the point: the produce must meet it busy.

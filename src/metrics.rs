@@ -142,6 +142,8 @@ pub struct Metrics {
     pub engine_step_us: Histogram,
     /// Time the engine thread was on a CPU during each step, us.
     pub engine_step_cpu_us: Histogram,
+    /// Wall time a step spent on an id index resize, for the steps that did any, us.
+    pub index_resize_step_us: Histogram,
 }
 
 impl Default for Metrics {
@@ -193,6 +195,12 @@ impl Default for Metrics {
             engine_step_cpu_us: Histogram::new(
                 "delayd_engine_step_cpu_seconds",
                 "Time the engine thread spent on a CPU in each of its steps (requests applied inline are not counted).",
+                &STEP_BUCKETS_US,
+                US_PER_SECOND,
+            ),
+            index_resize_step_us: Histogram::new(
+                "delayd_index_resize_step_seconds",
+                "Wall time an engine step (on the engine thread or a request applied inline) spent on an id index resize: copying slots into the new table, or waiting for it. Only steps that did some are counted.",
                 &STEP_BUCKETS_US,
                 US_PER_SECOND,
             ),

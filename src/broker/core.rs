@@ -192,7 +192,7 @@ impl Core {
         }
         self.checkpoint();
         step.mark("checkpoint");
-        step.record(&self.metrics);
+        step.record(&self.metrics, self.engine.take_index_resize_time());
         false
     }
 
@@ -219,7 +219,7 @@ impl Core {
         step.mark("commit");
         self.notify();
         step.mark("notify");
-        step.record(&self.metrics);
+        step.record(&self.metrics, self.engine.take_index_resize_time());
         // Only an append (a timer, a dirty log) or work left over can move the engine thread's
         // deadline: reads and empty pops skip the recomputation. Deadlines are recomputed from
         // `now`, so the same one comes out a little earlier each time: only one earlier by more

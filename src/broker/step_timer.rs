@@ -49,12 +49,16 @@ impl StepTimer {
         }
     }
 
-    pub(super) fn record(&self, metrics: &Metrics) {
+    /// Records the step, of which `resize` went to the id index's resize.
+    pub(super) fn record(&self, metrics: &Metrics, resize: Duration) {
         let wall = self.started.elapsed();
         let cpu = self.cpu_ns.map_or(0, |at| crate::storage::mmap::thread_cpu_ns().saturating_sub(at));
         metrics.engine_step_us.observe(wall.as_micros() as u64);
         if self.count_cpu {
             metrics.engine_step_cpu_us.observe(cpu / 1000);
+        }
+        if !resize.is_zero() {
+            metrics.index_resize_step_us.observe(resize.as_micros() as u64);
         }
         if (wall >= SLOW_STEP || Duration::from_nanos(cpu) >= SLOW_STEP)
             && tracing::enabled!(tracing::Level::DEBUG)
@@ -72,6 +76,7 @@ impl StepTimer {
                 ?wall,
                 cpu = ?Duration::from_nanos(cpu),
                 parts = parts.trim_end(),
+                ?resize,
                 minflt,
                 majflt,
                 blocked,

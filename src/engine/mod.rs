@@ -291,6 +291,11 @@ impl Engine {
         self.store.unflushed()
     }
 
+    /// Time spent on the id index's resize since the last call (an engine step's share of it).
+    pub fn take_index_resize_time(&mut self) -> std::time::Duration {
+        self.store.take_index_resize_time()
+    }
+
     /// Offset one past the last appended record.
     pub fn log_end(&self) -> u64 {
         self.store.log_end().get()

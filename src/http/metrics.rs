@@ -285,6 +285,7 @@ fn broker_registry(m: &Metrics, stats: &Stats) -> prometheus::Result<Registry> {
     reg.register(Box::new(m.flush_us.prometheus().clone()))?;
     histogram_with_max(&reg, &m.engine_step_us)?;
     histogram_with_max(&reg, &m.engine_step_cpu_us)?;
+    histogram_with_max(&reg, &m.index_resize_step_us)?;
     reclaim_counters(&reg, stats)?;
     store_gauges(&reg, m, stats)?;
     flow_throttled(&reg, m)?;
@@ -603,6 +604,7 @@ mod tests {
         m.lateness_ms.observe(99_999);
         m.flush_us.observe(300);
         m.engine_step_us.observe(12_000);
+        m.index_resize_step_us.observe(3_000);
         m.last_checkpoint_ms.store(1_700_000_000_500, Ordering::Relaxed);
         let text = render(&m, &stats()).unwrap();
         for line in [
@@ -639,6 +641,8 @@ mod tests {
             "delayd_flush_duration_seconds_bucket{le=\"0.0005\"} 1",
             "delayd_engine_step_seconds_max 0.012",
             "delayd_engine_step_cpu_seconds_max 0",
+            "delayd_index_resize_step_seconds_max 0.003",
+            "delayd_index_resize_step_seconds_count 1",
             "delayd_disk_bytes 4096",
             "delayd_log_bytes 2048",
             "delayd_live_bytes 100",

@@ -256,6 +256,10 @@ pub struct IdIndex {
     poisoned: Option<String>,
     /// The store's durability owner, which every sync of the tables reports to.
     durability: Durability,
+    /// Time spent on resize work (copying slots, waiting for a background job) since the last
+    /// [`take_resize_time`](Self::take_resize_time), so an engine step can say how much of it
+    /// was the resize's.
+    resize_ns: u64,
 }
 
 impl IdIndex {
@@ -331,6 +335,7 @@ impl IdIndex {
             step_slots: MIGRATE_SLOTS_PER_OP,
             retry_in: 0,
             poisoned: None,
+            resize_ns: 0,
             durability: durability.clone(),
         })
     }
@@ -422,9 +427,14 @@ impl IdIndex {
     /// Copies up to `budget` old slots of a resize in progress (for an idle engine); true while
     /// resize work remains.
     pub fn step(&mut self, budget: usize) -> bool {
+        let started = std::time::Instant::now();
+        let was = self.is_migrating();
         self.poll_job(false);
         self.migrate(budget);
         self.maybe_start_resize();
+        if was || self.is_migrating() {
+            self.resize_ns += started.elapsed().as_nanos() as u64;
+        }
         self.is_migrating()
     }
 
@@ -537,14 +547,35 @@ impl IdIndex {
 
     /// The bounded work every insert and remove does.
     fn after_op(&mut self) {
-        let budget = self.from.as_ref().map_or(0, |m| m.per_op);
+        let Some(budget) = self.from.as_ref().map(|m| m.per_op) else {
+            self.maybe_start_resize();
+            return;
+        };
+        let started = std::time::Instant::now();
         self.migrate(budget);
         self.maybe_start_resize();
+        self.resize_ns += started.elapsed().as_nanos() as u64;
+    }
+
+    /// Time spent on resize work since the last call: copying old slots, and waiting for a
+    /// background job the table could not do without.
+    pub fn take_resize_time(&mut self) -> std::time::Duration {
+        std::time::Duration::from_nanos(std::mem::take(&mut self.resize_ns))
     }
 
     /// Ensures the current table takes one more slot while staying below 7/8 full. Reached only
     /// when a background job falls far behind; then it waits for it rather than fill the table.
     fn make_room(&mut self) -> Result<()> {
+        if (self.cur.filled + 1) * 8 <= self.cur.slots * 7 {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let r = self.make_room_waiting();
+        self.resize_ns += started.elapsed().as_nanos() as u64;
+        r
+    }
+
+    fn make_room_waiting(&mut self) -> Result<()> {
         for _ in 0..4 {
             if (self.cur.filled + 1) * 8 <= self.cur.slots * 7 {
                 return Ok(());
@@ -1060,6 +1091,37 @@ mod tests {
         check(&idx, &model);
         assert_eq!(files(tmp.path()), vec!["ids"]);
         assert_eq!(fs::metadata(&path).unwrap().len(), table_bytes(64));
+    }
+
+    /// Resize work is timed and handed out once; operations while no resize runs add nothing.
+    #[test]
+    fn resize_work_is_timed_and_taken_once() {
+        use std::time::Duration;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut idx = open_slow(&tmp.path().join("ids"));
+        let (mut model, mut offset) = (BTreeMap::new(), 0u64);
+        // 3/4 of the 64 slots start a resize; 40 do not.
+        for _ in 0..40 {
+            let s = slot(offset % 50, offset);
+            offset += 1;
+            idx.insert(s).unwrap();
+            model.insert((s.hash, s.msg_offset), s);
+        }
+        assert!(!idx.is_migrating());
+        assert_eq!(idx.take_resize_time(), Duration::ZERO, "no resize, no time");
+        until_migrating(&mut idx, &mut model, &mut offset, 64);
+        idx.take_resize_time();
+        idx.insert(slot(offset % 50, offset)).unwrap();
+        offset += 1;
+        assert!(idx.take_resize_time() > Duration::ZERO, "an insert that copied slots was not timed");
+        assert_eq!(idx.take_resize_time(), Duration::ZERO, "taken twice");
+        while idx.step(usize::MAX) {
+            idx.settle();
+        }
+        assert!(idx.take_resize_time() > Duration::ZERO, "the idle copy was not timed");
+        idx.insert(slot(offset % 50, offset)).unwrap();
+        assert!(!idx.step(16));
+        assert_eq!(idx.take_resize_time(), Duration::ZERO, "timed with no resize under way");
     }
 
     /// Drives `idx` until a migration is under way from a table of at least `min_old` slots.

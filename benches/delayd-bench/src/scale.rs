@@ -90,6 +90,11 @@ pub struct Steps {
     pub cpu_max_s: Option<f64>,
     /// Steps over 10 ms of the engine's CPU time.
     pub cpu_over_10ms: Option<u64>,
+    /// Longest part of one step spent on the id index's resize (wall time, which bounds its CPU
+    /// time), s.
+    pub resize_max_s: Option<f64>,
+    /// Steps whose resize part took over 10 ms.
+    pub resize_over_10ms: Option<u64>,
     /// Slots of the id index.
     pub index_slots: Option<u64>,
     /// Entries of the id index.
@@ -557,6 +562,7 @@ async fn steps(run: &Running) -> Result<Steps, String> {
 pub fn parse_metrics(text: &str) -> Steps {
     let mut s = Steps::default();
     let (mut within_10ms, mut count) = (None, None);
+    let (mut resize_within_10ms, mut resize_count) = (None, None);
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((name, value)) = line.rsplit_once(' ') else { continue };
         let Ok(v) = value.trim().parse::<f64>() else { continue };
@@ -565,6 +571,9 @@ pub fn parse_metrics(text: &str) -> Steps {
             "delayd_engine_step_cpu_seconds_max" => s.cpu_max_s = Some(v),
             "delayd_engine_step_cpu_seconds_bucket{le=\"0.01\"}" => within_10ms = Some(v as u64),
             "delayd_engine_step_cpu_seconds_count" => count = Some(v as u64),
+            "delayd_index_resize_step_seconds_max" => s.resize_max_s = Some(v),
+            "delayd_index_resize_step_seconds_bucket{le=\"0.01\"}" => resize_within_10ms = Some(v as u64),
+            "delayd_index_resize_step_seconds_count" => resize_count = Some(v as u64),
             "delayd_index_slots" => s.index_slots = Some(v as u64),
             "delayd_index_entries" => s.index_entries = Some(v as u64),
             "delayd_hops_total" => s.hops = Some(v as u64),
@@ -572,6 +581,7 @@ pub fn parse_metrics(text: &str) -> Steps {
         }
     }
     s.cpu_over_10ms = count.zip(within_10ms).map(|(c, b)| c.saturating_sub(b));
+    s.resize_over_10ms = resize_count.zip(resize_within_10ms).map(|(c, b)| c.saturating_sub(b));
     s
 }
 
@@ -804,6 +814,9 @@ mod tests {
                     delayd_engine_step_cpu_seconds_bucket{le=\"0.005\"} 90\n\
                     delayd_engine_step_cpu_seconds_bucket{le=\"0.01\"} 97\n\
                     delayd_engine_step_cpu_seconds_count 100\n\
+                    delayd_index_resize_step_seconds_max 0.0123\n\
+                    delayd_index_resize_step_seconds_bucket{le=\"0.01\"} 40\n\
+                    delayd_index_resize_step_seconds_count 41\n\
                     delayd_index_slots 2097152\n\
                     delayd_index_entries 1000000\n\
                     delayd_hops_total 42\n";
@@ -811,6 +824,8 @@ mod tests {
         assert_eq!(s.max_s, Some(0.012));
         assert_eq!(s.cpu_max_s, Some(0.0105));
         assert_eq!(s.cpu_over_10ms, Some(3));
+        assert_eq!(s.resize_max_s, Some(0.0123));
+        assert_eq!(s.resize_over_10ms, Some(1));
         assert_eq!(s.index_slots, Some(2_097_152));
         assert_eq!(s.index_entries, Some(1_000_000));
         assert_eq!(s.hops, Some(42));

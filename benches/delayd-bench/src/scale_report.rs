@@ -54,10 +54,12 @@ fn lookups(pt: &Point) -> String {
 fn steps(pt: &Point) -> String {
     match &pt.steps {
         Ok(s) => format!(
-            "{} / {} / {} ; {} / {} ; {}",
+            "{} / {} / {} ; {} / {} ; {} / {} ; {}",
             opt_ms(s.max_s.map(|x| x * 1000.0)),
             opt_ms(s.cpu_max_s.map(|x| x * 1000.0)),
             s.cpu_over_10ms.map_or("–".to_string(), |x| x.to_string()),
+            opt_ms(s.resize_max_s.map(|x| x * 1000.0)),
+            s.resize_over_10ms.map_or("–".to_string(), |x| x.to_string()),
             s.index_entries.map_or("–".to_string(), |x| x.to_string()),
             s.index_slots.map_or("–".to_string(), |x| x.to_string()),
             s.hops.map_or("–".to_string(), |x| x.to_string()),
@@ -129,7 +131,8 @@ pub fn markdown(header: &[String], runs: &[SystemRun], sp: &ScaleParams, p: &Par
         }
         s.push_str(
             "\n| pending | held | RssAnon MiB | RssAnon B/held (above the fresh server's) | RSS MiB | RSS B/held | disk MiB | disk B/held | \
-             longest step wall / CPU ms / CPU steps > 10 ms ; index entries / slots ; hops | SIGTERM exit / first pop \
+             longest step wall / CPU ms / CPU steps > 10 ms ; longest resize part of a step ms / such parts > 10 ms ; \
+             index entries / slots ; hops | SIGTERM exit / first pop \
              ms, SIGKILL first pop ms | catch-up |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for pt in &r.points {

@@ -616,6 +616,11 @@ impl Store {
         self.index.is_copying()
     }
 
+    /// Time spent on the id index's resize since the last call.
+    pub fn take_index_resize_time(&mut self) -> std::time::Duration {
+        self.index.take_resize_time()
+    }
+
     /// Copies up to `budget` old slots of an index resize in progress; true while copying remains.
     pub fn step_index(&mut self, budget: usize) -> bool {
         self.index.step(budget);
