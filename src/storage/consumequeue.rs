@@ -73,7 +73,7 @@ impl ConsumeQueue {
         for (i, first) in names.iter().enumerate() {
             let path = dir.join(segment_name(*first));
             let expect = (first_file + i as u64) * per_file;
-            let f = MappedFile::open_existing(&path, durability)?;
+            let f = MappedFile::open_existing_with_room(&path, full, durability)?;
             // A power loss while growing or creating the last file can leave it at any length it
             // was preallocated to (even 0); its missing or zero tail is unwritten entries.
             let size_ok = if i + 1 == names.len() {
@@ -156,7 +156,7 @@ impl ConsumeQueue {
         let full = self.per_file * ENTRY_BYTES as u64;
         let mut files = Vec::with_capacity(self.file_count as usize);
         for k in 0..self.file_count {
-            let f = MappedFile::open_existing(&self.file_path(self.first_file + k), &self.durability)?;
+            let f = MappedFile::open_existing_with_room(&self.file_path(self.first_file + k), full, &self.durability)?;
             let want = if k + 1 == self.file_count { self.last_bytes } else { full };
             if f.len() != want {
                 return Err(Error::Corrupt {
@@ -345,7 +345,8 @@ impl ConsumeQueue {
             }
             create_durably(&path, self.new_file_bytes(), &self.durability)?;
         }
-        let f = MappedFile::open_existing(&path, &self.durability)?;
+        // Mapped with room for its full size: growing it then never remaps it.
+        let f = MappedFile::open_existing_with_room(&path, self.per_file * ENTRY_BYTES as u64, &self.durability)?;
         self.last_bytes = f.len();
         self.files.push(f);
         self.file_count += 1;

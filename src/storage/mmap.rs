@@ -20,7 +20,11 @@ use crate::error::{Error, Result};
 pub struct MappedFile {
     path: PathBuf,
     file: File,
+    /// The mapping: the file's length, or more when opened with room to grow into.
     map: MmapMut,
+    /// Bytes of the file, all of them mapped. Pages of the mapping past the file's end raise
+    /// SIGBUS when touched, so nothing past `len` is ever handed out.
+    len: usize,
     /// The store's durability owner, which every sync of this file reports to.
     durability: Durability,
 }
@@ -60,8 +64,8 @@ impl MappedFile {
     pub fn prefault(&self) {
         const CHUNK: usize = 4 << 20;
         let mut at = 0;
-        while at < self.map.len() {
-            let len = CHUNK.min(self.map.len() - at);
+        while at < self.len {
+            let len = CHUNK.min(self.len - at);
             if self.map.advise_range(memmap2::Advice::PopulateRead, at, len).is_err() {
                 return;
             }
@@ -75,9 +79,29 @@ impl MappedFile {
         Self::map(path, file, durability)
     }
 
+    /// Opens an existing file, mapped `room` bytes long when that is more than the file holds, so
+    /// that [`grow`](Self::grow) up to `room` only extends the file. A remap takes the process's
+    /// mmap lock for writing, which waits for every page fault under way in the process and
+    /// holds off new ones: a queue file grown by remapping it (9 times from its first size to
+    /// its full one) put the engine thread to sleep hundreds of times in one step.
+    pub fn open_existing_with_room(path: &Path, room: u64, durability: &Durability) -> Result<MappedFile> {
+        let file = open_rw(path, false)?;
+        let len = file.metadata().map_err(|e| Error::io_at("stat", path, e))?.len();
+        if room <= len {
+            return Self::map(path, file, durability);
+        }
+        let (len, room) = match (usize::try_from(len), usize::try_from(room)) {
+            (Ok(len), Ok(room)) => (len, room),
+            _ => return Err(Error::io_at("mmap", path, std::io::Error::from(std::io::ErrorKind::InvalidInput))),
+        };
+        let map = map_len(path, &file, room)?;
+        Ok(MappedFile { path: path.to_path_buf(), file, map, len, durability: durability.clone() })
+    }
+
     fn map(path: &Path, file: File, durability: &Durability) -> Result<MappedFile> {
         let map = map_whole(path, &file)?;
-        Ok(MappedFile { path: path.to_path_buf(), file, map, durability: durability.clone() })
+        let len = map.len();
+        Ok(MappedFile { path: path.to_path_buf(), file, map, len, durability: durability.clone() })
     }
 
     /// Preallocates the file to `len` bytes and maps it again at that length; never shrinks it.
@@ -90,29 +114,36 @@ impl MappedFile {
         }
         io::preallocate(&self.file, &self.path, len)
             .map_err(|e| Error::io_at("preallocate", &self.path, e))?;
-        // The old mapping stays valid until the new one replaces it (the file only grew).
-        self.map = map_whole(&self.path, &self.file)?;
+        match usize::try_from(len) {
+            // Opened with room for it: the mapping already covers the new bytes.
+            Ok(len) if len <= self.map.len() => self.len = len,
+            _ => {
+                // The old mapping stays valid until the new one replaces it (the file only grew).
+                self.map = map_whole(&self.path, &self.file)?;
+                self.len = self.map.len();
+            }
+        }
         Ok(())
     }
 
     /// Length of the mapping in bytes.
     pub fn len(&self) -> u64 {
-        self.map.len() as u64
+        self.len as u64
     }
 
     /// True for a zero-length file.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len == 0
     }
 
     /// The whole mapping.
     pub fn bytes(&self) -> &[u8] {
-        &self.map
+        &self.map[..self.len]
     }
 
     /// The whole mapping, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.map
+        &mut self.map[..self.len]
     }
 
     /// Path of the file.
@@ -127,7 +158,7 @@ impl MappedFile {
 
     /// Writes `data` at `offset`; the caller checks bounds against [`len`](Self::len).
     pub fn write_at(&mut self, offset: usize, data: &[u8]) {
-        self.map[offset..offset + data.len()].copy_from_slice(data);
+        self.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
     }
 
     /// Writes `data` at `offset` with pwrite rather than a store into the mapping.
@@ -148,7 +179,7 @@ impl MappedFile {
             }
         }
         if done < data.len() {
-            self.map[offset + done..offset + data.len()].copy_from_slice(&data[done..]);
+            self.bytes_mut()[offset + done..offset + data.len()].copy_from_slice(&data[done..]);
         }
     }
 
@@ -167,6 +198,9 @@ impl MappedFile {
     pub fn flush_range(&self, offset: usize, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
+        }
+        if offset.saturating_add(len) > self.len {
+            return Err(Error::io_at("msync", &self.path, std::io::Error::from(std::io::ErrorKind::InvalidInput)));
         }
         io::msync(&self.map, &self.path, offset, len, &self.durability)
             .map_err(|e| Error::io_at("msync", &self.path, e))?;
@@ -189,7 +223,7 @@ impl MappedFile {
     /// (SEEK_DATA/SEEK_HOLE), so recovery scans skip preallocated space without reading it.
     /// Falls back to the whole rest of the file where the filesystem cannot tell.
     pub fn data_ranges(&self, from: usize) -> Vec<(usize, usize)> {
-        let len = self.map.len();
+        let len = self.len;
         let fd = self.file.as_raw_fd();
         let mut out = Vec::new();
         let mut pos = from;
@@ -217,7 +251,7 @@ impl MappedFile {
 
     /// Offset of the last non-zero byte at or after `from`, visiting only data ranges.
     pub fn last_nonzero(&self, from: usize) -> Option<usize> {
-        let bytes = &self.map[..];
+        let bytes = self.bytes();
         for (a, b) in self.data_ranges(from).into_iter().rev() {
             let region = &bytes[a..b];
             // Whole 64-byte blocks first (vectorised), then the bytes of the last non-zero block.
@@ -248,7 +282,7 @@ impl MappedFile {
 
     /// Makes the whole mapping durable.
     pub fn flush(&self) -> Result<()> {
-        io::msync(&self.map, &self.path, 0, self.map.len(), &self.durability)
+        io::msync(&self.map, &self.path, 0, self.len, &self.durability)
             .map_err(|e| Error::io_at("msync", &self.path, e))?;
         #[cfg(test)]
         super::synced::note(&self.file, Some(&self.path), None);
@@ -265,6 +299,17 @@ impl MappedFile {
     pub fn durability(&self) -> &Durability {
         &self.durability
     }
+}
+
+/// Maps the first `len` bytes of `file`, shared and writable, even past its end (see
+/// [`MappedFile::open_existing_with_room`]).
+fn map_len(path: &Path, file: &File, len: usize) -> Result<MmapMut> {
+    // SAFETY: as for `map_whole`; in addition, pages past the file's end are never touched:
+    // `MappedFile` hands out only its first `len` bytes, which the file holds.
+    let map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(file) }
+        .map_err(|e| Error::io_at("mmap", path, e))?;
+    let _ = map.advise(memmap2::Advice::Random);
+    Ok(map)
 }
 
 /// Maps all of `file`, shared and writable.
@@ -537,6 +582,38 @@ mod tests {
         assert!(heat.touch(page + HEAT_PAGES * HEAT_PAGE_BYTES));
         heat.cool();
         assert!(!heat.touch(page), "a sync write-protects the page again: back to pwrite");
+    }
+
+    /// Opened with room, the file grows up to it in place (the same mapping) and shows only what
+    /// the file holds; past the room it is mapped again.
+    #[test]
+    fn a_file_opened_with_room_grows_in_place_and_shows_only_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let d = Durability::new(dir.path());
+        drop(MappedFile::open(&path, 4096, &d).unwrap());
+        let mut f = MappedFile::open_existing_with_room(&path, 64 << 10, &d).unwrap();
+        assert_eq!((f.len(), f.bytes().len()), (4096, 4096));
+        f.write_at(10, b"head");
+        let at = f.bytes().as_ptr();
+        f.grow(16 << 10).unwrap();
+        assert_eq!(f.bytes().as_ptr(), at, "grown within its room, the file was mapped again");
+        assert_eq!((f.len(), f.bytes().len()), (16 << 10, 16 << 10));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 16 << 10);
+        assert!(f.bytes()[4096..].iter().all(|b| *b == 0), "the grown part reads as zeroes");
+        f.write_at((16 << 10) - 4, b"tail");
+        f.flush().unwrap();
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!((&on_disk[10..14], &on_disk[(16 << 10) - 4..]), (&b"head"[..], &b"tail"[..]));
+        // Past the room: mapped again, at the new length, with what was written.
+        f.grow(128 << 10).unwrap();
+        assert_eq!((f.len(), f.bytes().len()), (128 << 10, 128 << 10));
+        assert_eq!(&f.bytes()[10..14], b"head");
+        f.write_at((128 << 10) - 4, b"last");
+        assert_eq!(f.last_nonzero(0), Some((128 << 10) - 1));
+        // Room less than the file: the file's own length.
+        let g = MappedFile::open_existing_with_room(&path, 4096, &d).unwrap();
+        assert_eq!(g.len(), 128 << 10);
     }
 
     #[test]
