@@ -104,7 +104,8 @@ impl MappedFile {
         Ok(MappedFile { path: path.to_path_buf(), file, map, len, durability: durability.clone() })
     }
 
-    /// Preallocates the file to `len` bytes and maps it again at that length; never shrinks it.
+    /// Preallocates the file to `len` bytes, mapping it again only past the room it was mapped
+    /// with; never shrinks it.
     ///
     /// A crash after the preallocation leaves a longer file of zeros past the old end, which
     /// readers already take as unwritten.
@@ -126,7 +127,7 @@ impl MappedFile {
         Ok(())
     }
 
-    /// Length of the mapping in bytes.
+    /// Length of the file in bytes: what the mapping hands out.
     pub fn len(&self) -> u64 {
         self.len as u64
     }
@@ -136,12 +137,12 @@ impl MappedFile {
         self.len == 0
     }
 
-    /// The whole mapping.
+    /// The file's bytes, through the mapping.
     pub fn bytes(&self) -> &[u8] {
         &self.map[..self.len]
     }
 
-    /// The whole mapping, writable.
+    /// The file's bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.map[..self.len]
     }
