@@ -37,21 +37,25 @@ pub fn image(path: &Path) -> Option<Vec<u8>> {
     images.get(&(meta.dev(), meta.ino())).cloned()
 }
 
-/// Records that `file` (at `path`, or wherever its descriptor points) was synced: the whole file,
-/// or only `range` (offset, length) of it, as msync of a range does.
+/// Records that `file` was synced (found where its descriptor points now, else at `path`): the
+/// whole file, or only `range` (offset, length) of it, as msync of a range does.
 pub fn note(file: &File, path: Option<&Path>, range: Option<(u64, u64)>) {
     let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
     if w.is_empty() {
         return;
     }
-    let path = match path {
-        Some(p) => p.canonicalize().ok(),
-        None => {
-            use std::os::unix::io::AsRawFd;
-            std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
-        }
+    // The descriptor names the file where it is now: a table renamed since it was opened (the id
+    // index's next table becomes `ids` while the engine still holds the old name) is synced under
+    // its new name. Resolving the name it was opened under missed such syncs, and a power cut
+    // then brought back a stale image no real crash can leave.
+    let by_fd = {
+        use std::os::unix::io::AsRawFd;
+        std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
     };
-    let Some(path) = path else { return };
+    if by_fd.as_ref().is_some_and(|p| p.to_string_lossy().ends_with(" (deleted)")) {
+        return;
+    }
+    let Some(path) = by_fd.or_else(|| path.and_then(|p| p.canonicalize().ok())) else { return };
     let Some((_, images)) = w.iter_mut().find(|(r, _)| path.starts_with(r)) else { return };
     let Ok(meta) = file.metadata() else { return };
     if meta.is_dir() {
@@ -110,6 +114,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(image(&path).as_deref(), Some(&b"second"[..]));
+        unwatch(dir.path());
+    }
+
+    /// The id index's next table is renamed over `ids` while the engine still holds it under the
+    /// old name; its syncs went unrecorded, and a simulated power cut lost slots a checkpoint had
+    /// made durable (a crash no real disk can produce).
+    #[test]
+    fn a_sync_of_a_file_renamed_since_it_was_opened_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        watch(dir.path());
+        let (old, new) = (dir.path().join("ids.next"), dir.path().join("ids"));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&old).unwrap();
+        std::fs::rename(&old, &new).unwrap();
+        file.write_all_at(b"slots", 0).unwrap();
+        note(&file, Some(&old), None);
+        assert_eq!(image(&new).as_deref(), Some(&b"slots"[..]));
         unwatch(dir.path());
     }
 }
