@@ -120,6 +120,47 @@ fn done_ids_expire_after_the_retention_and_may_be_produced_again() {
     assert_eq!(e.get("a").unwrap().state, MessageState::Reserved);
 }
 
+/// An open finds an index slot ahead of the log but not a missing one, so a slot is removed only
+/// once the final record it expires on is durable: before that, a power cut could keep the removal
+/// and lose the record (the model found it: the message's topic then counted it as ready forever).
+/// Both removals wait: the expiry walk's, and reclaim's for a final message in the segment it
+/// frees (it carries the message instead). Readers see it expired on time all the same.
+#[test]
+fn expired_slots_leave_the_index_only_once_their_final_record_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_ms(T0));
+    let mut e = open(dir.path(), &clock);
+    let later = || When::DelayMs(600_000);
+    // The first segment: fillers, then the five messages; more fillers start the next segment.
+    let (fill, n) = (110, 5);
+    for i in 0..fill {
+        if i == 50 {
+            for m in 0..n {
+                e.produce("t", req(&format!("m{m}"), 1000, later())).unwrap();
+            }
+        }
+        e.produce("t", req(&format!("f{i}"), 1000, later())).unwrap();
+    }
+    e.flush().unwrap();
+    e.checkpoint().unwrap();
+    assert!(e.store_for_tests().log_disk_bytes() > 64 << 10, "the Puts fill more than one segment");
+    // The fillers' cancels are durable; the messages' are not.
+    for i in 0..fill {
+        e.cancel(&format!("f{i}")).unwrap();
+    }
+    e.flush().unwrap();
+    for m in 0..n {
+        e.cancel(&format!("m{m}")).unwrap();
+    }
+    clock.advance_ms(RETENTION_MS + 1);
+    settle_with(&mut e, false);
+    assert!(matches!(e.get("m0"), Err(Error::NotFound(_))), "expired for readers on time");
+    assert_eq!(e.store_for_tests().index_len(), n, "only slots whose final record is durable removed");
+    e.flush().unwrap();
+    settle_with(&mut e, false);
+    assert_eq!(e.store_for_tests().index_len(), 0, "removed once the log is synced");
+}
+
 #[test]
 fn long_delays_are_carried_forward_and_old_segments_and_queue_files_are_deleted() {
     let dir = tempfile::tempdir().unwrap();

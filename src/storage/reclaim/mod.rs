@@ -70,6 +70,9 @@ impl Store {
         if self.reclaim.expiry_behind {
             return true;
         }
+        if self.reclaim.expiry_unsynced.is_some_and(|at| self.log.flushed().min(self.committed_end()) > at) {
+            return true;
+        }
         let Some((base, end)) = self.log.sealed_head() else { return false };
         match self.reclaim.phase {
             _ if self.reclaim.head != base => self.head_worth_scanning(policy, base, end),
@@ -242,6 +245,10 @@ impl Store {
         self.reclaim.expiry_young = None;
         let (mut seen, mut bytes) = (0, 0u64);
         self.reclaim.expiry_behind = false;
+        // Only durable (and committed) final records may remove a slot (see `settled`): the walk
+        // stops there and comes back for the rest once the log is synced.
+        let upto = self.dispatched.min(self.log.flushed()).min(self.committed_end());
+        self.reclaim.expiry_unsynced = None;
         loop {
             if seen >= SCAN_SLICE || bytes >= BYTES_SLICE || seen >= MIN_SLICE && Instant::now() >= until {
                 self.reclaim.expiry_behind = true;
@@ -249,7 +256,10 @@ impl Store {
             }
             // Times, ids and states are all the walk reads: no body is read or checked.
             let Some((offset, rec, next)) = self.log.next_fields(self.expiry)? else { break };
-            if next > self.dispatched {
+            if next > upto {
+                if upto < self.dispatched {
+                    self.reclaim.expiry_unsynced = Some(upto);
+                }
                 break;
             }
             let final_of = match rec {
@@ -309,7 +319,10 @@ impl Store {
             // became final, so carrying never lengthens their retention. Without carrying them a
             // segment mixing long and short delays stays pinned for the longest delay plus the
             // retention, whatever else it holds.
-            State::Done | State::Cancelled if self.is_expired(&slot, expired_at_ms) => Holds::Expired(at, slot),
+            // Removed only once its final record is durable (see `settled`); until then carried.
+            State::Done | State::Cancelled if self.is_expired(&slot, expired_at_ms) && self.settled(&slot) => {
+                Holds::Expired(at, slot)
+            }
             State::Done | State::Cancelled => Holds::Carryable(slot),
             // A reservation's receipt names the Put offset: it keeps its segment until acked or
             // expired (at most a TTR).

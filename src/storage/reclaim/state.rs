@@ -41,6 +41,9 @@ pub struct Reclaim {
     /// The record too young to expire that stopped the last pass, and its time: nothing can
     /// expire before the cutoff reaches that time, so the walk waits for it without reading.
     pub(super) expiry_young: Option<(u64, u64)>,
+    /// Where the last pass stopped because the log was durable (and committed) only that far:
+    /// once it is durable further, the walk has work again.
+    pub(super) expiry_unsynced: Option<u64>,
     /// Totals since start, for metrics and the write-amplification figure.
     pub stats: ReclaimStats,
 }

@@ -208,6 +208,14 @@ impl Store {
         matches!(self.final_at(slot), Ok(Some(t)) if t <= cutoff_ms)
     }
 
+    /// True when the record that last changed `slot` is durable, and in a cluster committed. Only
+    /// then may the slot be removed: an open finds a slot ahead of the log (it points past the log
+    /// end) but cannot find a missing one, so a removal that reached the disk before its record
+    /// would lose the message for good.
+    pub(crate) fn settled(&self, slot: &Slot) -> bool {
+        slot.last_offset.get() < self.log.flushed().min(self.committed_end())
+    }
+
     /// Finds a message by its Put offset and id hash.
     pub fn find_offset(&self, hash: IdHash, msg_offset: LogOffset) -> Option<(SlotRef, Slot)> {
         self.index.find(hash, |m| m == msg_offset)
