@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use super::durability::Durability;
 use super::format::slot::{
     decode_index_header, encode_index_header, index_file_bytes, slot_hash, slot_is_live, slot_is_occupied,
-    slot_msg_offset, slot_position, slot_removed_flags, SLOT_FLAGS_AT,
+    slot_msg_offset, slot_position, slot_removed_flags, INDEX_PAGE_BYTES, SLOTS_PER_PAGE, SLOT_FLAGS_AT,
 };
 use super::format::DecodeError;
 use super::mmap::{sync_dir, MappedFile, WriteHeat};
@@ -395,6 +395,24 @@ impl IdIndex {
             (Some(m), true) => m.table.write(at.pos, &b),
             _ => self.cur.write(at.pos, &b),
         }
+    }
+
+    /// Which table and page slot `at` is written in: the kernel writes a page back whole, so
+    /// changes to slots with the same answer reach the disk together, and others in any order.
+    pub fn page_of(&self, at: SlotRef) -> (bool, u64) {
+        let in_old = at.in_old && self.from.is_some();
+        (in_old, at.pos / SLOTS_PER_PAGE as u64)
+    }
+
+    /// Makes the page holding slot `at` durable, for a change elsewhere in the index that must not
+    /// reach the disk before it.
+    pub fn sync_slot(&self, at: SlotRef) -> Result<()> {
+        let table = match (&self.from, at.in_old) {
+            (Some(m), true) => &m.table,
+            _ => &self.cur,
+        };
+        let page = slot_position(at.pos) / INDEX_PAGE_BYTES * INDEX_PAGE_BYTES;
+        table.file.flush_range(page, INDEX_PAGE_BYTES)
     }
 
     /// Inserts a new slot (the caller checked the id is absent), then does a bounded step of any

@@ -158,9 +158,6 @@ impl Store {
         let (hash, at) = (IdHash::new(format::id_hash(p.id)), LogOffset::new(offset));
         let topic = String::from_utf8_lossy(p.topic);
         let (route, deliver_at) = (p.route, p.deliver_at_ms);
-        if p.replaces {
-            self.forget_others(hash, p.id, offset);
-        }
         // Live appends are dispatched exactly once and the engine already checked the id, so
         // only a replay after a crash can meet a Put that is indexed already.
         if !self.recovering || self.index.find(hash, |m| m == at).is_none() {
@@ -177,6 +174,11 @@ impl Store {
             })?;
             self.live_bytes += u64::from(size);
             self.segs.add(&self.log, offset, u64::from(size));
+        }
+        // After the insert: the removal of the replaced slot rests on the new one (see
+        // `forget_others`).
+        if p.replaces {
+            self.forget_others(hash, p.id, offset)?;
         }
         // Counters move by the record alone (a replay starts from the checkpoint's counts).
         let state = if route == Route::Topic { State::Ready } else { State::Delayed };
@@ -376,7 +378,12 @@ impl Store {
     /// Put took its id. The engine cancelled such a message first, so it is final and counts in
     /// no queue; its entries left in queues find no slot and are skipped. Idempotent, so a replay
     /// over an index that already lost the slot changes nothing.
-    fn forget_others(&mut self, hash: IdHash, id: &[u8], offset: u64) {
+    ///
+    /// An open finds the new slot if its page reached the disk before the Put did (it points past
+    /// the log end, and the index is rebuilt), but not a removal: were the old slot's page written
+    /// back alone, a crash would lose the old message with nothing to tell. So where the two slots
+    /// are on different pages (or tables), the new slot's page is synced first.
+    fn forget_others(&mut self, hash: IdHash, id: &[u8], offset: u64) -> Result<()> {
         loop {
             let log = &self.log;
             let found = self.index.find_slot(hash, |s| {
@@ -389,9 +396,17 @@ impl Store {
                         _ => false,
                     }
             });
-            let Some((at, old)) = found else { return };
+            let Some((at, old)) = found else { return Ok(()) };
             if !matches!(old.state, State::Done | State::Cancelled) {
                 warn!(offset, old = old.msg_offset.get(), state = ?old.state, "a replacing put met a live message with its id");
+            }
+            // A replay applies records already on disk: nothing to order then.
+            if !self.recovering {
+                if let Some((new_at, _)) = self.index.find(hash, |m| m.get() == offset) {
+                    if self.index.page_of(new_at) != self.index.page_of(at) {
+                        self.index.sync_slot(new_at)?;
+                    }
+                }
             }
             self.unindex(at, &old);
         }

@@ -216,6 +216,12 @@ impl Store {
         slot.last_offset.get() < self.log.flushed().min(self.committed_end())
     }
 
+    /// The index table and page holding message `id`'s slot (tests that cut power between pages).
+    #[cfg(test)]
+    pub(crate) fn index_page_of(&self, id: &str) -> Option<(bool, u64)> {
+        self.find_id(id.as_bytes(), 0).map(|(at, _)| self.index.page_of(at))
+    }
+
     /// Finds a message by its Put offset and id hash.
     pub fn find_offset(&self, hash: IdHash, msg_offset: LogOffset) -> Option<(SlotRef, Slot)> {
         self.index.find(hash, |m| m == msg_offset)
