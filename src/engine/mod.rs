@@ -200,7 +200,12 @@ impl Engine {
 
     /// Final messages that became final at or before this time are past `done_retention`.
     fn expired_at(&self) -> u64 {
-        self.now().saturating_sub(self.cfg.done_retention_ms)
+        self.expired_at_from(self.now())
+    }
+
+    /// [`expired_at`](Self::expired_at) by a clock reading the caller took already.
+    fn expired_at_from(&self, now: u64) -> u64 {
+        now.saturating_sub(self.cfg.done_retention_ms)
     }
 
     fn writable(&self) -> Result<()> {
