@@ -599,7 +599,7 @@ fn run(ops: Vec<Op>, protocol: Protocol) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::test_support::model_cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn power_cuts_never_undo_an_acknowledged_change(ops in proptest::collection::vec(op(), 1..120)) {
@@ -608,7 +608,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::test_support::model_cases(24), ..ProptestConfig::default() })]
 
     /// A captured job dropped unrun (the broker's checkpoint thread busy) loses nothing as long
     /// as files count as synced only when their job reports back: the next job syncs them.

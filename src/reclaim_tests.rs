@@ -386,7 +386,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::test_support::model_cases(32), ..ProptestConfig::default() })]
 
     /// Random produce/pop/ack/nack/cancel/time steps with reclaim running, crashes (the engine
     /// dropped without a clean close, as SIGKILL leaves it) and reopens: what the store delivers

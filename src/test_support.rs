@@ -62,3 +62,9 @@ pub(crate) fn traffic_until_carried(e: &mut Engine, clock: &ManualClock, id: &[u
     assert!(store.log_start().get() > first, "the message's segment was reclaimed");
     assert!(store.find_id(id, 0).unwrap().1.msg_offset.get() > first, "it was carried");
 }
+
+/// Cases for a randomized model test: `default`, or `PROPTEST_CASES` when set, for a longer run
+/// (a case count in the test's config would override proptest's own reading of it).
+pub(crate) fn model_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}

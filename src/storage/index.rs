@@ -1014,7 +1014,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::test_support::model_cases(24), ..ProptestConfig::default() })]
 
         #[test]
         fn behaves_like_a_map_through_growth_shrinking_and_reopens(
@@ -1191,7 +1191,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::test_support::model_cases(24), ..ProptestConfig::default() })]
 
         /// Power loss mid-migration: each page of each file is either as flushed at the checkpoint
         /// (A) or as written later (B). Unless the start's check finds the table damaged (then it
