@@ -129,11 +129,10 @@ pub(super) enum Command {
 }
 
 impl Command {
-    /// Answers a change with `e` instead of applying it (a cluster node that does not lead);
-    /// gives back a read, which is applied as usual.
-    pub(super) fn refuse_change(self, e: &Error) -> Option<Command> {
-        let why = e.to_string();
-        let err = || Error::Unavailable(why.clone());
+    /// Answers a change with [`Error::Unavailable`] saying `why` instead of applying it (a
+    /// cluster node that does not lead); gives back a read, which is applied as usual.
+    pub(super) fn refuse_change(self, why: &str) -> Option<Command> {
+        let err = || Error::Unavailable(why.to_string());
         match self {
             Command::Produce { reply, .. } => drop(reply.send(Err(err()))),
             Command::Pop { reply, .. } => drop(reply.send(Err(err()))),
@@ -197,4 +196,24 @@ fn answer<T>(tx: oneshot::Sender<Result<T>>, r: Result<T>, flush_err: Option<&Er
         Some(e) => Err(Error::Unavailable(e.to_string())),
         None => r,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_change_says_why_once_and_a_read_is_given_back() {
+        let (reply, mut answer) = oneshot::channel();
+        let produce = Command::Produce { topic: "t".into(), reqs: vec![], reply };
+        assert!(produce.refuse_change("this node is not the cluster's leader").is_none());
+        let e = answer.try_recv().expect("answered at once").expect_err("refused");
+        assert_eq!(e.code(), "unavailable");
+        assert_eq!(e.to_string(), "store unavailable: this node is not the cluster's leader");
+
+        let (reply, mut answer) = oneshot::channel();
+        let read = Command::Stats { reply }.refuse_change("not the leader");
+        assert!(matches!(read, Some(Command::Stats { .. })), "a read is applied, not refused");
+        assert!(answer.try_recv().is_err(), "nothing answered for the read yet");
+    }
 }

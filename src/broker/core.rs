@@ -323,10 +323,7 @@ impl Core {
         let cmd = if engine.may_act() {
             cmd
         } else {
-            let not_leader = crate::error::Error::Unavailable(
-                "this node is not the cluster's leader; retry on the leader".into(),
-            );
-            match cmd.refuse_change(&not_leader) {
+            match cmd.refuse_change("this node is not the cluster's leader; retry on the leader") {
                 Some(read) => read,
                 None => return ControlFlow::Continue(()),
             }
