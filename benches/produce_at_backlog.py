@@ -9,7 +9,9 @@ due in an hour, from CPU 1. Each round prints msgs/s and the server's CPU per me
 PERF_FILE the last round is profiled with `perf record -g -p PID`. After the fill and after the
 rounds it prints the engine steps over 10 ms of CPU and the steps' id index resize parts, from
 `/metrics`. With SLOW_STEPS=FILE the server logs each step over 10 ms with its parts (at debug
-level, for its step timer only) and those lines are copied to FILE.
+level, for its step timer only) and those lines are copied to FILE. The fill and each round also
+print the server's major page faults and the bytes it read from the disk (a fault on a
+preallocated page never written counts as major but reads nothing).
 
     python3 benches/produce_at_backlog.py BIN N [ROUNDS] [PERF_FILE]
 
@@ -33,6 +35,11 @@ def server_cpu_secs():
     """User + system CPU of the server so far, every thread."""
     fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def server_faults():
+    """Major page faults of the server and the bytes it has read from the disk so far."""
+    fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+    io = dict(l.split(": ") for l in open(f"/proc/{p.pid}/io").read().splitlines())
+    return int(fields[9]), int(io["read_bytes"])
 def conn(): return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 def steps(when):
     """Prints the engine-step and index-resize figures of `/metrics`."""
@@ -66,7 +73,8 @@ try:
             post(c, "/v1/topics/bl/messages/batch", pool[i % 64]); i += 7
     ts = [threading.Thread(target=filler, args=(k,)) for k in range(4)]
     [t.start() for t in ts]; [t.join() for t in ts]
-    print(f"filled {n} in {time.time()-t0:.1f} s", flush=True)
+    maj, rd = server_faults()
+    print(f"filled {n} in {time.time()-t0:.1f} s ({maj} major faults, {rd / 2**20:.0f} MiB read)", flush=True)
     steps("after the fill")
     time.sleep(float(os.environ.get("SETTLE", "15")))
     body = json.dumps({"messages": [{"body": "y" * 100, "delay_ms": 3600000} for _ in range(100)]})
@@ -79,13 +87,14 @@ try:
         perf = None
         if perf_file and r == rounds - 1:
             perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-p", str(p.pid), "-o", perf_file, "--", "sleep", str(SECS - 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cpu0 = server_cpu_secs()
+        cpu0, (maj0, rd0) = server_cpu_secs(), server_faults()
         ws = [threading.Thread(target=w, args=(k,)) for k in range(8)]
         t1 = time.time(); [t.start() for t in ws]; [t.join() for t in ws]; el = time.time() - t1
-        cpu1 = server_cpu_secs()
+        cpu1, (maj1, rd1) = server_cpu_secs(), server_faults()
         if perf: perf.wait()
         cpu = cpu1 - cpu0
-        print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {cpu/el*100:.0f}%, {cpu*1e6/max(1,sum(count)):.1f} us/msg", flush=True)
+        print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {cpu/el*100:.0f}%, {cpu*1e6/max(1,sum(count)):.1f} us/msg, "
+              f"{maj1 - maj0} major faults, {(rd1 - rd0) / 2**20:.0f} MiB read", flush=True)
         time.sleep(2)
     steps("after the rounds")
 finally:
