@@ -31,15 +31,12 @@ env = dict(os.environ, DELAYD_DATA_DIR=d + "/data", DELAYD_LISTEN=f"127.0.0.1:{p
 log = open(d + "/server.log", "w")
 p = subprocess.Popen(["taskset", "-c", "0", bin_], env=env, stdout=subprocess.DEVNULL, stderr=log)
 os.sched_setaffinity(0, {1})
-def server_cpu_secs():
-    """User + system CPU of the server so far, every thread."""
-    fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-def server_faults():
-    """Major page faults of the server and the bytes it has read from the disk so far."""
+def server_counters():
+    """The server's user + system CPU seconds (every thread), major page faults and bytes read
+    from the disk, so far."""
     fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
     io = dict(l.split(": ") for l in open(f"/proc/{p.pid}/io").read().splitlines())
-    return int(fields[9]), int(io["read_bytes"])
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[9]), int(io["read_bytes"])
 def conn(): return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 def steps(when):
     """Prints the engine-step and index-resize figures of `/metrics`."""
@@ -73,7 +70,7 @@ try:
             post(c, "/v1/topics/bl/messages/batch", pool[i % 64]); i += 7
     ts = [threading.Thread(target=filler, args=(k,)) for k in range(4)]
     [t.start() for t in ts]; [t.join() for t in ts]
-    maj, rd = server_faults()
+    _, maj, rd = server_counters()
     print(f"filled {n} in {time.time()-t0:.1f} s ({maj} major faults, {rd / 2**20:.0f} MiB read)", flush=True)
     steps("after the fill")
     time.sleep(float(os.environ.get("SETTLE", "15")))
@@ -87,10 +84,10 @@ try:
         perf = None
         if perf_file and r == rounds - 1:
             perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-p", str(p.pid), "-o", perf_file, "--", "sleep", str(SECS - 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cpu0, (maj0, rd0) = server_cpu_secs(), server_faults()
+        cpu0, maj0, rd0 = server_counters()
         ws = [threading.Thread(target=w, args=(k,)) for k in range(8)]
         t1 = time.time(); [t.start() for t in ws]; [t.join() for t in ws]; el = time.time() - t1
-        cpu1, (maj1, rd1) = server_cpu_secs(), server_faults()
+        cpu1, maj1, rd1 = server_counters()
         if perf: perf.wait()
         cpu = cpu1 - cpu0
         print(f"round {r}: {sum(count)/el:.0f} msgs/s, server cpu {cpu/el*100:.0f}%, {cpu*1e6/max(1,sum(count)):.1f} us/msg, "
