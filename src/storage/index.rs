@@ -36,10 +36,13 @@ pub use super::format::slot::{
 pub const MIN_SLOTS: u64 = 64;
 /// Fewest old slots copied per insert or remove while a migration runs (the rate actually used is
 /// also at least 4 × old/new slots, which finishes the copy before inserts could fill the new
-/// table). Kept small because an engine step applies up to 1,024 operations and a copy into a
-/// fresh table faults in a page per slot: at 512 a step took 260 ms at 10M ids; the engine's
-/// idle maintenance copies the rest in time-bounded chunks.
-pub const MIGRATE_SLOTS_PER_OP: usize = 4;
+/// table). Inserts whose old home is ahead of the copy go to the old table (see
+/// `IdIndex::place_ahead`), about `old / (2 × this)` of them in a doubling: at 8, a table that
+/// started the copy 3/4 full ends it below 13/16, short of the 7/8 past which inserts go to the
+/// new table at random. Kept small because an engine step applies up to 1,024 operations: at 512
+/// a step took 260 ms at 10M ids; the engine's idle maintenance copies the rest in time-bounded
+/// chunks.
+pub const MIGRATE_SLOTS_PER_OP: usize = 8;
 /// Mutations to wait before retrying a failed creation of the next table.
 const RETRY_AFTER_OPS: u64 = 4096;
 
@@ -130,7 +133,13 @@ impl Table {
 
     /// First live slot on `hash`'s probe path that satisfies `is_it`.
     fn find(&self, hash: IdHash, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
-        self.probe(hash.get()).find_map(|i| {
+        self.find_from(hash, hash.get(), is_it)
+    }
+
+    /// Like [`find`](Self::find), walking `hash`'s probe path from position `start` on (a
+    /// position on that path, or the path's home).
+    fn find_from(&self, hash: IdHash, start: u64, is_it: &mut impl FnMut(&Slot) -> bool) -> Option<(u64, Slot)> {
+        self.probe(start).find_map(|i| {
             let b = self.raw(i);
             if !slot_is_live(b) || slot_hash(b) != hash {
                 return None;
@@ -211,6 +220,11 @@ struct Migration {
     table: Table,
     /// Old slots below this position were copied (or skipped as removed).
     cursor: u64,
+    /// Where the run of occupied old slots that ends at the cursor starts: the position after the
+    /// last never-occupied slot the copy passed. Nothing below the cursor changes any more, so a
+    /// probe whose home is below this position ends before the cursor, and one whose home lies
+    /// in `run_start..cursor` walks only occupied, copied slots until the cursor.
+    run_start: u64,
     /// Old slots copied per insert or remove.
     per_op: usize,
 }
@@ -383,8 +397,18 @@ impl IdIndex {
             return Some((SlotRef { in_old: false, pos }, s));
         }
         let m = self.from.as_ref()?;
-        let (pos, s) = m.table.find(hash, &mut is_it)?;
-        // Below the cursor the slot was copied; missing from the new table, it was removed there.
+        // Below the cursor every slot was copied: a look-up reads none of those pages again, so
+        // the old table's copied part leaves the page cache as the copy moves on, instead of
+        // both whole tables staying hot until the end (see `Migration::run_start`).
+        let home = hash.get() & (m.table.slots - 1);
+        let start = match home {
+            h if h >= m.cursor => h,
+            h if h < m.run_start => return None,
+            _ => m.cursor,
+        };
+        let (pos, s) = m.table.find_from(hash, start, &mut is_it)?;
+        // A probe that wrapped past the end meets copied slots again; missing from the new
+        // table, such a one was removed there.
         (pos >= m.cursor).then_some((SlotRef { in_old: true, pos }, s))
     }
 
@@ -422,12 +446,40 @@ impl IdIndex {
         self.check_poisoned()?;
         self.poll_job(false);
         self.make_room()?;
-        if self.cur.place(&slot.encode()).is_none() {
+        let b = slot.encode();
+        if !self.place_ahead(&b) && self.cur.place(&b).is_none() {
             return Err(Error::Unavailable("id index is full".into()));
         }
         self.live += 1;
         self.after_op();
         Ok(())
+    }
+
+    /// During a copy, puts a new slot whose old-table home the copy has not reached into the old
+    /// table, where the copy will carry it over. The new table then fills in position order, two
+    /// fronts moving through it, instead of at random: a table this large no longer has to be
+    /// faulted in whole ahead of the copy, which at 100 million messages pushed the hot pages out
+    /// of a full page cache, and its unwritten extents are converted in runs rather than one page
+    /// at a time. False (the caller places it in the new table) when no copy is under way, when
+    /// the home is below the copy position, when the probe would wrap to the start of the old
+    /// table (below the copy position again), or when the old table is 7/8 occupied.
+    fn place_ahead(&mut self, b: &[u8; SLOT_BYTES]) -> bool {
+        let Some(m) = &mut self.from else { return false };
+        let t = &mut m.table;
+        if (t.filled + 1) * 8 > t.slots * 7 {
+            return false;
+        }
+        let home = slot_hash(b).get() & (t.slots - 1);
+        if home < m.cursor {
+            return false;
+        }
+        let at = home + t.probe(home).count() as u64;
+        if at >= t.slots {
+            return false;
+        }
+        t.write(at, b);
+        t.filled += 1;
+        true
     }
 
     /// Removes the slot found by [`find`](Self::find), then does a bounded step of any resize.
@@ -678,7 +730,7 @@ impl IdIndex {
                     // Fast enough that the copy ends before inserts could fill the new table: at
                     // most `old / per_op` inserts arrive meanwhile, a quarter of the new table.
                     let per_op = self.step_slots.max(4 * old.slots.div_ceil(slots) as usize);
-                    self.from = Some(Migration { table: old, cursor: 0, per_op });
+                    self.from = Some(Migration { table: old, cursor: 0, run_start: 0, per_op });
                 }
                 Ok(Err(e)) => {
                     // Nothing was changed yet: the current table keeps serving, and the creation is
@@ -710,6 +762,10 @@ impl IdIndex {
         let end = m.cursor.saturating_add(budget as u64).min(m.table.slots);
         for i in m.cursor..end {
             let b = m.table.raw(i);
+            if !slot_is_occupied(b) {
+                m.run_start = i + 1;
+                continue;
+            }
             if !slot_is_live(b) {
                 continue;
             }
@@ -838,7 +894,6 @@ fn create_table(tmp: &Path, dest: &Path, slots: u64, durability: &Durability) ->
         sync_dir(dir, durability)?;
     }
     file.set_path(dest);
-    file.prefault();
     Ok(file)
 }
 
@@ -1176,6 +1231,50 @@ mod tests {
         assert_eq!(files(tmp.path()), vec!["ids"]);
         assert_eq!(idx.capacity(), big);
         check(&idx, &model);
+    }
+
+    /// During a copy a new slot whose old home the copy has not reached goes into the old table
+    /// (the copy carries it over), one behind the copy into the new table, and so does every one
+    /// once the old table is 7/8 occupied; all stay findable through the copy and after it.
+    #[test]
+    fn inserts_ahead_of_the_copy_go_to_the_old_table() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut idx = open_slow(&tmp.path().join("ids"));
+        let (mut model, mut offset) = (BTreeMap::new(), 1);
+        until_migrating(&mut idx, &mut model, &mut offset, 256);
+        let (n, cursor) = idx.from.as_ref().map(|m| (m.table.slots, m.cursor)).unwrap();
+        assert!(cursor < n / 2);
+        let in_old = |idx: &IdIndex, s: &Slot| idx.find(s.hash, |m| m == s.msg_offset).unwrap().0.in_old;
+        let mut put = |idx: &mut IdIndex, home: u64, offset: &mut u64| {
+            // A multiple of the old size on top: the home in the new table differs.
+            let s = slot(home + n * 7, *offset);
+            *offset += 1;
+            idx.insert(s).unwrap();
+            model.insert((s.hash, s.msg_offset), s);
+            s
+        };
+        let ahead = put(&mut idx, (cursor + n) / 2, &mut offset);
+        assert!(in_old(&idx, &ahead), "a slot ahead of the copy goes to the old table");
+        let behind = put(&mut idx, cursor.saturating_sub(1), &mut offset);
+        assert!(!in_old(&idx, &behind), "a slot behind the copy goes to the new table");
+        let filled = idx.from.as_ref().unwrap().table.filled;
+        idx.from.as_mut().unwrap().table.filled = n * 7 / 8;
+        let ahead_full = put(&mut idx, (cursor + n) / 2 + 1, &mut offset);
+        assert!(!in_old(&idx, &ahead_full), "a 7/8 occupied old table takes no more");
+        idx.from.as_mut().unwrap().table.filled = filled;
+        // The old table's last slot taken, a probe from it would wrap to the start, below the copy.
+        let last = put(&mut idx, n - 1, &mut offset);
+        let wraps = put(&mut idx, n - 1, &mut offset);
+        assert!(in_old(&idx, &last) && !in_old(&idx, &wraps), "a probe past the end goes to the new table");
+        check(&idx, &model);
+        while idx.step(usize::MAX) {
+            idx.settle();
+        }
+        assert!(idx.from.is_none());
+        check(&idx, &model);
+        for s in [ahead, behind, ahead_full, last, wraps] {
+            assert!(!in_old(&idx, &s));
+        }
     }
 
     fn page_mix(a: &[u8], b: &[u8], bits: &[bool]) -> Vec<u8> {

@@ -54,25 +54,6 @@ impl MappedFile {
         }
     }
 
-    /// Faults every page in for reading, on the calling (helper) thread.
-    ///
-    /// A first touch of a page of a fresh preallocated file costs a fault that allocates and
-    /// zeroes a page-cache page (tens of µs on a VM): a table filled at random takes one per slot.
-    /// Populated ahead, with writes going through [`write_through`](Self::write_through), the
-    /// thread that later uses the table takes none. Without MADV_POPULATE_READ (Linux < 5.14) it
-    /// does nothing: the faults then happen where they used to.
-    pub fn prefault(&self) {
-        const CHUNK: usize = 4 << 20;
-        let mut at = 0;
-        while at < self.len {
-            let len = CHUNK.min(self.len - at);
-            if self.map.advise_range(memmap2::Advice::PopulateRead, at, len).is_err() {
-                return;
-            }
-            at += len;
-        }
-    }
-
     /// Opens an existing file at its current length.
     pub fn open_existing(path: &Path, durability: &Durability) -> Result<MappedFile> {
         let file = open_rw(path, false)?;
