@@ -43,6 +43,8 @@ pub const MIN_SLOTS: u64 = 64;
 /// a step took 260 ms at 10M ids; the engine's idle maintenance copies the rest in time-bounded
 /// chunks.
 pub const MIGRATE_SLOTS_PER_OP: usize = 8;
+/// How much of the old table's copied part is marked cold at a time during a resize.
+const COLD_CHUNK_BYTES: usize = 16 << 20;
 /// Mutations to wait before retrying a failed creation of the next table.
 const RETRY_AFTER_OPS: u64 = 4096;
 
@@ -61,6 +63,12 @@ struct Table {
     slots: u64,
     /// Occupied slots, removed ones included: what probes walk over.
     filled: u64,
+    /// For a table created by this process: one bit per page, set once a slot of the page is
+    /// written. A page never written holds only empty slots, so a probe stops there without
+    /// touching it: while a resize copies into a fresh table, a look-up of an absent id (every
+    /// produce makes one) would otherwise fault in a fresh page of the new table at random,
+    /// and fill the page cache with its zeroes well ahead of the copy.
+    written: Option<Box<[u64]>>,
 }
 
 impl Table {
@@ -85,11 +93,19 @@ impl Table {
             return Err(bad("index slot count does not match the file size"));
         }
         // `filled` is set by `count`, once any interrupted migration is merged.
-        Ok(Table { file, heat: WriteHeat::default(), slots, filled: 0 })
+        Ok(Table { file, heat: WriteHeat::default(), slots, filled: 0, written: None })
     }
 
     fn fresh(file: MappedFile, slots: u64) -> Table {
-        Table { file, heat: WriteHeat::default(), slots, filled: 0 }
+        let words = slots.div_ceil(SLOTS_PER_PAGE as u64).div_ceil(64) as usize;
+        Table { file, heat: WriteHeat::default(), slots, filled: 0, written: Some(vec![0; words].into_boxed_slice()) }
+    }
+
+    /// False only for a slot on a page no slot was ever written to (see `written`).
+    fn may_be_occupied(&self, i: u64) -> bool {
+        let Some(w) = &self.written else { return true };
+        let page = i / SLOTS_PER_PAGE as u64;
+        w.get((page / 64) as usize).is_none_or(|word| word & (1 << (page % 64)) != 0)
     }
 
     fn raw(&self, i: u64) -> &[u8; SLOT_BYTES] {
@@ -99,6 +115,12 @@ impl Table {
     }
 
     fn write(&mut self, i: u64, b: &[u8; SLOT_BYTES]) {
+        if let Some(w) = &mut self.written {
+            let page = i / SLOTS_PER_PAGE as u64;
+            if let Some(word) = w.get_mut((page / 64) as usize) {
+                *word |= 1 << (page % 64);
+            }
+        }
         self.file.write_scattered(&mut self.heat, slot_position(i), b);
     }
 
@@ -128,7 +150,7 @@ impl Table {
         let mask = self.slots - 1;
         (0..self.slots)
             .map(move |k| hash.wrapping_add(k) & mask)
-            .take_while(move |&i| slot_is_occupied(self.raw(i)))
+            .take_while(move |&i| self.may_be_occupied(i) && slot_is_occupied(self.raw(i)))
     }
 
     /// First live slot on `hash`'s probe path that satisfies `is_it`.
@@ -225,6 +247,8 @@ struct Migration {
     /// probe whose home is below this position ends before the cursor, and one whose home lies
     /// in `run_start..cursor` walks only occupied, copied slots until the cursor.
     run_start: u64,
+    /// Bytes of the old table below which its pages were marked cold.
+    cold_to: usize,
     /// Old slots copied per insert or remove.
     per_op: usize,
 }
@@ -730,7 +754,7 @@ impl IdIndex {
                     // Fast enough that the copy ends before inserts could fill the new table: at
                     // most `old / per_op` inserts arrive meanwhile, a quarter of the new table.
                     let per_op = self.step_slots.max(4 * old.slots.div_ceil(slots) as usize);
-                    self.from = Some(Migration { table: old, cursor: 0, run_start: 0, per_op });
+                    self.from = Some(Migration { table: old, cursor: 0, run_start: 0, cold_to: 0, per_op });
                 }
                 Ok(Err(e)) => {
                     // Nothing was changed yet: the current table keeps serving, and the creation is
@@ -779,6 +803,13 @@ impl IdIndex {
             }
         }
         m.cursor = end;
+        // The copied pages are never read again (see `run_start`), but a page cache short of
+        // room would keep them, recently busy, over the new table's pages it just faulted in.
+        let copied = slot_position(end) / INDEX_PAGE_BYTES * INDEX_PAGE_BYTES;
+        if copied >= m.cold_to + COLD_CHUNK_BYTES {
+            m.table.file.advise_cold(m.cold_to, copied - m.cold_to);
+            m.cold_to = copied;
+        }
         if end == m.table.slots {
             self.retire_old();
         }
@@ -1275,6 +1306,25 @@ mod tests {
         for s in [ahead, behind, ahead_full, last, wraps] {
             assert!(!in_old(&idx, &s));
         }
+    }
+
+    /// Look-ups of absent ids in a fresh table read none of its never-written pages: during a
+    /// resize they would otherwise fault the new table into the page cache at random.
+    #[test]
+    fn absent_ids_do_not_fault_in_pages_no_slot_was_written_to() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut idx = IdIndex::open(&tmp.path().join("ids"), 1 << 20, &Durability::new(Path::new("/"))).unwrap();
+        let pages = idx.cur.file.len() as usize / 4096;
+        for k in 0..10u64 {
+            idx.insert(slot(k.wrapping_mul(0x9E37_79B9_7F4A_7C15), k + 1)).unwrap();
+        }
+        let mut x = 1u64;
+        for _ in 0..20_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            assert!(idx.find(IdHash::new(x), |_| true).is_none());
+        }
+        let resident = idx.cur.file.resident_pages();
+        assert!(resident < pages / 10, "{resident} of {pages} pages faulted in by look-ups of absent ids");
     }
 
     fn page_mix(a: &[u8], b: &[u8], bits: &[bool]) -> Vec<u8> {

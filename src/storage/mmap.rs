@@ -54,6 +54,32 @@ impl MappedFile {
         }
     }
 
+    /// Tells the kernel that `[offset, offset + len)` (page-aligned inward) will not be used
+    /// again soon (MADV_COLD): under memory pressure its pages are reclaimed before pages still
+    /// in use that were merely touched less often, any dirty ones being written back first. The
+    /// bytes are unaffected; a later access faults them back in. Ignored where unsupported.
+    pub fn advise_cold(&self, offset: usize, len: usize) {
+        const PAGE: usize = 4096;
+        let start = offset.div_ceil(PAGE) * PAGE;
+        let end = offset.saturating_add(len).min(self.map.len()) / PAGE * PAGE;
+        if end <= start {
+            return;
+        }
+        // SAFETY: the range lies inside this mapping and MADV_COLD only changes which pages
+        // the kernel reclaims first, never the mapping's contents.
+        let _ = unsafe { libc::madvise(self.map.as_ptr().add(start) as *mut libc::c_void, end - start, libc::MADV_COLD) };
+    }
+
+    /// Pages of the mapping in the page cache (mincore), for tests of what a caller touched.
+    #[cfg(test)]
+    pub fn resident_pages(&self) -> usize {
+        let mut vec = vec![0u8; self.map.len().div_ceil(4096)];
+        // SAFETY: the range is this live mapping; `vec` has a byte per page of it.
+        let rc = unsafe { libc::mincore(self.map.as_ptr() as *mut libc::c_void, self.map.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|b| *b & 1 != 0).count()
+    }
+
     /// Opens an existing file at its current length.
     pub fn open_existing(path: &Path, durability: &Durability) -> Result<MappedFile> {
         let file = open_rw(path, false)?;
@@ -564,6 +590,30 @@ mod tests {
         assert!(heat.touch(page + HEAT_PAGES * HEAT_PAGE_BYTES));
         heat.cool();
         assert!(!heat.touch(page), "a sync write-protects the page again: back to pwrite");
+    }
+
+    /// Pages marked cold keep their bytes, written back or not, and take writes again; a range
+    /// past the end or inside one page is ignored.
+    #[test]
+    fn pages_marked_cold_keep_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut f = MappedFile::open(&path, 64 << 10, &Durability::new(dir.path())).unwrap();
+        let data: Vec<u8> = (0..64 << 10).map(|i: u32| (i % 251) as u8).collect();
+        f.write_at(0, &data);
+        f.flush().unwrap();
+        f.write_at(5000, b"written after the sync");
+        let mut want = data.clone();
+        want[5000..5022].copy_from_slice(b"written after the sync");
+        f.advise_cold(100, 40 << 10);
+        f.advise_cold(60 << 10, 1 << 20);
+        f.advise_cold(8192 + 1, 100);
+        assert_eq!(f.bytes(), &want[..]);
+        f.write_at(4096, b"again");
+        want[4096..4101].copy_from_slice(b"again");
+        f.flush().unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&path).unwrap(), want);
     }
 
     /// Opened with room, the file grows up to it in place (the same mapping) and shows only what
