@@ -483,10 +483,9 @@ impl IdIndex {
     /// table, where the copy will carry it over. The new table then fills in position order, two
     /// fronts moving through it, instead of at random: a table this large no longer has to be
     /// faulted in whole ahead of the copy, which at 100 million messages pushed the hot pages out
-    /// of a full page cache, and its unwritten extents are converted in runs rather than one page
-    /// at a time. False (the caller places it in the new table) when no copy is under way, when
-    /// the home is below the copy position, when the probe would wrap to the start of the old
-    /// table (below the copy position again), or when the old table is 7/8 occupied.
+    /// of a full page cache. False (the caller places it in the new table) when no copy is under
+    /// way, when the home is below the copy position, when the probe would wrap to the start of
+    /// the old table (below the copy position again), or when the old table is 7/8 occupied.
     fn place_ahead(&mut self, b: &[u8; SLOT_BYTES]) -> bool {
         let Some(m) = &mut self.from else { return false };
         let t = &mut m.table;
