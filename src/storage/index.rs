@@ -104,8 +104,8 @@ impl Table {
     /// False only for a slot on a page no slot was ever written to (see `written`).
     fn may_be_occupied(&self, i: u64) -> bool {
         let Some(w) = &self.written else { return true };
-        let page = i / SLOTS_PER_PAGE as u64;
-        w.get((page / 64) as usize).is_none_or(|word| word & (1 << (page % 64)) != 0)
+        let (word, bit) = page_bit(i);
+        w.get(word).is_none_or(|x| x & bit != 0)
     }
 
     fn raw(&self, i: u64) -> &[u8; SLOT_BYTES] {
@@ -116,9 +116,9 @@ impl Table {
 
     fn write(&mut self, i: u64, b: &[u8; SLOT_BYTES]) {
         if let Some(w) = &mut self.written {
-            let page = i / SLOTS_PER_PAGE as u64;
-            if let Some(word) = w.get_mut((page / 64) as usize) {
-                *word |= 1 << (page % 64);
+            let (word, bit) = page_bit(i);
+            if let Some(x) = w.get_mut(word) {
+                *x |= bit;
             }
         }
         self.file.write_scattered(&mut self.heat, slot_position(i), b);
@@ -235,6 +235,12 @@ impl Table {
         self.filled += 1;
         Some(i)
     }
+}
+
+/// The word and bit of slot `i`'s page in a [`Table`]'s `written` bits.
+fn page_bit(i: u64) -> (usize, u64) {
+    let page = i / SLOTS_PER_PAGE as u64;
+    ((page / 64) as usize, 1 << (page % 64))
 }
 
 /// A resize in progress: the table being emptied into the current one.
