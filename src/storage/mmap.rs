@@ -59,9 +59,8 @@ impl MappedFile {
     /// in use that were merely touched less often, any dirty ones being written back first. The
     /// bytes are unaffected; a later access faults them back in. Ignored where unsupported.
     pub fn advise_cold(&self, offset: usize, len: usize) {
-        const PAGE: usize = 4096;
-        let start = offset.div_ceil(PAGE) * PAGE;
-        let end = offset.saturating_add(len).min(self.map.len()) / PAGE * PAGE;
+        let start = offset.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let end = offset.saturating_add(len).min(self.map.len()) / PAGE_BYTES * PAGE_BYTES;
         if end <= start {
             return;
         }
@@ -73,7 +72,7 @@ impl MappedFile {
     /// Pages of the mapping in the page cache (mincore), for tests of what a caller touched.
     #[cfg(test)]
     pub fn resident_pages(&self) -> usize {
-        let mut vec = vec![0u8; self.map.len().div_ceil(4096)];
+        let mut vec = vec![0u8; self.map.len().div_ceil(PAGE_BYTES)];
         // SAFETY: the range is this live mapping; `vec` has a byte per page of it.
         let rc = unsafe { libc::mincore(self.map.as_ptr() as *mut libc::c_void, self.map.len(), vec.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
@@ -363,7 +362,9 @@ const HEAT_PAGES: usize = 4096;
 /// pwrites to a page since the last sync after which it takes stores.
 const HOT_WRITES: u8 = 4;
 /// The page size the counts assume; a larger real page only merges counts.
-const HEAT_PAGE_BYTES: usize = 4096;
+const HEAT_PAGE_BYTES: usize = PAGE_BYTES;
+/// The page size page-granular advice and residency counts assume (x86-64 and most arm64).
+const PAGE_BYTES: usize = 4096;
 
 impl Default for WriteHeat {
     fn default() -> Self {
