@@ -32,7 +32,8 @@ impl Engine {
             return Ok(());
         }
         // Without traffic, operations would never finish an index resize and the old table would
-        // stay mapped; idle time finishes it in bounded steps. Reclaim gets the second half.
+        // stay mapped; maintenance, which every engine step runs however busy, finishes it in
+        // bounded steps. Reclaim gets the second half.
         let started = std::time::Instant::now();
         let index_until =
             if self.cfg.reclaim { started + until.saturating_duration_since(started) / 2 } else { until };

@@ -40,8 +40,8 @@ pub const MIN_SLOTS: u64 = 64;
 /// `IdIndex::place_ahead`), about `old / (2 × this)` of them in a doubling: at 8, a table that
 /// started the copy 3/4 full ends it below 13/16, short of the 7/8 past which inserts go to the
 /// new table at random. Kept small because an engine step applies up to 1,024 operations: at 512
-/// a step took 260 ms at 10M ids; the engine's idle maintenance copies the rest in time-bounded
-/// chunks.
+/// a step took 260 ms at 10M ids; the engine's maintenance, between requests and under load too,
+/// copies the rest in time-bounded chunks.
 pub const MIGRATE_SLOTS_PER_OP: usize = 8;
 /// How much of the old table's copied part is marked cold at a time during a resize.
 const COLD_CHUNK_BYTES: usize = 16 << 20;
